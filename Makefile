@@ -1,0 +1,28 @@
+# The two quick-start commands (README): `make run` and `make test`.
+# Both install missing Debian packages first, then configure and build with the
+# `default` CMake preset (gcc, release with always-on checks).
+JOBS ?= $(shell nproc)
+BUILD := build/default
+
+.PHONY: setup configure build run test test-asan clean
+
+setup:
+	@bash scripts/setup.sh
+
+configure: setup
+	@cmake --preset default >/dev/null
+
+build: configure
+	@cmake --build --preset default -j $(JOBS)
+
+run: build
+	@$(BUILD)/sim/kvtwin run
+
+test: build
+	@ctest --preset default -j $(JOBS)
+
+test-asan: setup
+	@cmake --preset asan >/dev/null && cmake --build --preset asan -j $(JOBS) && ctest --preset asan -j $(JOBS)
+
+clean:
+	rm -rf build

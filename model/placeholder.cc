@@ -1,0 +1,1 @@
+#include "model/ref_cache.h"

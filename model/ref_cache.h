@@ -1,0 +1,99 @@
+// RefCache: the naive reference for one layer cache (spec §5.1): the cache is its token log.
+// Every observable (offset, boolean outcome of Restore/Split/Merge, snapshot ranges and
+// contents, capture-schedule entries, which positions attention sees) is re-derived from
+// the log with ordered containers and no capacity tricks. Written from the spec, never from
+// src/. A Token carries the provenance hash h_p that the driver derived for it; the model
+// treats it as opaque data. Single-threaded value type.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "src/core/status.h"
+
+namespace kvtwin::model {
+
+enum class RefKind : uint8_t { kKv, kRotating, kRecurrent };
+
+struct Token {
+  int32_t id = 0;
+  uint64_t h = 0;  // rolling hash of the prefix ending at this token
+  friend bool operator==(const Token&, const Token&) = default;
+};
+using TokenLog = std::vector<Token>;
+
+struct RefSnapshot {
+  RefKind kind = RefKind::kKv;
+  int64_t from = 0;  // KV: first position; whole-state kinds: informational
+  int64_t to = 0;    // KV: end (exclusive); whole-state kinds: the state's offset
+  TokenLog tokens;   // KV: the tokens of [from, to); whole-state kinds: tokens [0, to)
+};
+using RefSnap = std::optional<RefSnapshot>;  // nullopt = a null snapshot
+
+class RefCache {
+ public:
+  static RefCache Kv();
+  static RefCache Rotating(int64_t window);
+  static RefCache Recurrent();
+
+  RefKind kind() const { return kind_; }
+  int64_t window() const { return window_; }
+  int64_t Offset() const { return static_cast<int64_t>(log_.size()); }
+  const TokenLog& log() const { return log_; }
+  // Whether live state exists (a buffer for attention kinds, conv/delta for recurrent):
+  // created by a write or a snapshot restore, dropped by Free.
+  bool HasState() const { return has_state_; }
+
+  // Appends the tokens of one forward (recurrent: only the real, unpadded tokens) and runs
+  // the capture rules of the kind. REQUIRES: !tokens.empty().
+  void Write(const TokenLog& tokens);
+  RefSnap Snapshot(int64_t from) const;
+  // Same outcome classes as the production cache: FailedPrecondition when a schedule is
+  // active, InvalidArgument for an offset behind the cache or unsorted/duplicate offsets.
+  Status PrepareSnapshots(const std::vector<int64_t>& offsets);
+  std::vector<RefSnap> TakeSnapshots();
+  bool ScheduleActive() const { return schedule_active_; }
+  bool Restore(const RefSnapshot* snap, int64_t target);
+  RefSnap Merge(RefSnap parent, RefSnap child) const;
+  std::pair<RefSnap, RefSnap> Split(RefSnap snap, int64_t at) const;
+  void Free();
+
+ private:
+  RefCache(RefKind kind, int64_t window) : kind_(kind), window_(window) {}
+  // Offers a capture at `reached` (scheduled, slot empty) made from the current state.
+  void CaptureAt(int64_t reached, bool batched_write);
+
+  RefKind kind_;
+  int64_t window_ = 0;  // rotating only
+  TokenLog log_;
+  bool has_state_ = false;
+  bool schedule_active_ = false;
+  std::vector<int64_t> scheduled_;
+  std::vector<RefSnap> captured_;
+  int64_t base_ = 0;
+};
+
+// A logical attention mask as the reference sees it: causal or not, plus relaxation
+// rectangles in absolute positions (q in [q_lo, q_hi), k in [k_lo, k_hi) reopened).
+struct RefRect {
+  int64_t q_lo, q_hi, k_lo, k_hi;
+};
+struct RefMask {
+  bool causal = true;
+  std::vector<RefRect> rects;
+};
+
+// Positions, oldest first, that the history returned by a write of `query_len` tokens at
+// offset `o` holds: full KV [0, o+L); rotating batched the newest min(o, W-1) + L; rotating
+// decode the newest min(o+1, W).
+std::vector<int64_t> ExpectedHistoryPositions(RefKind kind, int64_t window, int64_t o,
+                                              int64_t query_len);
+// Positions (ascending) that the query at absolute position p attends in that forward:
+// keys of the history that the mask allows (causal k <= p, or reopened by a rectangle),
+// and for a window W only keys k >= p - W + 1.
+std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, int64_t query_len,
+                                     int64_t p, const RefMask& mask);
+
+}  // namespace kvtwin::model

@@ -1,0 +1,60 @@
+// The reference meaning of a recurrent layer's state (spec §2.4, §5.3), in double
+// precision and written from the math, not from src/: after P folded tokens the conv tail
+// is the raw conv inputs of positions P-conv_tail .. P-1 (zero rows before 0) and the delta
+// state is S_P = F(x_{P-1}) o ... o F(x_0) (0) of the gated-delta rule. RefGdnFolder keeps a
+// memo of states keyed by the provenance hash of the last folded token (a hash of the whole
+// prefix), so checking after every step folds only new tokens; that is transparent: the
+// memo never changes what S_P is. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "model/ref_cache.h"
+#include "src/core/tensor.h"
+
+namespace kvtwin::model {
+
+struct RefGdnDims {
+  int64_t num_k_heads = 1, num_v_heads = 2, head_k_dim = 4, head_v_dim = 4;
+};
+
+// One token's inputs to the gated-delta rule, as the production kernel receives them.
+struct RefGdnToken {
+  VecD q, k;          // [Hk*Dk] each
+  VecD v;             // [Hv*Dv]
+  VecD beta_raw;      // [Hv]
+  VecD alpha_raw;     // [Hv]
+};
+
+struct RefGdnParams {
+  RefGdnDims dims;
+  VecD dt_bias;  // [Hv]
+  VecD a_exp;    // [Hv]
+};
+
+// S <- F(x)(S) for one token; S is [(Hv*Dv) x Dk] (row h*Dv + i, column j).
+void RefGdnStep(MatD& state, const RefGdnToken& token, const RefGdnParams& params);
+
+class RefGdnFolder {
+ public:
+  // Produces the inputs of the token at position p given its provenance.
+  using InputFn = std::function<RefGdnToken(int64_t position, const Token& token)>;
+  RefGdnFolder(RefGdnParams params, InputFn inputs);
+
+  // S_P for the first `length` tokens of `log` (zeros for length 0).
+  MatD StateAfter(const TokenLog& log, int64_t length);
+
+ private:
+  RefGdnParams params_;
+  InputFn inputs_;
+  std::map<uint64_t, MatD> memo_;  // h of the last folded token -> state after it
+};
+
+// The positions whose raw conv inputs form the tail after `length` tokens, oldest first;
+// negative entries stand for zero rows.
+std::vector<int64_t> ExpectedConvTailPositions(int64_t length, int64_t conv_tail);
+
+}  // namespace kvtwin::model

@@ -1,0 +1,73 @@
+// AttentionMask: the mask algebra of spec §2.5 for one sequence (B = 1), and the "SDPA
+// dispatch" that decides which history rows each query attends. Forms: zero (no mask),
+// pure causal, causal plus relaxation rectangles (absolute positions), additive array
+// (0 = allowed, -inf = blocked; shape [L x K], [1 x K] or [L x 1]). Rectangles that change
+// nothing are dropped so a mask stays "pure causal". Value type; single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "src/cache.h"
+#include "src/core/status.h"
+#include "src/core/tensor.h"
+
+namespace kvtwin {
+
+struct RelaxRect {
+  int64_t q_lo, q_hi, k_lo, k_hi;  // reopens q in [q_lo, q_hi), k in [k_lo, k_hi)
+  friend bool operator==(const RelaxRect&, const RelaxRect&) = default;
+};
+
+class AttentionMask {
+ public:
+  static AttentionMask Zero();
+  static AttentionMask Causal();
+  static AttentionMask Array(MatF additive);
+
+  // Adds rectangles; an error on a zero or pure array mask. No-op rectangles are dropped.
+  Result<AttentionMask> Relax(const std::vector<RelaxRect>& rects) const;
+  // Additive intersection with the rules of spec §2.5.
+  static AttentionMask Intersect(const AttentionMask& a, const AttentionMask& b);
+
+  bool IsZero() const { return !causal_ && rects_.empty() && !array_.has_value(); }
+  bool IsPureCausal() const { return causal_ && rects_.empty() && !array_.has_value(); }
+  bool causal() const { return causal_; }
+  const std::vector<RelaxRect>& rects() const { return rects_; }
+  const std::optional<MatF>& array() const { return array_; }
+
+  // [L x K] additive mask for queries at absolute positions offset..offset+L-1 over K keys
+  // whose column 0 is absolute position max(0, offset + L - K).
+  MatF AsArray(int64_t offset, int64_t query_len, int64_t key_len) const;
+
+ private:
+  bool causal_ = false;
+  std::vector<RelaxRect> rects_;
+  std::optional<MatF> array_;
+};
+
+// Blocks keys older than the W-key window of each query (zero mask if nothing is blocked
+// or window <= 0).
+AttentionMask SlidingWindowMask(int64_t offset, int64_t query_len, int64_t key_len,
+                                int64_t window);
+
+// The rotating applier (spec §2.5): decode/View (query_len 1) rotates a materialized mask
+// into ring order; prefill intersects with the sliding window. Error: an array mask whose
+// K width is neither 1 nor key_len.
+Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const AttentionMask& logical,
+                                    int64_t offset);
+
+// For each of the L queries (absolute offset..offset+L-1), the history rows it attends, in
+// row order. Follows the SDPA dispatch: applier (if any) then zero / pure causal (bottom-
+// right aligned) / materialized array.
+Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
+                                                      const AttentionMask& logical,
+                                                      int64_t offset, int64_t query_len);
+
+// Plain scaled dot-product attention of q [L x D] over the history through the same
+// dispatch (float math), for parity tests.
+Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
+                  int64_t offset, float scale);
+
+}  // namespace kvtwin

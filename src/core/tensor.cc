@@ -1,0 +1,146 @@
+#include "src/core/tensor.h"
+
+#include <cstring>
+#include <utility>
+
+#include "src/core/check.h"
+
+namespace kvtwin {
+namespace {
+
+template <typename Mat>
+void ResizeKeep(Mat& m, int64_t new_rows) {
+  const int64_t old_rows = m.rows();
+  m.conservativeResize(new_rows, m.cols());
+  if (new_rows > old_rows) m.bottomRows(new_rows - old_rows).setZero();
+}
+
+}  // namespace
+
+const char* DTypeName(DType dtype) { return dtype == DType::kFloat32 ? "f32" : "bf16"; }
+
+int64_t ElementBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+float RoundTo(DType dtype, float value) {
+  if (dtype == DType::kFloat32) return value;
+  return static_cast<float>(Eigen::bfloat16(value));
+}
+
+Tensor::Tensor(DType dtype, int64_t rows, int64_t cols) : dtype_(dtype) {
+  KV_CHECK(rows >= 0 && cols >= 0, "negative tensor shape");
+  if (dtype == DType::kFloat32) {
+    data_ = MatF(MatF::Zero(rows, cols));
+  } else {
+    data_ = MatBf16(MatBf16::Constant(rows, cols, Eigen::bfloat16(0.0f)));
+  }
+}
+
+Tensor Tensor::FromFloat(DType dtype, const MatF& values) {
+  Tensor t;
+  t.dtype_ = dtype;
+  if (dtype == DType::kFloat32) {
+    t.data_ = values;
+  } else {
+    t.data_ = MatBf16(values.cast<Eigen::bfloat16>());
+  }
+  return t;
+}
+
+int64_t Tensor::rows() const {
+  return std::visit([](const auto& m) { return static_cast<int64_t>(m.rows()); }, data_);
+}
+
+int64_t Tensor::cols() const {
+  return std::visit([](const auto& m) { return static_cast<int64_t>(m.cols()); }, data_);
+}
+
+float Tensor::At(int64_t row, int64_t col) const {
+  KV_CHECK(row >= 0 && row < rows() && col >= 0 && col < cols(), "tensor index out of range");
+  return std::visit([&](const auto& m) { return static_cast<float>(m(row, col)); }, data_);
+}
+
+void Tensor::Set(int64_t row, int64_t col, float value) {
+  KV_CHECK(row >= 0 && row < rows() && col >= 0 && col < cols(), "tensor index out of range");
+  std::visit([&](auto& m) { m(row, col) = static_cast<typename std::decay_t<decltype(m)>::Scalar>(value); },
+             data_);
+}
+
+MatF Tensor::ToFloat() const { return RowsToFloat(0, rows()); }
+
+MatF Tensor::RowsToFloat(int64_t begin, int64_t count) const {
+  KV_CHECK(begin >= 0 && count >= 0 && begin + count <= rows(), "row range out of tensor");
+  return std::visit([&](const auto& m) -> MatF { return m.middleRows(begin, count).template cast<float>(); },
+                    data_);
+}
+
+Tensor Tensor::Rows(int64_t begin, int64_t count) const {
+  KV_CHECK(begin >= 0 && count >= 0 && begin + count <= rows(), "row range out of tensor");
+  Tensor t;
+  t.dtype_ = dtype_;
+  std::visit([&](const auto& m) { t.data_ = std::decay_t<decltype(m)>(m.middleRows(begin, count)); },
+             data_);
+  return t;
+}
+
+void Tensor::CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64_t count) {
+  KV_CHECK(dtype_ == src.dtype_, "CopyRows across dtypes");
+  KV_CHECK(cols() == src.cols(), "CopyRows across column counts");
+  KV_CHECK(count >= 0 && dst_row >= 0 && dst_row + count <= rows(), "CopyRows target range");
+  KV_CHECK(src_row >= 0 && src_row + count <= src.rows(), "CopyRows source range");
+  std::visit(
+      [&](auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        const M& s = std::get<M>(src.data_);
+        if (&m == &s) {
+          m.middleRows(dst_row, count) = M(s.middleRows(src_row, count));  // may overlap
+        } else {
+          m.middleRows(dst_row, count) = s.middleRows(src_row, count);
+        }
+      },
+      data_);
+}
+
+void Tensor::ResizeRows(int64_t new_rows) {
+  KV_CHECK(new_rows >= 0, "negative row count");
+  std::visit([&](auto& m) { ResizeKeep(m, new_rows); }, data_);
+}
+
+void Tensor::AppendRows(const Tensor& tail) {
+  if (rows() == 0 && cols() == 0) {
+    *this = tail;
+    return;
+  }
+  const int64_t old_rows = rows();
+  ResizeRows(old_rows + tail.rows());
+  CopyRows(old_rows, tail, 0, tail.rows());
+}
+
+void Tensor::DropFrontRows(int64_t count) {
+  KV_CHECK(count >= 0 && count <= rows(), "DropFrontRows beyond the tensor");
+  *this = Rows(count, rows() - count);
+}
+
+Tensor Tensor::Concat(const Tensor& a, const Tensor& b) {
+  Tensor out = a;
+  out.AppendRows(b);
+  return out;
+}
+
+bool Tensor::Equals(const Tensor& other) const {
+  if (dtype_ != other.dtype_ || rows() != other.rows() || cols() != other.cols()) return false;
+  return std::visit(
+      [&](const auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        const M& o = std::get<M>(other.data_);
+        return m.size() == 0 ||
+               std::memcmp(m.data(), o.data(), static_cast<size_t>(m.size()) * sizeof(m(0))) == 0;
+      },
+      data_);
+}
+
+std::string Tensor::ShapeString() const {
+  return std::string(DTypeName(dtype_)) + "[" + std::to_string(rows()) + "x" +
+         std::to_string(cols()) + "]";
+}
+
+}  // namespace kvtwin

@@ -1,0 +1,75 @@
+// Tensor: a dense row-major matrix with an explicit element dtype, the storage type of every
+// cache buffer and snapshot. A row is one token (one position) of one layer; columns are the
+// flattened per-token features (heads x head dim), so a B = 1 cache buffer K[1,H,Cap,Dk] is
+// a Tensor of Cap rows and H*Dk columns. bfloat16 is stored as Eigen::bfloat16 (2 bytes), so
+// Bytes() is the real footprint. Values written into a bf16 tensor are rounded to bf16;
+// rows moved between tensors of one dtype are copied bit-exactly. Single-threaded.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <string>
+#include <variant>
+
+namespace kvtwin {
+
+enum class DType : uint8_t { kFloat32, kBFloat16 };
+
+const char* DTypeName(DType dtype);
+int64_t ElementBytes(DType dtype);
+
+template <typename Scalar>
+using RowMatrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatF = RowMatrix<float>;
+using MatBf16 = RowMatrix<Eigen::bfloat16>;
+using MatD = RowMatrix<double>;
+using VecF = Eigen::VectorXf;
+using VecD = Eigen::VectorXd;
+
+// Rounds a float to the nearest value representable in `dtype` (identity for float32).
+float RoundTo(DType dtype, float value);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // A zero-filled rows x cols tensor.
+  Tensor(DType dtype, int64_t rows, int64_t cols);
+  // Converts (rounds) float values into `dtype`.
+  static Tensor FromFloat(DType dtype, const MatF& values);
+
+  DType dtype() const { return dtype_; }
+  int64_t rows() const;
+  int64_t cols() const;
+  bool empty() const { return rows() == 0; }
+  // Bytes the elements occupy: rows * cols * ElementBytes(dtype).
+  int64_t Bytes() const { return rows() * cols() * ElementBytes(dtype_); }
+
+  float At(int64_t row, int64_t col) const;
+  void Set(int64_t row, int64_t col, float value);  // rounds to dtype
+  MatF ToFloat() const;
+  MatF RowsToFloat(int64_t begin, int64_t count) const;
+
+  // Copy of rows [begin, begin + count). REQUIRES: the range is inside the tensor.
+  Tensor Rows(int64_t begin, int64_t count) const;
+  // Copies `count` rows of `src` starting at `src_row` into rows starting at `dst_row`.
+  // REQUIRES: same dtype and column count; both ranges inside their tensors.
+  void CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64_t count);
+  // Keeps the first min(rows, new_rows) rows, zero-fills the rest.
+  void ResizeRows(int64_t new_rows);
+  // Appends all rows of `tail`. REQUIRES: same dtype and column count (or this is empty).
+  void AppendRows(const Tensor& tail);
+  // Drops the first `count` rows. REQUIRES: count <= rows().
+  void DropFrontRows(int64_t count);
+  // [a ; b] along rows. REQUIRES: same dtype and column count.
+  static Tensor Concat(const Tensor& a, const Tensor& b);
+
+  // Bit-exact equality of dtype, shape and every element.
+  bool Equals(const Tensor& other) const;
+  std::string ShapeString() const;  // "bf16[12x8]"
+
+ private:
+  DType dtype_ = DType::kFloat32;
+  std::variant<MatF, MatBf16> data_;
+};
+
+}  // namespace kvtwin

@@ -1,0 +1,61 @@
+// The recurrent kernels (spec §2.4): a causal depthwise conv with a carried tail and the
+// gated-delta rule of Qwen3.5 GDN layers, each in a step-by-step form and a segmented form
+// (state threaded through the segments between snapshot splits) that must agree. Inputs
+// are float matrices whose values are already representable in the activation dtype; the
+// delta state is float32. Padded rows (index >= real_len) are identity steps: they change
+// neither the conv tail nor the delta state. Pure functions; no state.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/core/tensor.h"
+#include "src/recurrent_cache.h"
+
+namespace kvtwin {
+
+struct ConvWeights {
+  MatF w;        // [conv_dim x (conv_tail + 1)]; column j multiplies X[t + j]
+  VecF bias;     // [conv_dim] or empty
+  bool silu = false;
+};
+
+struct ConvResult {
+  MatF out;                   // [L x conv_dim]; padded rows are zero
+  std::vector<Tensor> states; // tail at each interior split, then at real_len (tail dtype)
+};
+
+// out[t] = b + sum_j w[:, j] * X[t + j] over X = [tail ; x] (x rows >= real_len zeroed).
+// REQUIRES: tail is [conv_tail x C], x is [L x C] in the tail's dtype, 0 <= real_len <= L,
+// splits strictly ascending inside (0, real_len).
+ConvResult CausalConv1D(const Tensor& tail, const Tensor& x, int64_t real_len,
+                        const ConvWeights& weights, const std::vector<int64_t>& splits);
+
+struct GdnParams {
+  RecurrentDims dims;
+  VecF dt_bias;  // [Hv]
+  VecF a_exp;    // [Hv], A = exp(A_log) > 0
+};
+
+struct GdnInputs {
+  MatF qkv;  // [L x (2*Hk*Dk + Hv*Dv)]: [q | k | v]
+  MatF ba;   // [L x 2*Hv]: [beta_raw | alpha_raw]
+};
+
+struct GdnResult {
+  MatF y;                    // [L x Hv*Dv]; padded rows are zero
+  std::vector<MatF> states;  // state at each interior split, then at real_len
+};
+
+// One token of the gated-delta rule applied to `state` ([(Hv*Dv) x Dk]); writes the
+// output row (Hv*Dv floats) to `y`.
+void GatedDeltaStep(MatF& state, const float* qkv_row, const float* ba_row,
+                    const GdnParams& params, float* y);
+// Token by token over the whole forward, recording the state at every split.
+GdnResult GatedDelta(const MatF& state, const GdnInputs& inputs, int64_t real_len,
+                     const GdnParams& params, const std::vector<int64_t>& splits);
+// Segment by segment: one GatedDelta call per segment between splits, threading the state.
+GdnResult GatedDeltaSegmented(const MatF& state, const GdnInputs& inputs, int64_t real_len,
+                              const GdnParams& params, const std::vector<int64_t>& splits);
+
+}  // namespace kvtwin
