@@ -64,6 +64,16 @@ class RefCache {
   RefCache(RefKind kind, int64_t window) : kind_(kind), window_(window) {}
   // Offers a capture at `reached` (scheduled, slot empty) made from the current state.
   void CaptureAt(int64_t reached, bool batched_write);
+  // The capture rule of the schedule (spec §1.3 captureReached): fills the first empty slot
+  // scheduled at `reached` with `snap` and then moves base there, even when `snap` is null.
+  void OfferCapture(int64_t reached, RefSnap snap);
+  // Scheduled offsets o with lo <= o <= hi, ascending.
+  std::vector<int64_t> ScheduledIn(int64_t lo, int64_t hi) const;
+  // The whole-state snapshot {from, to, tokens [0, to)} of the log as it was at `to`.
+  RefSnapshot WholeStateAt(int64_t from, int64_t to) const;
+  bool RestoreKv(const RefSnapshot* snap, int64_t target);
+  bool RestoreRotating(const RefSnapshot* snap, int64_t target);
+  bool RestoreRecurrent(const RefSnapshot* snap, int64_t target);
 
   RefKind kind_;
   int64_t window_ = 0;  // rotating only

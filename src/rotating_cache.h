@@ -73,6 +73,12 @@ class RotatingCache final : public AttentionCache {
   History Concat(const Tensor& k, const Tensor& v);         // L > 1
   // Owned window snapshot at `o` sliced from the logical-order buffer right after a concat.
   SnapshotPtr WindowAt(int64_t o) const;
+  // KV_CHECKs the REQUIRES of Update (row counts, column counts and dtype of the buffer).
+  void CheckWrite(const Tensor& k, const Tensor& v) const;
+  // Buffer order [idx, Dim) ++ [0, idx), idx := Dim (concat step 3, wrapped case).
+  void Linearize();
+  // History over buffer rows [0, key_len) with the rotating applier.
+  History BufferHistory(int64_t key_len, int64_t query_len) const;
 
   int64_t window_;
   bool has_buffer_ = false;
@@ -81,6 +87,12 @@ class RotatingCache final : public AttentionCache {
   int64_t offset_ = 0;
   int64_t idx_ = 0;
   CaptureSchedule schedule_;
+  // View() of an oversize (R3) buffer must show only its trailing W rows, but a History
+  // can only name rows [0, length) of a tensor, and View() is const so it cannot shift the
+  // buffer. It copies those rows here instead; they live until the next View() or
+  // mutation, which is the History pointer lifetime anyway. Not counted in LiveBytes().
+  mutable Tensor view_k_;
+  mutable Tensor view_v_;
 };
 
 }  // namespace kvtwin

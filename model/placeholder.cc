@@ -1,1 +1,0 @@
-#include "model/ref_cache.h"

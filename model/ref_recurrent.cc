@@ -1,0 +1,121 @@
+// The reference gated-delta fold (spec §2.4.2, §5.3) in double precision, written as plain
+// loops in the order the spec states the rule (decay, read, delta correction), so that a
+// reader can check it against the formula line by line. The read-out y = S q̂ is not part
+// of the state and is therefore not computed here.
+#include "model/ref_recurrent.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace kvtwin::model {
+namespace {
+
+// Bounds the memo: the simulator visits millions of distinct prefixes, and every entry is a
+// whole state. Clearing costs one re-fold from position 0 on the next miss and can never
+// change a result, because the memo only caches S_P.
+constexpr size_t kMemoEntriesMax = size_t{1} << 16;
+
+constexpr double kRmsEps = 1e-6;
+
+// log(1 + e^x) without overflow for large x (naive exp(x) is inf beyond ~709, which would
+// turn a moderate x * a_exp into a zero decay).
+double Softplus(double x) {
+  return x > 0.0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+}
+
+// 1 / (1 + e^-x) evaluated on the side where the exponential cannot overflow; -inf gives 0.
+double Sigmoid(double x) {
+  if (x >= 0.0) return 1.0 / (1.0 + std::exp(-x));
+  const double e = std::exp(x);
+  return e / (1.0 + e);
+}
+
+// x / sqrt(mean(x^2) + eps) / scale over x = vec[begin, begin + n): RMSNorm without weight.
+VecD RmsNormScaled(const VecD& vec, int64_t begin, int64_t n, double scale) {
+  double sum_sq = 0.0;
+  for (int64_t j = 0; j < n; ++j) sum_sq += vec(begin + j) * vec(begin + j);
+  const double rms = std::sqrt(sum_sq / static_cast<double>(n) + kRmsEps);
+  VecD out(n);
+  for (int64_t j = 0; j < n; ++j) out(j) = vec(begin + j) / rms / scale;
+  return out;
+}
+
+void CheckShapes(const MatD& state, const RefGdnToken& token, const RefGdnParams& params) {
+  const RefGdnDims& d = params.dims;
+  KV_CHECK(d.num_k_heads >= 1 && d.num_v_heads % d.num_k_heads == 0,
+           "value heads must be a multiple of key heads");
+  KV_CHECK(state.rows() == d.num_v_heads * d.head_v_dim && state.cols() == d.head_k_dim,
+           "state must be [(Hv*Dv) x Dk]");
+  KV_CHECK(token.q.size() == d.num_k_heads * d.head_k_dim, "q must be [Hk*Dk]");
+  KV_CHECK(token.k.size() == d.num_k_heads * d.head_k_dim, "k must be [Hk*Dk]");
+  KV_CHECK(token.v.size() == d.num_v_heads * d.head_v_dim, "v must be [Hv*Dv]");
+  KV_CHECK(token.beta_raw.size() == d.num_v_heads && token.alpha_raw.size() == d.num_v_heads,
+           "beta_raw and alpha_raw must be [Hv]");
+  KV_CHECK(params.dt_bias.size() == d.num_v_heads && params.a_exp.size() == d.num_v_heads,
+           "dt_bias and a_exp must be [Hv]");
+}
+
+MatD ZeroState(const RefGdnDims& d) {
+  return MatD::Zero(d.num_v_heads * d.head_v_dim, d.head_k_dim);
+}
+
+}  // namespace
+
+void RefGdnStep(MatD& state, const RefGdnToken& token, const RefGdnParams& params) {
+  CheckShapes(state, token, params);
+  const RefGdnDims& d = params.dims;
+  const int64_t group = d.num_v_heads / d.num_k_heads;
+  const double dk = static_cast<double>(d.head_k_dim);
+  for (int64_t h = 0; h < d.num_v_heads; ++h) {
+    const int64_t g = h / group;  // the key head this value head reads
+    const VecD k_hat = RmsNormScaled(token.k, g * d.head_k_dim, d.head_k_dim, std::sqrt(dk));
+    const double decay = std::exp(-Softplus(token.alpha_raw(h) + params.dt_bias(h)) *
+                                  params.a_exp(h));
+    const double beta = Sigmoid(token.beta_raw(h));
+    for (int64_t i = 0; i < d.head_v_dim; ++i) {
+      const int64_t row = h * d.head_v_dim + i;
+      double m = 0.0;  // (S k̂)_i after the decay
+      for (int64_t j = 0; j < d.head_k_dim; ++j) {
+        state(row, j) *= decay;
+        m += state(row, j) * k_hat(j);
+      }
+      const double delta = beta * (token.v(row) - m);
+      for (int64_t j = 0; j < d.head_k_dim; ++j) state(row, j) += delta * k_hat(j);
+    }
+  }
+}
+
+RefGdnFolder::RefGdnFolder(RefGdnParams params, InputFn inputs)
+    : params_(std::move(params)), inputs_(std::move(inputs)) {
+  KV_CHECK(static_cast<bool>(inputs_), "the folder needs an input function");
+}
+
+MatD RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
+  KV_CHECK(0 <= length && length <= static_cast<int64_t>(log.size()),
+           "fold length " + std::to_string(length) + " outside a log of " +
+               std::to_string(log.size()));
+  // Walk back to the longest prefix whose state is memoized (h names the whole prefix).
+  int64_t folded = length;
+  while (folded > 0 && memo_.find(log[static_cast<size_t>(folded - 1)].h) == memo_.end()) {
+    --folded;
+  }
+  MatD state =
+      folded > 0 ? memo_.at(log[static_cast<size_t>(folded - 1)].h) : ZeroState(params_.dims);
+  for (int64_t p = folded; p < length; ++p) {
+    const Token& token = log[static_cast<size_t>(p)];
+    RefGdnStep(state, inputs_(p, token), params_);
+    if (memo_.size() >= kMemoEntriesMax) memo_.clear();
+    memo_.insert_or_assign(token.h, state);
+  }
+  return state;
+}
+
+std::vector<int64_t> ExpectedConvTailPositions(int64_t length, int64_t conv_tail) {
+  KV_CHECK(length >= 0 && conv_tail >= 0, "negative length or conv tail");
+  std::vector<int64_t> positions;
+  for (int64_t p = length - conv_tail; p < length; ++p) positions.push_back(p);
+  return positions;
+}
+
+}  // namespace kvtwin::model

@@ -1,0 +1,79 @@
+// LayerOracle: what one layer must hold, derived from the reference token log through the
+// synthetic forward, and the comparisons against the production cache (spec §4.1, §5.2,
+// §5.3). K/V rows and conv tails are moved, not computed, so they are compared bit-exactly;
+// the delta state is computed, so it is compared with kDeltaTolerance against the
+// double-precision reference fold. Every mismatch says what the slot holds and what it
+// should hold, decoded from the provenance tags. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/ref_cache.h"
+#include "model/ref_recurrent.h"
+#include "sim/ops.h"
+#include "sim/stack.h"
+#include "sim/synthetic.h"
+#include "src/attention_mask.h"
+#include "src/cache.h"
+#include "src/kv_cache.h"
+#include "src/recurrent_cache.h"
+#include "src/rotating_cache.h"
+
+namespace kvtwin::sim {
+
+// Largest allowed |actual - expected| of a delta-state element, relative to
+// max(1, |expected|): float32 accumulation against a double fold stays near 1e-6, while a
+// state stored or computed in bfloat16 is off by ~4e-3.
+inline constexpr double kDeltaTolerance = 1e-4;
+
+struct Mismatch {
+  std::string what;
+  std::string expected;
+  std::string actual;
+};
+using Check = std::optional<Mismatch>;
+
+// Slots holding the trailing min(offset, W) positions of a rotating buffer, oldest first,
+// read by storage regime (spec §2.2 R1-R3); an error when (offset, idx, rows) fit no regime.
+Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, int64_t rows,
+                                                 int64_t window);
+
+class LayerOracle {
+ public:
+  LayerOracle(const SyntheticForward& synth, const StackConfig& config, int32_t layer);
+
+  // Live state after any step.
+  Check CheckLive(const LayerCache& cache, const model::RefCache& ref);
+  // A snapshot held by the driver against its reference.
+  Check CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap& ref);
+  // The history a write returned: rows, order, and which positions each query attends.
+  Check CheckHistory(const History& history, const model::RefCache& ref_after, int64_t start,
+                     int64_t query_len, const Op& write);
+
+  // Expected K (or V) row for `token` at position p.
+  void FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token, bool is_value) const;
+  const SyntheticForward& synth() const { return synth_; }
+
+ private:
+  Check CheckKvRows(const Tensor& k, const Tensor& v, const std::vector<int64_t>& slots,
+                    const model::TokenLog& log, int64_t first_position, const std::string& where);
+  Check CheckKvLive(const KvCache& cache, const model::RefCache& ref);
+  Check CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref);
+  Check CheckRecurrentState(const Tensor& conv, const MatF& delta, const model::TokenLog& log,
+                            int64_t length, const std::string& where);
+  Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
+                     int64_t start, int64_t query_len, const Op& write, model::RefKind kind);
+
+  const SyntheticForward& synth_;
+  int32_t layer_;
+  LayerSpec spec_;
+  DType dtype_;
+  int64_t cols_;
+  RecurrentDims dims_;
+  model::RefGdnFolder folder_;
+};
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,258 @@
+#include "sim/generator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace kvtwin::sim {
+namespace {
+
+int64_t SmallestWindow(const StackConfig& config) {
+  int64_t w = 8;
+  bool found = false;
+  for (const LayerSpec& s : config.layers) {
+    if (s.kind == CacheKind::kRotating && (!found || s.window < w)) {
+      w = s.window;
+      found = true;
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+std::string OpWeights::ToString() const {
+  return fmt::format("write={} snapshot={} restore={} merge={} split={} free={} prepare={} "
+                     "take={} close={} speculate={}",
+                     write, snapshot, restore, merge, split, free, prepare, take, close, speculate);
+}
+
+int64_t OpGenerator::Pick(std::initializer_list<int64_t> values) {
+  const auto i = static_cast<size_t>(rng_.Below(values.size()));
+  return *(values.begin() + i);
+}
+
+Op OpGenerator::Next(const LockstepDriver& driver) {
+  while (!pending_.empty()) {
+    Pending p = pending_.front();
+    pending_.pop_front();
+    Op op = Resolve(driver, p);
+    if (driver.Valid(op)) return op;
+  }
+  for (;;) {
+    Op op = Fresh(driver);
+    if (driver.Valid(op)) return op;
+  }
+}
+
+Op OpGenerator::Fresh(const LockstepDriver& driver) {
+  const int32_t layer = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.num_layers())));
+  // Keep pools small so every held snapshot is re-checked cheaply after each step.
+  if (driver.pool_size(layer) > 12) {
+    Op op;
+  op.kind = OpKind::kClose;
+    op.layer = layer;
+    op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.pool_size(layer))));
+    return op;
+  }
+  const std::array<uint32_t, 10> w = {weights_.write,   weights_.snapshot, weights_.restore,
+                                      weights_.merge,   weights_.split,    weights_.free,
+                                      weights_.prepare, weights_.take,     weights_.close,
+                                      weights_.speculate};
+  uint64_t total = 0;
+  for (uint32_t x : w) total += x;
+  if (total == 0) return MakeWrite(driver, 1);
+  uint64_t r = rng_.Below(total);
+  size_t family = 0;
+  while (r >= w[family]) r -= w[family++];
+  Op op;
+  op.layer = layer;
+  switch (family) {
+    case 0: return MakeWrite(driver, WriteLength(driver));
+    case 1:
+      op.kind = OpKind::kSnapshot;
+      op.value = rng_.Range(0, driver.ref(layer).Offset() + 1);
+      return op;
+    case 2: return MakeRestore(driver, layer);
+    case 3: return MakeMerge(driver, layer);
+    case 4: return MakeSplit(driver, layer);
+    case 5: op.kind = OpKind::kFree; return op;
+    case 6: return MakePrepare(driver, layer);
+    case 7: op.kind = OpKind::kTake; return op;
+    case 8:
+      if (driver.pool_size(layer) == 0) return MakeWrite(driver, 1);
+      op.kind = OpKind::kClose;
+      op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.pool_size(layer))));
+      return op;
+    default:
+      PlanSpeculation(driver);
+      Pending first = pending_.front();
+      pending_.pop_front();
+      return Resolve(driver, first);
+  }
+}
+
+int64_t OpGenerator::WriteLength(const LockstepDriver& driver) {
+  const int64_t w = SmallestWindow(driver.config());
+  switch (rng_.Below(6)) {
+    case 0:
+    case 1: return 1;
+    case 2: return rng_.Range(2, 4);
+    case 3: return std::max<int64_t>(1, w + Pick({-1, 0, 1}));
+    case 4: return rng_.Range(1, 2 * w + 3);
+    default: return rng_.Range(1, 16);
+  }
+}
+
+Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
+  Op op;
+  op.kind = OpKind::kWrite;
+  for (int64_t i = 0; i < length; ++i) {
+    // A small vocabulary makes equal tokens at equal positions on different branches common,
+    // which only the whole-prefix hash tells apart.
+    op.tokens.push_back(static_cast<int32_t>(rng_.Below(6)));
+  }
+  if (rng_.Chance(1, 5)) op.pad = rng_.Range(1, 3);
+  op.segmented = rng_.Chance(1, 2);
+  const uint64_t m = rng_.Below(10);
+  op.mask = m < 8 ? MaskForm::kCausal : m == 8 ? MaskForm::kZero : MaskForm::kRelax;
+  if (op.mask == MaskForm::kRelax) {
+    const int64_t start = driver.ref(0).Offset();
+    op.rect_q_lo = start + rng_.Range(0, length - 1);
+    op.rect_q_hi = op.rect_q_lo + rng_.Range(1, length);
+    op.rect_k_lo = std::max<int64_t>(0, start + rng_.Range(-4, length - 1));
+    op.rect_k_hi = op.rect_k_lo + rng_.Range(1, length + 4);
+  }
+  return op;
+}
+
+Op OpGenerator::MakeRestore(const LockstepDriver& driver, int32_t layer) {
+  Op op;
+  op.kind = OpKind::kRestore;
+  op.layer = layer;
+  const int64_t offset = driver.ref(layer).Offset();
+  const int32_t n = driver.pool_size(layer);
+  if (n == 0 || rng_.Chance(1, 3)) {
+    op.slot = -1;
+    op.value = offset - Pick({0, 0, 1, 2, -1}) - (rng_.Chance(1, 4) ? rng_.Range(0, offset) : 0);
+    return op;
+  }
+  op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(n)));
+  const model::RefSnap& s = driver.pool_ref(layer, op.slot);
+  switch (rng_.Below(6)) {
+    case 0:
+    case 1: op.value = s->to; break;
+    case 2: op.value = s->to - 1; break;
+    case 3: op.value = s->to + 1; break;
+    case 4: op.value = s->from + rng_.Range(-1, 1); break;
+    default: op.value = rng_.Range(-1, offset + 2); break;
+  }
+  return op;
+}
+
+Op OpGenerator::MakeMerge(const LockstepDriver& driver, int32_t layer) {
+  Op op;
+  op.kind = OpKind::kMerge;
+  op.layer = layer;
+  const int32_t n = driver.pool_size(layer);
+  if (n < 2) return MakeWrite(driver, 1);
+  // Prefer adjacent pairs so full KV merges happen (non-adjacent ones are not allowed).
+  std::vector<std::pair<int32_t, int32_t>> adjacent;
+  for (int32_t a = 0; a < n; ++a) {
+    for (int32_t b = 0; b < n; ++b) {
+      if (a != b && driver.pool_ref(layer, a)->to == driver.pool_ref(layer, b)->from) {
+        adjacent.emplace_back(a, b);
+      }
+    }
+  }
+  if (!adjacent.empty() && rng_.Chance(3, 4)) {
+    std::tie(op.slot, op.slot2) = adjacent[static_cast<size_t>(rng_.Below(adjacent.size()))];
+    return op;
+  }
+  op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(n)));
+  op.slot2 = rng_.Chance(1, 6) ? -1 : static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(n)));
+  if (rng_.Chance(1, 8)) std::swap(op.slot, op.slot2);
+  return op;
+}
+
+Op OpGenerator::MakeSplit(const LockstepDriver& driver, int32_t layer) {
+  Op op;
+  op.kind = OpKind::kSplit;
+  op.layer = layer;
+  const int32_t n = driver.pool_size(layer);
+  if (n == 0) return MakeWrite(driver, 1);
+  op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(n)));
+  const model::RefSnap& s = driver.pool_ref(layer, op.slot);
+  op.value = rng_.Range(s->from - 1, s->to + 1);
+  return op;
+}
+
+Op OpGenerator::MakePrepare(const LockstepDriver& driver, int32_t layer) {
+  Op op;
+  op.kind = OpKind::kPrepare;
+  op.layer = layer;
+  const int64_t offset = driver.ref(layer).Offset();
+  const auto count = rng_.Below(5);
+  for (uint64_t i = 0; i < count; ++i) op.offsets.push_back(offset + rng_.Range(0, 10));
+  std::sort(op.offsets.begin(), op.offsets.end());
+  op.offsets.erase(std::unique(op.offsets.begin(), op.offsets.end()), op.offsets.end());
+  if (rng_.Chance(1, 10) && !op.offsets.empty()) {  // malformed: behind, duplicate or unsorted
+    switch (rng_.Below(3)) {
+      case 0: op.offsets.insert(op.offsets.begin(), offset - 1); break;
+      case 1: op.offsets.push_back(op.offsets.back()); break;
+      default: std::reverse(op.offsets.begin(), op.offsets.end()); op.offsets.push_back(offset); break;
+    }
+  }
+  return op;
+}
+
+void OpGenerator::PlanSpeculation(const LockstepDriver& driver) {
+  const int64_t drafts = Pick({1, 2, 3, 10});
+  const int64_t accepted = rng_.Range(0, drafts);
+  const int32_t layers = driver.num_layers();
+  for (int32_t l = 0; l < layers; ++l) {
+    Pending p;
+    p.op.kind = OpKind::kTake;  // drain any active schedule first
+    p.op.layer = l;
+    pending_.push_back(p);
+    p.op.kind = OpKind::kPrepare;
+    const int64_t before = driver.ref(l).Offset();
+    for (int64_t i = 1; i <= drafts; ++i) p.op.offsets.push_back(before + i);
+    pending_.push_back(p);
+  }
+  Pending write;
+  write.op = MakeWrite(driver, drafts + 1);
+  write.op.pad = 0;
+  pending_.push_back(write);
+  for (int32_t l = 0; l < layers; ++l) {
+    Pending p;
+    p.op.kind = OpKind::kTake;
+    p.op.layer = l;
+    pending_.push_back(p);
+    if (accepted == drafts) continue;
+    p.op.kind = OpKind::kRestore;
+    p.op.value = driver.ref(l).Offset() + 1 + accepted;
+    p.restore_accepted = true;
+    pending_.push_back(p);
+  }
+}
+
+Op OpGenerator::Resolve(const LockstepDriver& driver, Pending pending) {
+  if (!pending.restore_accepted) return pending.op;
+  // Live rewind first (KV, unwrapped windows); the driver's reference says whether it can.
+  Op op = pending.op;
+  op.slot = -1;
+  const model::RefCache& ref = driver.ref(op.layer);
+  model::RefCache probe = ref;
+  if (probe.Restore(nullptr, op.value)) return op;
+  for (int32_t i = driver.pool_size(op.layer) - 1; i >= 0; --i) {
+    if (driver.pool_ref(op.layer, i)->to == op.value) {
+      op.slot = i;
+      break;
+    }
+  }
+  return op;
+}
+
+}  // namespace kvtwin::sim

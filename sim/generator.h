@@ -1,0 +1,54 @@
+// OpGenerator: seeded adversarial op sequences for a LockstepDriver. It reads the reference
+// state (offsets, pool ranges) to aim arguments at boundaries (W-1, W, W+1, snapshot ends,
+// one past the offset, negative targets), mixes in malformed capture schedules, and runs
+// speculation-shaped macros (schedule before+1..before+D, one batched write of D+1 tokens,
+// take, restore the accepted prefix) across every layer. Weights are options so swarm runs
+// can switch whole op kinds off. Single-threaded.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "sim/lockstep.h"
+#include "sim/ops.h"
+#include "src/core/rng.h"
+
+namespace kvtwin::sim {
+
+// Relative weights per op family; 0 switches a family off.
+struct OpWeights {
+  uint32_t write = 30, snapshot = 10, restore = 18, merge = 6, split = 6, free = 2,
+           prepare = 7, take = 7, close = 5, speculate = 6;
+  std::string ToString() const;
+};
+
+class OpGenerator {
+ public:
+  OpGenerator(Rng rng, OpWeights weights) : rng_(rng), weights_(weights) {}
+  // The next valid op for the driver's current state.
+  Op Next(const LockstepDriver& driver);
+
+ private:
+  struct Pending {
+    Op op;
+    bool restore_accepted = false;  // resolve the restore target slot when popped
+  };
+  Op Fresh(const LockstepDriver& driver);
+  Op MakeWrite(const LockstepDriver& driver, int64_t length);
+  Op MakeRestore(const LockstepDriver& driver, int32_t layer);
+  Op MakeMerge(const LockstepDriver& driver, int32_t layer);
+  Op MakeSplit(const LockstepDriver& driver, int32_t layer);
+  Op MakePrepare(const LockstepDriver& driver, int32_t layer);
+  void PlanSpeculation(const LockstepDriver& driver);
+  Op Resolve(const LockstepDriver& driver, Pending pending);
+  int64_t WriteLength(const LockstepDriver& driver);
+  int64_t Pick(std::initializer_list<int64_t> values);
+
+  Rng rng_;
+  OpWeights weights_;
+  std::deque<Pending> pending_;
+};
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,277 @@
+#include "sim/lockstep.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <utility>
+
+#include "src/core/check.h"
+#include "src/kernels.h"
+
+namespace kvtwin::sim {
+namespace {
+
+// Junk in padded rows: a correct kernel ignores it, a wrong one folds it in visibly.
+constexpr float kPadValue = 99.0f;
+
+}  // namespace
+
+std::string Divergence::ToString() const {
+  return fmt::format("divergence at step {} ({}), layer {}:\n  {}\n  expected: {}\n  actual:   {}",
+                     step, op, layer, mismatch.what, mismatch.expected, mismatch.actual);
+}
+
+LockstepDriver::LockstepDriver(StackConfig config, uint64_t seed)
+    : config_(std::move(config)), synth_(seed) {
+  const Status valid = config_.Validate();
+  KV_CHECK(valid.ok(), valid.ToString());
+  auto caches = BuildCaches(config_);
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const LayerSpec& spec = config_.layers[i];
+    model::RefCache ref = spec.kind == CacheKind::kFullKv     ? model::RefCache::Kv()
+                          : spec.kind == CacheKind::kRotating ? model::RefCache::Rotating(spec.window)
+                                                              : model::RefCache::Recurrent();
+    auto oracle = std::make_unique<LayerOracle>(synth_, config_, static_cast<int32_t>(i));
+    layers_.push_back(Layer{std::move(caches[i]), std::move(ref), std::move(oracle), {}});
+  }
+}
+
+int32_t LockstepDriver::pool_size(int32_t layer) const {
+  return static_cast<int32_t>(layers_[static_cast<size_t>(layer)].pool.size());
+}
+
+const model::RefSnap& LockstepDriver::pool_ref(int32_t layer, int32_t slot) const {
+  return layers_[static_cast<size_t>(layer)].pool[static_cast<size_t>(slot)].ref;
+}
+
+bool LockstepDriver::Valid(const Op& op) const {
+  if (op.kind == OpKind::kWrite) {
+    if (op.tokens.empty() || op.pad < 0 || op.pad > 64) return false;
+    for (const Layer& l : layers_) {
+      if (l.ref.Offset() + static_cast<int64_t>(op.tokens.size()) > kMaxPosition) return false;
+    }
+    return true;
+  }
+  if (op.layer < 0 || op.layer >= num_layers()) return false;
+  const int32_t n = pool_size(op.layer);
+  auto slot_ok = [n](int32_t s, bool allow_null) { return (allow_null && s == -1) || (s >= 0 && s < n); };
+  switch (op.kind) {
+    case OpKind::kSnapshot: return op.value >= 0;
+    case OpKind::kRestore: return slot_ok(op.slot, true);
+    case OpKind::kSplit: return slot_ok(op.slot, true);
+    case OpKind::kClose: return slot_ok(op.slot, false);
+    case OpKind::kMerge: {
+      if (!slot_ok(op.slot, true) || !slot_ok(op.slot2, true)) return false;
+      if (op.slot == op.slot2 && op.slot != -1) return false;
+      // Full KV merges need adjacent ranges (a precondition of KvCache::Merge).
+      if (config_.layers[static_cast<size_t>(op.layer)].kind != CacheKind::kFullKv) return true;
+      if (op.slot < 0 || op.slot2 < 0) return true;
+      const auto& p = pool_ref(op.layer, op.slot);
+      const auto& c = pool_ref(op.layer, op.slot2);
+      return p->to == c->from;
+    }
+    default: return true;
+  }
+}
+
+std::optional<Divergence> LockstepDriver::Apply(const Op& op) {
+  KV_CHECK(!divergence_.has_value(), "the driver already diverged");
+  KV_CHECK(Valid(op), "invalid op: " + op.ToString());
+  ++steps_;
+  Fold(static_cast<uint64_t>(op.kind));
+  for (int32_t i = 0; i < num_layers(); ++i) {
+    if (op.kind != OpKind::kWrite && i != op.layer) continue;
+    Check c = ApplyToLayer(op, layers_[static_cast<size_t>(i)], i);
+    if (c) {
+      divergence_ = Divergence{steps_ - 1, i, op.ToString(), *c};
+      return divergence_;
+    }
+  }
+  for (int32_t i = 0; i < num_layers(); ++i) {
+    Layer& layer = layers_[static_cast<size_t>(i)];
+    if (Check c = CheckLayer(layer)) {
+      divergence_ = Divergence{steps_ - 1, i, op.ToString(), *c};
+      return divergence_;
+    }
+    FoldLayer(layer);
+  }
+  return std::nullopt;
+}
+
+Check LockstepDriver::ApplyToLayer(const Op& op, Layer& layer, int32_t index) {
+  auto take_entry = [&layer](int32_t slot) {
+    if (slot < 0) return PoolEntry{};
+    PoolEntry e = std::move(layer.pool[static_cast<size_t>(slot)]);
+    layer.pool.erase(layer.pool.begin() + slot);
+    return e;
+  };
+  switch (op.kind) {
+    case OpKind::kWrite: return Write(op, layer, index);
+    case OpKind::kSnapshot:
+      return AddToPool(layer, layer.cache->Snapshot(op.value), layer.ref.Snapshot(op.value),
+                       "Snapshot result");
+    case OpKind::kRestore: {
+      const PoolEntry* e = op.slot < 0 ? nullptr : &layer.pool[static_cast<size_t>(op.slot)];
+      const bool actual = layer.cache->Restore(e ? e->prod.get() : nullptr, op.value);
+      const bool expected = layer.ref.Restore(e && e->ref ? &*e->ref : nullptr, op.value);
+      Fold(actual);
+      if (actual != expected) {
+        return Mismatch{"Restore outcome", expected ? "true" : "false", actual ? "true" : "false"};
+      }
+      return std::nullopt;
+    }
+    case OpKind::kMerge: {
+      // Take the higher slot first so the lower index stays valid.
+      PoolEntry first, second;
+      if (op.slot > op.slot2) {
+        first = take_entry(op.slot);
+        second = take_entry(op.slot2);
+      } else {
+        second = take_entry(op.slot2);
+        first = take_entry(op.slot);
+      }
+      SnapshotPtr prod = layer.cache->Merge(std::move(first.prod), std::move(second.prod));
+      model::RefSnap ref = layer.ref.Merge(std::move(first.ref), std::move(second.ref));
+      return AddToPool(layer, std::move(prod), std::move(ref), "Merge result");
+    }
+    case OpKind::kSplit: {
+      PoolEntry e = take_entry(op.slot);
+      auto [p, c] = layer.cache->Split(std::move(e.prod), op.value);
+      auto [rp, rc] = layer.ref.Split(std::move(e.ref), op.value);
+      if (Check m = AddToPool(layer, std::move(p), std::move(rp), "Split parent half")) return m;
+      return AddToPool(layer, std::move(c), std::move(rc), "Split child half");
+    }
+    case OpKind::kFree:
+      layer.cache->Free();
+      layer.ref.Free();
+      return std::nullopt;
+    case OpKind::kPrepare: {
+      const Status actual = layer.cache->PrepareSnapshots(op.offsets);
+      const Status expected = layer.ref.PrepareSnapshots(op.offsets);
+      Fold(static_cast<uint64_t>(actual.code()));
+      if (actual.code() != expected.code()) {
+        return Mismatch{"PrepareSnapshots outcome", expected.ToString(), actual.ToString()};
+      }
+      return std::nullopt;
+    }
+    case OpKind::kTake: return Take(layer);
+    case OpKind::kClose: take_entry(op.slot); return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+Check LockstepDriver::Take(Layer& layer) {
+  std::vector<SnapshotPtr> actual = layer.cache->TakeSnapshots();
+  std::vector<model::RefSnap> expected = layer.ref.TakeSnapshots();
+  Fold(actual.size());
+  if (actual.size() != expected.size()) {
+    return Mismatch{"TakeSnapshots entries", std::to_string(expected.size()),
+                    std::to_string(actual.size())};
+  }
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const std::string what = fmt::format("TakeSnapshots entry {}", i);
+    if (Check m = AddToPool(layer, std::move(actual[i]), std::move(expected[i]), what.c_str())) {
+      return m;
+    }
+  }
+  return std::nullopt;
+}
+
+Check LockstepDriver::AddToPool(Layer& layer, SnapshotPtr prod, model::RefSnap ref,
+                                const char* what) {
+  Fold(prod != nullptr);
+  if (Check m = layer.oracle->CheckSnapshot(prod.get(), ref)) {
+    m->what = std::string(what) + ": " + m->what;
+    return m;
+  }
+  if (prod != nullptr) layer.pool.push_back(PoolEntry{std::move(prod), std::move(ref)});
+  return std::nullopt;
+}
+
+Check LockstepDriver::Write(const Op& op, Layer& layer, int32_t index) {
+  model::TokenLog tokens;
+  uint64_t h = layer.ref.log().empty() ? synth_.seed() : layer.ref.log().back().h;
+  for (int32_t id : op.tokens) {
+    h = NextHash(h, id);
+    tokens.push_back(model::Token{id, h});
+  }
+  if (layer.cache->kind() == CacheKind::kRecurrent) {
+    WriteRecurrent(op, layer, index, tokens);
+    return std::nullopt;
+  }
+  return WriteAttention(op, layer, tokens);
+}
+
+Check LockstepDriver::WriteAttention(const Op& op, Layer& layer, const model::TokenLog& tokens) {
+  const int64_t start = layer.ref.Offset();
+  const auto n = static_cast<int64_t>(tokens.size());
+  Tensor k(config_.dtype, n, config_.kv_cols());
+  Tensor v(config_.dtype, n, config_.kv_cols());
+  for (int64_t i = 0; i < n; ++i) {
+    layer.oracle->FillRow(k, i, start + i, tokens[static_cast<size_t>(i)], false);
+    layer.oracle->FillRow(v, i, start + i, tokens[static_cast<size_t>(i)], true);
+  }
+  auto& cache = static_cast<AttentionCache&>(*layer.cache);
+  const History history = cache.Update(k, v);
+  layer.ref.Write(tokens);
+  Fold(static_cast<uint64_t>(history.length));
+  return layer.oracle->CheckHistory(history, layer.ref, start, n, op);
+}
+
+void LockstepDriver::WriteRecurrent(const Op& op, Layer& layer, int32_t index,
+                                    const model::TokenLog& tokens) {
+  auto& cache = static_cast<RecurrentCache&>(*layer.cache);
+  const RecurrentDims& d = config_.recurrent;
+  const int64_t start = layer.ref.Offset();
+  const auto real = static_cast<int64_t>(tokens.size());
+  const int64_t rows = real + op.pad;
+  MatF x = MatF::Constant(rows, d.conv_dim(), kPadValue);
+  GdnInputs in{MatF::Constant(rows, d.conv_dim(), kPadValue),
+               MatF::Constant(rows, 2 * d.num_v_heads, kPadValue)};
+  for (int64_t i = 0; i < real; ++i) {
+    const uint64_t h = tokens[static_cast<size_t>(i)].h;
+    synth_.FillConvInput(x, i, config_.dtype, index, start + i, h, d.conv_dim());
+    synth_.FillGdnInput(in.qkv, in.ba, i, config_.dtype, index, start + i, h, d);
+  }
+  const RecurrentCache::StateView state = cache.Get(config_.dtype);
+  const std::vector<int64_t> splits = cache.SnapshotSplits(real);
+  ConvResult conv = CausalConv1D(*state.conv, Tensor::FromFloat(config_.dtype, x), real,
+                                 synth_.ConvParams(index, d), splits);
+  const GdnParams params = synth_.GdnParamsFor(index, d);
+  GdnResult gdn = op.segmented ? GatedDeltaSegmented(*state.delta, in, real, params, splits)
+                               : GatedDelta(*state.delta, in, real, params, splits);
+  cache.Put(real, std::move(conv.states), std::move(gdn.states));
+  layer.ref.Write(tokens);
+}
+
+Check LockstepDriver::CheckLayer(Layer& layer) {
+  if (Check m = layer.oracle->CheckLive(*layer.cache, layer.ref)) return m;
+  for (size_t i = 0; i < layer.pool.size(); ++i) {
+    const PoolEntry& e = layer.pool[i];
+    if (Check m = layer.oracle->CheckSnapshot(e.prod.get(), e.ref)) {
+      m->what = fmt::format("held snapshot #{}: {}", i, m->what);
+      return m;
+    }
+  }
+  return std::nullopt;
+}
+
+void LockstepDriver::Fold(uint64_t value) {
+  digest_ = XXH3_64bits_withSeed(&value, sizeof(value), digest_);
+}
+
+void LockstepDriver::FoldLayer(const Layer& layer) {
+  Fold(static_cast<uint64_t>(layer.cache->Offset()));
+  Fold(layer.pool.size());
+  if (layer.cache->kind() == CacheKind::kRecurrent) {
+    const auto& rec = static_cast<const RecurrentCache&>(*layer.cache);
+    if (!rec.HasState()) return;
+    const MatF& delta = rec.delta();
+    digest_ = XXH3_64bits_withSeed(delta.data(), static_cast<size_t>(delta.size()) * sizeof(float),
+                                   digest_);
+  } else if (layer.cache->kind() == CacheKind::kRotating) {
+    Fold(static_cast<uint64_t>(static_cast<const RotatingCache&>(*layer.cache).ring_idx()));
+  }
+}
+
+}  // namespace kvtwin::sim

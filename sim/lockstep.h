@@ -1,0 +1,84 @@
+// LockstepDriver: applies one Op to the production stack (src/) and to the reference
+// (model/) and checks, after every step, every layer's offset, live window / buffer / conv
+// tail / delta state, the schedule flag, every snapshot the driver holds, and the outcome
+// class of the op itself (Restore's bool, Split/Merge/Snapshot null-ness, PrepareSnapshots'
+// status, TakeSnapshots' entries). The first difference is returned as a Divergence and the
+// driver stops accepting ops. Every observable is folded into a 64-bit digest so equal
+// seeds can be shown to give equal runs. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/ref_cache.h"
+#include "sim/checks.h"
+#include "sim/ops.h"
+#include "sim/stack.h"
+#include "sim/synthetic.h"
+#include "src/cache.h"
+
+namespace kvtwin::sim {
+
+struct Divergence {
+  int64_t step = 0;
+  int32_t layer = -1;
+  std::string op;
+  Mismatch mismatch;
+  std::string ToString() const;  // multi-line human report
+};
+
+class LockstepDriver {
+ public:
+  // REQUIRES: config.Validate().ok().
+  LockstepDriver(StackConfig config, uint64_t seed);
+
+  // Applies `op`; returns the first divergence (also kept in divergence()).
+  // REQUIRES: no divergence yet; op.layer and op slots are valid (see Valid()).
+  std::optional<Divergence> Apply(const Op& op);
+  // Whether `op` names existing layers and pool slots (generators and shrinkers filter).
+  bool Valid(const Op& op) const;
+
+  const StackConfig& config() const { return config_; }
+  int32_t num_layers() const { return static_cast<int32_t>(config_.layers.size()); }
+  int64_t steps() const { return steps_; }
+  uint64_t digest() const { return digest_; }
+  const std::optional<Divergence>& divergence() const { return divergence_; }
+  // Reference state, for generators choosing interesting arguments.
+  const model::RefCache& ref(int32_t layer) const { return layers_[static_cast<size_t>(layer)].ref; }
+  int32_t pool_size(int32_t layer) const;
+  const model::RefSnap& pool_ref(int32_t layer, int32_t slot) const;
+
+ private:
+  struct PoolEntry {
+    SnapshotPtr prod;
+    model::RefSnap ref;
+  };
+  struct Layer {
+    std::unique_ptr<LayerCache> cache;
+    model::RefCache ref;
+    std::unique_ptr<LayerOracle> oracle;
+    std::vector<PoolEntry> pool;
+  };
+
+  Check ApplyToLayer(const Op& op, Layer& layer, int32_t index);
+  Check Write(const Op& op, Layer& layer, int32_t index);
+  Check WriteAttention(const Op& op, Layer& layer, const model::TokenLog& tokens);
+  void WriteRecurrent(const Op& op, Layer& layer, int32_t index, const model::TokenLog& tokens);
+  Check Take(Layer& layer);
+  Check AddToPool(Layer& layer, SnapshotPtr prod, model::RefSnap ref, const char* what);
+  Check CheckLayer(Layer& layer);
+  void Fold(uint64_t value);
+  void FoldLayer(const Layer& layer);
+
+  StackConfig config_;
+  SyntheticForward synth_;
+  std::vector<Layer> layers_;
+  int64_t steps_ = 0;
+  uint64_t digest_ = 0;
+  std::optional<Divergence> divergence_;
+};
+
+}  // namespace kvtwin::sim

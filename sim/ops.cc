@@ -1,0 +1,50 @@
+#include "sim/ops.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace kvtwin::sim {
+
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kWrite: return "write";
+    case OpKind::kSnapshot: return "snapshot";
+    case OpKind::kRestore: return "restore";
+    case OpKind::kMerge: return "merge";
+    case OpKind::kSplit: return "split";
+    case OpKind::kFree: return "free";
+    case OpKind::kPrepare: return "prepare";
+    case OpKind::kTake: return "take";
+    case OpKind::kClose: return "close";
+  }
+  return "?";
+}
+
+std::string Op::ToString() const {
+  switch (kind) {
+    case OpKind::kWrite: {
+      std::string s = fmt::format("write L={}", tokens.size());
+      if (pad > 0) s += fmt::format(" pad={}", pad);
+      if (segmented) s += " segmented";
+      if (mask == MaskForm::kZero) s += " mask=zero";
+      if (mask == MaskForm::kRelax) {
+        s += fmt::format(" mask=relax(q[{},{}) k[{},{}))", rect_q_lo, rect_q_hi, rect_k_lo,
+                         rect_k_hi);
+      }
+      return s;
+    }
+    case OpKind::kSnapshot: return fmt::format("snapshot layer={} from={}", layer, value);
+    case OpKind::kRestore:
+      return fmt::format("restore layer={} snap={} target={}", layer,
+                         slot < 0 ? std::string("null") : fmt::format("#{}", slot), value);
+    case OpKind::kMerge: return fmt::format("merge layer={} #{} #{}", layer, slot, slot2);
+    case OpKind::kSplit: return fmt::format("split layer={} #{} at={}", layer, slot, value);
+    case OpKind::kFree: return fmt::format("free layer={}", layer);
+    case OpKind::kPrepare: return fmt::format("prepare layer={} offsets={}", layer, offsets);
+    case OpKind::kTake: return fmt::format("take layer={}", layer);
+    case OpKind::kClose: return fmt::format("close layer={} #{}", layer, slot);
+  }
+  return "?";
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,43 @@
+// Op: one operation of an op-level lock-step run on a layer stack. A write goes to every
+// layer (each at its own offset, with each layer's own history); every other op targets
+// one layer. Snapshots live in a per-layer pool and are named by their index in it; -1
+// names the null snapshot. Merge and Split consume their inputs (removed from the pool)
+// and append their non-null outputs; Take appends the non-null captures. Value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvtwin::sim {
+
+enum class OpKind : uint8_t {
+  kWrite, kSnapshot, kRestore, kMerge, kSplit, kFree, kPrepare, kTake, kClose
+};
+
+// Logical attention mask of a write (checked against what attention must see).
+enum class MaskForm : uint8_t { kCausal, kZero, kRelax };
+
+struct Op {
+  OpKind kind = OpKind::kWrite;
+  int32_t layer = 0;
+  // kWrite
+  std::vector<int32_t> tokens;  // the real tokens, >= 1
+  int64_t pad = 0;              // padding rows recurrent layers also receive
+  bool segmented = false;       // recurrent: segmented gated-delta form
+  MaskForm mask = MaskForm::kCausal;
+  int64_t rect_q_lo = 0, rect_q_hi = 0, rect_k_lo = 0, rect_k_hi = 0;  // kRelax, absolute
+  // kSnapshot: from; kRestore: target; kSplit: at
+  int64_t value = 0;
+  // kRestore / kSplit / kClose: slot; kMerge: slot (parent) and slot2 (child)
+  int32_t slot = -1;
+  int32_t slot2 = -1;
+  // kPrepare
+  std::vector<int64_t> offsets;
+
+  std::string ToString() const;
+};
+
+const char* OpKindName(OpKind kind);
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,85 @@
+#include "sim/run.h"
+
+#include <fmt/format.h>
+
+#include "src/core/rng.h"
+
+namespace kvtwin::sim {
+namespace {
+
+constexpr size_t kRecentOps = 6;
+
+// Swarm testing: the seed switches whole op families and stack shapes on or off, so some
+// runs hammer one mechanism without the others diluting it.
+void Swarm(Rng& rng, RunOptions& options, OpWeights& weights) {
+  const auto& presets = PresetNames();
+  options.preset = presets[static_cast<size_t>(rng.Below(presets.size()))];
+  options.layers = static_cast<int32_t>(rng.Range(1, 5));
+  const int64_t windows[] = {1, 2, 3, 4, 5, 8, 16};
+  options.window = windows[rng.Below(7)];
+  options.dtype = rng.Chance(1, 2) ? "f32" : "bf16";
+  uint32_t* families[] = {&weights.snapshot, &weights.restore, &weights.merge, &weights.split,
+                          &weights.free,     &weights.prepare, &weights.take,  &weights.close,
+                          &weights.speculate};
+  for (uint32_t* w : families) {
+    if (rng.Chance(1, 4)) *w = 0;
+  }
+}
+
+}  // namespace
+
+Status ValidateRunOptions(const RunOptions& options) {
+  if (options.steps < 1) return InvalidArgument(fmt::format("--steps must be >= 1, got {}", options.steps));
+  if (options.layers < 1 || options.layers > 127) {
+    return InvalidArgument(fmt::format("--layers must be in 1..127, got {}", options.layers));
+  }
+  auto dtype = ParseDType(options.dtype);
+  if (!dtype.ok()) return dtype.status();
+  auto stack = StackFromPreset(options.preset, options.layers, options.window, *dtype);
+  return stack.ok() ? Status::Ok() : stack.status();
+}
+
+std::string ReproduceCommand(const RunOptions& options, uint64_t seed) {
+  if (options.swarm) {
+    return fmt::format("kvtwin sweep --swarm --seeds {}..{} --steps {}", seed, seed, options.steps);
+  }
+  return fmt::format("kvtwin sweep --seeds {}..{} --preset {} --layers {} --window {} --dtype {} "
+                     "--steps {}",
+                     seed, seed, options.preset, options.layers, options.window, options.dtype,
+                     options.steps);
+}
+
+RunResult RunSeed(const RunOptions& given, uint64_t seed) {
+  RunOptions options = given;
+  OpWeights weights;
+  if (options.swarm) {
+    Rng swarm_rng = Rng::Derive(seed, "swarm");
+    Swarm(swarm_rng, options, weights);
+  }
+  const Status valid = ValidateRunOptions(options);
+  KV_CHECK(valid.ok(), valid.ToString());
+  StackConfig config =
+      StackFromPreset(options.preset, options.layers, options.window, *ParseDType(options.dtype))
+          .value();
+  RunResult result;
+  result.seed = seed;
+  result.stack = config.Describe();
+  result.weights = weights.ToString();
+  result.reproduce = ReproduceCommand(given, seed);
+  LockstepDriver driver(std::move(config), Rng::Derive(seed, "values").Next());
+  OpGenerator generator(Rng::Derive(seed, "ops"), weights);
+  for (int64_t i = 0; i < options.steps; ++i) {
+    const Op op = generator.Next(driver);
+    result.recent_ops.push_back(op.ToString());
+    if (result.recent_ops.size() > kRecentOps) result.recent_ops.pop_front();
+    if (auto d = driver.Apply(op)) {
+      result.divergence = d;
+      break;
+    }
+  }
+  result.steps = driver.steps();
+  result.digest = driver.digest();
+  return result;
+}
+
+}  // namespace kvtwin::sim

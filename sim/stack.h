@@ -1,0 +1,49 @@
+// StackConfig: the layer stack a lock-step run drives, like a real model's (spec README,
+// "Model presets"): dense (all full KV), sliding (alternating rotating window and full
+// KV, Gemma-like), recurrent (gated-delta layers with a full KV layer every fourth,
+// Qwen3.5-like) and mixed (cycling full KV, rotating, recurrent). Tensor dimensions are
+// tiny by default so millions of operations run per minute. Validate() turns an impossible
+// configuration into an InvalidArgument naming the field. Value type.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/cache.h"
+#include "src/core/status.h"
+#include "src/recurrent_cache.h"
+
+namespace kvtwin::sim {
+
+struct LayerSpec {
+  CacheKind kind = CacheKind::kFullKv;
+  int64_t window = 0;  // rotating only
+};
+
+struct StackConfig {
+  std::string preset = "mixed";
+  std::vector<LayerSpec> layers;
+  DType dtype = DType::kFloat32;  // activation / K-V dtype
+  int64_t kv_heads = 2;
+  int64_t head_dim = 4;
+  RecurrentDims recurrent;
+
+  int64_t kv_cols() const { return kv_heads * head_dim; }
+  Status Validate() const;
+  // "mixed x3 [kv, rotating(W=4), recurrent] f32 kv=2x4 rec=tail3 hk1 hv2 dk4 dv4"
+  std::string Describe() const;
+};
+
+// The preset names StackFromPreset accepts.
+const std::vector<std::string>& PresetNames();
+// Builds a stack; `window` is W for rotating layers. Errors name the bad value.
+Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers,
+                                    int64_t window, DType dtype);
+Result<DType> ParseDType(const std::string& name);
+
+// Fresh production caches for every layer of the stack.
+std::vector<std::unique_ptr<LayerCache>> BuildCaches(const StackConfig& config);
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,123 @@
+#include "sim/synthetic.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <cmath>
+
+#include "src/core/check.h"
+#include "src/core/rng.h"
+
+namespace kvtwin::sim {
+namespace {
+
+// Stream tags keep the value families of one (layer, p, h) independent.
+enum Stream : uint64_t { kKey = 1, kValue = 2, kConv = 3, kGdn = 4, kParams = 5 };
+
+uint64_t RowSeed(uint64_t run_seed, Stream stream, int32_t layer, int64_t p, uint64_t h) {
+  const uint64_t words[4] = {static_cast<uint64_t>(stream), static_cast<uint64_t>(layer),
+                             static_cast<uint64_t>(p), h};
+  return XXH3_64bits_withSeed(words, sizeof(words), run_seed);
+}
+
+// Uniform in [lo, hi) from 24 random bits.
+float Uniform(uint64_t& state, float lo, float hi) {
+  const auto bits = static_cast<float>(SplitMix64(state) >> 40);
+  return lo + (hi - lo) * bits * (1.0f / 16777216.0f);
+}
+
+float Byte(uint64_t value, int shift) { return static_cast<float>((value >> shift) & 0xFF); }
+
+}  // namespace
+
+std::string Provenance::ToString() const {
+  if (!valid) return "untagged row";
+  return fmt::format("pos {} h=0x{:06x} L{} {}", position, hash24, layer, is_value ? "V" : "K");
+}
+
+uint64_t NextHash(uint64_t h_prev, int32_t token) {
+  return XXH3_64bits_withSeed(&token, sizeof(token), h_prev);
+}
+
+Tensor SyntheticForward::KvRow(DType dtype, int64_t cols, int32_t layer, int64_t p, uint64_t h,
+                               bool is_value) const {
+  Tensor row(dtype, 1, cols);
+  FillKvRow(row, 0, layer, p, h, is_value);
+  return row;
+}
+
+void SyntheticForward::FillKvRow(Tensor& out, int64_t row, int32_t layer, int64_t p, uint64_t h,
+                                 bool is_value) const {
+  KV_CHECK(out.cols() >= kTagElements, "K/V rows need room for the provenance tag");
+  KV_CHECK(p >= 0 && p <= kMaxPosition, "position outside the 24-bit tag");
+  const auto up = static_cast<uint64_t>(p);
+  out.Set(row, 0, Byte(up, 0));
+  out.Set(row, 1, Byte(up, 8));
+  out.Set(row, 2, Byte(up, 16));
+  out.Set(row, 3, Byte(h, 0));
+  out.Set(row, 4, Byte(h, 8));
+  out.Set(row, 5, Byte(h, 16));
+  out.Set(row, 6, static_cast<float>((static_cast<uint32_t>(layer) & 0x7F) | (is_value ? 0x80 : 0)));
+  uint64_t state = RowSeed(seed_, is_value ? kValue : kKey, layer, p, h);
+  for (int64_t c = kTagElements; c < out.cols(); ++c) out.Set(row, c, Uniform(state, -1.0f, 1.0f));
+}
+
+void SyntheticForward::FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer,
+                                     int64_t p, uint64_t h, int64_t conv_dim) const {
+  uint64_t state = RowSeed(seed_, kConv, layer, p, h);
+  for (int64_t c = 0; c < conv_dim; ++c) out(row, c) = RoundTo(dtype, Uniform(state, -1.0f, 1.0f));
+}
+
+void SyntheticForward::FillGdnInput(MatF& qkv, MatF& ba, int64_t row, DType dtype, int32_t layer,
+                                    int64_t p, uint64_t h, const RecurrentDims& dims) const {
+  uint64_t state = RowSeed(seed_, kGdn, layer, p, h);
+  for (int64_t c = 0; c < dims.conv_dim(); ++c) {
+    qkv(row, c) = RoundTo(dtype, Uniform(state, -1.0f, 1.0f));
+  }
+  for (int64_t c = 0; c < 2 * dims.num_v_heads; ++c) {
+    ba(row, c) = RoundTo(dtype, Uniform(state, -3.0f, 3.0f));
+  }
+}
+
+ConvWeights SyntheticForward::ConvParams(int32_t layer, const RecurrentDims& dims) const {
+  uint64_t state = RowSeed(seed_, kParams, layer, -1, 0);
+  ConvWeights w;
+  w.w = MatF(dims.conv_dim(), dims.conv_tail + 1);
+  for (Eigen::Index i = 0; i < w.w.size(); ++i) w.w.data()[i] = Uniform(state, -0.5f, 0.5f);
+  w.bias = VecF(dims.conv_dim());
+  for (Eigen::Index i = 0; i < w.bias.size(); ++i) w.bias(i) = Uniform(state, -0.1f, 0.1f);
+  w.silu = true;
+  return w;
+}
+
+GdnParams SyntheticForward::GdnParamsFor(int32_t layer, const RecurrentDims& dims) const {
+  uint64_t state = RowSeed(seed_, kParams, layer, -2, 0);
+  GdnParams g;
+  g.dims = dims;
+  g.dt_bias = VecF(dims.num_v_heads);
+  g.a_exp = VecF(dims.num_v_heads);
+  for (int64_t i = 0; i < dims.num_v_heads; ++i) {
+    g.dt_bias(i) = Uniform(state, -1.0f, 1.0f);
+    g.a_exp(i) = std::exp(Uniform(state, -1.0f, 1.0f));
+  }
+  return g;
+}
+
+Provenance DecodeRow(const Tensor& t, int64_t row) {
+  Provenance out;
+  if (t.cols() < kTagElements || row < 0 || row >= t.rows()) return out;
+  uint32_t bytes[kTagElements];
+  for (int64_t c = 0; c < kTagElements; ++c) {
+    const float v = t.At(row, c);
+    if (!(v >= 0.0f && v <= 255.0f) || std::floor(v) != v) return out;
+    bytes[c] = static_cast<uint32_t>(v);
+  }
+  out.valid = true;
+  out.position = bytes[0] | (bytes[1] << 8) | (bytes[2] << 16);
+  out.hash24 = bytes[3] | (bytes[4] << 8) | (bytes[5] << 16);
+  out.layer = static_cast<int32_t>(bytes[6] & 0x7F);
+  out.is_value = (bytes[6] & 0x80) != 0;
+  return out;
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,336 @@
+// The mask algebra and SDPA dispatch of spec §2.5 for B = 1. Masks are kept symbolic
+// (causal flag, rectangles) as long as possible and materialized only where the dispatch
+// needs an array, exactly like the MLX code, so "pure causal" stays recognizable.
+#include "src/attention_mask.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "src/core/check.h"
+
+namespace kvtwin {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Absolute position of key column 0 when the K keys end with the newest query
+// (spec §2.5: oldest = max(0, off + L - K)).
+int64_t OldestPosition(int64_t offset, int64_t query_len, int64_t key_len) {
+  return std::max<int64_t>(0, offset + query_len - key_len);
+}
+
+// A rectangle changes nothing when it is empty or lies inside the causal triangle (every
+// cell already has k <= q); keeping it would only push the mask off the causal fast path.
+bool IsNoOpRect(const RelaxRect& r) {
+  return r.q_lo >= r.q_hi || r.k_lo >= r.k_hi || r.k_hi - 1 <= r.q_lo;
+}
+
+// One broadcast axis: equal sizes, or one side of size 1. -1 means incompatible.
+int64_t BroadcastDim(int64_t a, int64_t b) {
+  if (a == b || b == 1) return a;
+  if (a == 1) return b;
+  return -1;
+}
+
+bool BroadcastsTo(const MatF& m, int64_t rows, int64_t cols) {
+  return (m.rows() == rows || m.rows() == 1) && (m.cols() == cols || m.cols() == 1);
+}
+
+// REQUIRES: BroadcastsTo(m, rows, cols).
+MatF BroadcastTo(const MatF& m, int64_t rows, int64_t cols) {
+  KV_CHECK(BroadcastsTo(m, rows, cols), "mask array does not broadcast to the target shape");
+  MatF out(rows, cols);
+  for (int64_t q = 0; q < rows; ++q) {
+    for (int64_t k = 0; k < cols; ++k) {
+      out(q, k) = m(m.rows() == 1 ? 0 : q, m.cols() == 1 ? 0 : k);
+    }
+  }
+  return out;
+}
+
+// Additive sum with broadcasting ([L x K], [1 x K], [L x 1]); shapes that cannot meet are
+// a caller bug because Intersect has no error channel.
+MatF AddArrays(const MatF& a, const MatF& b) {
+  if (a.rows() == b.rows() && a.cols() == b.cols()) return a + b;
+  const int64_t rows = BroadcastDim(a.rows(), b.rows());
+  const int64_t cols = BroadcastDim(a.cols(), b.cols());
+  KV_CHECK(rows >= 0 && cols >= 0, "Intersect: mask arrays of incompatible shapes");
+  return BroadcastTo(a, rows, cols) + BroadcastTo(b, rows, cols);
+}
+
+// Spec §2.5: both sides relaxed -> pairwise geometric intersection; one side relaxed ->
+// kept only if the other side is not causal (a causal side blocks every cell they reopen).
+std::vector<RelaxRect> IntersectRects(const AttentionMask& a, const AttentionMask& b) {
+  if (a.rects().empty() || b.rects().empty()) {
+    if (!a.rects().empty() && !b.causal()) return a.rects();
+    if (!b.rects().empty() && !a.causal()) return b.rects();
+    return {};
+  }
+  std::vector<RelaxRect> out;
+  for (const RelaxRect& x : a.rects()) {
+    for (const RelaxRect& y : b.rects()) {
+      const RelaxRect r{std::max(x.q_lo, y.q_lo), std::min(x.q_hi, y.q_hi),
+                        std::max(x.k_lo, y.k_lo), std::min(x.k_hi, y.k_hi)};
+      if (!IsNoOpRect(r)) out.push_back(r);
+    }
+  }
+  return out;
+}
+
+// Resets the cells of `r` (absolute positions) to 0 in a materialized mask whose row 0 is
+// query `offset` and column 0 is key `oldest`.
+void ResetRect(const RelaxRect& r, int64_t offset, int64_t oldest, MatF& out) {
+  const int64_t q_lo = std::clamp<int64_t>(r.q_lo - offset, 0, out.rows());
+  const int64_t q_hi = std::clamp<int64_t>(r.q_hi - offset, 0, out.rows());
+  const int64_t k_lo = std::clamp<int64_t>(r.k_lo - oldest, 0, out.cols());
+  const int64_t k_hi = std::clamp<int64_t>(r.k_hi - oldest, 0, out.cols());
+  for (int64_t q = q_lo; q < q_hi; ++q) {
+    for (int64_t k = k_lo; k < k_hi; ++k) out(q, k) = 0.0f;
+  }
+}
+
+// Logical (oldest-first) columns into ring-slot order: slot s holds logical column
+// (s - ring_idx) mod K (spec §2.2 R2: logical j lives in slot (idx + j) mod W).
+MatF RotateColumns(const MatF& logical, int64_t ring_idx) {
+  const int64_t key_len = logical.cols();
+  if (key_len == 0) return logical;
+  MatF out(logical.rows(), key_len);
+  for (int64_t s = 0; s < key_len; ++s) {
+    const int64_t j = ((s - ring_idx) % key_len + key_len) % key_len;
+    out.col(s) = logical.col(j);
+  }
+  return out;
+}
+
+// Decode / View: a non-trivial logical mask, gathered into the ring layout of the keys.
+Result<AttentionMask> RotateDecodeMask(const RotatingApplier& applier,
+                                       const AttentionMask& logical, int64_t offset) {
+  const int64_t key_len = applier.key_len;
+  const std::optional<MatF>& array = logical.array();
+  if (array.has_value() && array->cols() != 1 && array->cols() != key_len) {
+    return InvalidArgument("rotating applier: mask K width " + std::to_string(array->cols()) +
+                           " must be 1 or " + std::to_string(key_len));
+  }
+  if (array.has_value() && !logical.causal()) {
+    // A pure array (rectangles need causal): a width-1 K axis is the same for every key,
+    // so it needs no gather; otherwise gather every row as MLX does.
+    if (array->cols() == 1) return logical;
+    return AttentionMask::Array(RotateColumns(*array, applier.ring_idx));
+  }
+  if (array.has_value() && array->rows() != 1) {
+    return InvalidArgument("rotating applier: a decode mask has 1 query row, got " +
+                           std::to_string(array->rows()));
+  }
+  return AttentionMask::Array(RotateColumns(logical.AsArray(offset, 1, key_len),
+                                            applier.ring_idx));
+}
+
+// The resolved dispatch: per query the visible rows (ascending) and, in array mode, the
+// materialized additive mask whose finite values bias the scores of visible rows.
+struct Dispatch {
+  std::vector<std::vector<int64_t>> rows;
+  std::optional<MatF> bias;
+};
+
+// No mask, or pure causal at L = 1: every row.
+std::vector<std::vector<int64_t>> AllRows(int64_t query_len, int64_t key_len) {
+  std::vector<int64_t> all(static_cast<size_t>(key_len));
+  for (int64_t j = 0; j < key_len; ++j) all[static_cast<size_t>(j)] = j;
+  return std::vector<std::vector<int64_t>>(static_cast<size_t>(query_len), all);
+}
+
+// The kernel's causal mode is bottom-right aligned: query i sees row j iff j <= i + K - L.
+std::vector<std::vector<int64_t>> BottomRightCausalRows(int64_t query_len, int64_t key_len) {
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(query_len));
+  for (int64_t i = 0; i < query_len; ++i) {
+    const int64_t last = std::min(key_len - 1, i + key_len - query_len);
+    for (int64_t j = 0; j <= last; ++j) rows[static_cast<size_t>(i)].push_back(j);
+  }
+  return rows;
+}
+
+// Array mode: a cell is visible iff its additive value is above -inf.
+std::vector<std::vector<int64_t>> FiniteCells(const MatF& mask) {
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(mask.rows()));
+  for (int64_t i = 0; i < mask.rows(); ++i) {
+    for (int64_t j = 0; j < mask.cols(); ++j) {
+      if (mask(i, j) > kNegInf) rows[static_cast<size_t>(i)].push_back(j);
+    }
+  }
+  return rows;
+}
+
+// The SDPA dispatch of spec §2.5 (B = 1, no padding): applier, then zero / pure causal /
+// materialized array.
+Result<Dispatch> Resolve(const History& history, const AttentionMask& logical,
+                         int64_t offset, int64_t query_len) {
+  KV_CHECK(query_len >= 0 && history.length >= 0, "negative query or history length");
+  const int64_t key_len = history.length;
+  AttentionMask mask = logical;
+  if (history.has_applier) {
+    KV_CHECK(history.applier.key_len == key_len, "applier K differs from the history length");
+    Result<AttentionMask> applied = ApplyRotating(history.applier, logical, offset);
+    if (!applied.ok()) return applied.status();
+    mask = std::move(applied).value();
+  }
+  if (mask.IsZero() || (mask.IsPureCausal() && query_len == 1)) {
+    return Dispatch{AllRows(query_len, key_len), std::nullopt};
+  }
+  if (mask.IsPureCausal()) return Dispatch{BottomRightCausalRows(query_len, key_len), {}};
+  if (mask.array().has_value() && !BroadcastsTo(*mask.array(), query_len, key_len)) {
+    return InvalidArgument("mask array [" + std::to_string(mask.array()->rows()) + " x " +
+                           std::to_string(mask.array()->cols()) + "] does not broadcast to [" +
+                           std::to_string(query_len) + " x " + std::to_string(key_len) + "]");
+  }
+  MatF materialized = mask.AsArray(offset, query_len, key_len);
+  std::vector<std::vector<int64_t>> rows = FiniteCells(materialized);
+  return Dispatch{std::move(rows), std::move(materialized)};
+}
+
+// Softmax attention of one query over its visible rows. Plain loops in a fixed order keep
+// the float result independent of vectorization (gcc and clang digests must agree).
+void AttendOne(const MatF& q, int64_t i, const MatF& keys, const MatF& values,
+               const std::vector<int64_t>& rows, const std::optional<MatF>& bias, float scale,
+               MatF& out) {
+  if (rows.empty()) return;  // a query that sees nothing keeps its zero row
+  std::vector<float> scores(rows.size());
+  float max_score = kNegInf;
+  for (size_t n = 0; n < rows.size(); ++n) {
+    float dot = 0.0f;
+    for (int64_t d = 0; d < q.cols(); ++d) dot += q(i, d) * keys(rows[n], d);
+    scores[n] = scale * dot + (bias.has_value() ? (*bias)(i, rows[n]) : 0.0f);
+    max_score = std::max(max_score, scores[n]);
+  }
+  float denom = 0.0f;
+  for (size_t n = 0; n < rows.size(); ++n) {
+    scores[n] = std::exp(scores[n] - max_score);
+    denom += scores[n];
+  }
+  for (size_t n = 0; n < rows.size(); ++n) {
+    for (int64_t d = 0; d < values.cols(); ++d) out(i, d) += scores[n] * values(rows[n], d);
+  }
+  for (int64_t d = 0; d < values.cols(); ++d) out(i, d) /= denom;
+}
+
+}  // namespace
+
+AttentionMask AttentionMask::Zero() { return AttentionMask(); }
+
+AttentionMask AttentionMask::Causal() {
+  AttentionMask m;
+  m.causal_ = true;
+  return m;
+}
+
+AttentionMask AttentionMask::Array(MatF additive) {
+  AttentionMask m;
+  m.array_ = std::move(additive);
+  return m;
+}
+
+Result<AttentionMask> AttentionMask::Relax(const std::vector<RelaxRect>& rects) const {
+  // Rectangles reopen causal cells; a mask without the causal flag has none to reopen
+  // (the owner of a pure array should edit it directly).
+  if (!causal_) {
+    return InvalidArgument(array_.has_value() ? "Relax on a pure array mask"
+                                              : "Relax on a zero mask");
+  }
+  AttentionMask out = *this;
+  for (const RelaxRect& r : rects) {
+    if (!IsNoOpRect(r)) out.rects_.push_back(r);
+  }
+  return out;
+}
+
+AttentionMask AttentionMask::Intersect(const AttentionMask& a, const AttentionMask& b) {
+  if (a.IsZero()) return b;
+  if (b.IsZero()) return a;
+  AttentionMask out;
+  out.causal_ = a.causal_ || b.causal_;
+  out.rects_ = IntersectRects(a, b);
+  if (a.array_.has_value() && b.array_.has_value()) {
+    out.array_ = AddArrays(*a.array_, *b.array_);
+  } else {
+    out.array_ = a.array_.has_value() ? a.array_ : b.array_;
+  }
+  return out;
+}
+
+MatF AttentionMask::AsArray(int64_t offset, int64_t query_len, int64_t key_len) const {
+  KV_CHECK(query_len >= 0 && key_len >= 0, "negative mask shape");
+  const int64_t oldest = OldestPosition(offset, query_len, key_len);
+  MatF out = MatF::Zero(query_len, key_len);
+  if (causal_) {
+    for (int64_t q = 0; q < query_len; ++q) {
+      for (int64_t k = 0; k < key_len; ++k) {
+        if (oldest + k > offset + q) out(q, k) = kNegInf;
+      }
+    }
+  }
+  for (const RelaxRect& r : rects_) ResetRect(r, offset, oldest, out);
+  if (array_.has_value()) out += BroadcastTo(*array_, query_len, key_len);
+  return out;
+}
+
+AttentionMask SlidingWindowMask(int64_t offset, int64_t query_len, int64_t key_len,
+                                int64_t window) {
+  if (window <= 0) return AttentionMask::Zero();
+  const int64_t oldest = OldestPosition(offset, query_len, key_len);
+  MatF out = MatF::Zero(query_len, key_len);
+  bool blocked = false;
+  for (int64_t q = 0; q < query_len; ++q) {
+    // Keys older than offset + q - W + 1 fall outside the W keys ending at the query.
+    const int64_t count = std::clamp<int64_t>(offset + q - window + 1 - oldest, 0, key_len);
+    out.row(q).head(count).setConstant(kNegInf);
+    blocked = blocked || count > 0;
+  }
+  return blocked ? AttentionMask::Array(std::move(out)) : AttentionMask::Zero();
+}
+
+Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const AttentionMask& logical,
+                                    int64_t offset) {
+  KV_CHECK(applier.query_len >= 1 && applier.key_len >= 0, "malformed rotating applier");
+  if (applier.query_len > 1) {
+    // Prefill: the buffer is in logical order, so the window is an ordinary array mask.
+    return AttentionMask::Intersect(
+        logical, SlidingWindowMask(offset, applier.query_len, applier.key_len, applier.window));
+  }
+  // Decode / View: storage already enforces the window and every stored key is at or
+  // before the query, so zero and causal reduce to no mask.
+  if (logical.IsZero() || logical.IsPureCausal()) return AttentionMask::Zero();
+  return RotateDecodeMask(applier, logical, offset);
+}
+
+Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
+                                                      const AttentionMask& logical,
+                                                      int64_t offset, int64_t query_len) {
+  Result<Dispatch> dispatch = Resolve(history, logical, offset, query_len);
+  if (!dispatch.ok()) return dispatch.status();
+  return std::move(dispatch->rows);
+}
+
+Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
+                  int64_t offset, float scale) {
+  KV_CHECK(history.length == 0 || (history.k != nullptr && history.v != nullptr),
+           "history rows without K/V tensors");
+  if (history.k != nullptr && q.cols() != history.k->cols()) {
+    return InvalidArgument("Sdpa: query width " + std::to_string(q.cols()) +
+                           " differs from key width " + std::to_string(history.k->cols()));
+  }
+  Result<Dispatch> dispatch = Resolve(history, logical, offset, q.rows());
+  if (!dispatch.ok()) return dispatch.status();
+  MatF out = MatF::Zero(q.rows(), history.v != nullptr ? history.v->cols() : 0);
+  if (history.length == 0) return out;
+  const MatF keys = history.k->RowsToFloat(0, history.length);
+  const MatF values = history.v->RowsToFloat(0, history.length);
+  for (int64_t i = 0; i < q.rows(); ++i) {
+    AttendOne(q, i, keys, values, dispatch->rows[static_cast<size_t>(i)], dispatch->bias,
+              scale, out);
+  }
+  return out;
+}
+
+}  // namespace kvtwin

@@ -1,0 +1,213 @@
+// Goal: the lock-step simulator is deterministic, passes on correct caches across every
+// preset, and its checks fire on wrong state. Method: fixed seeds run twice must give equal
+// digests; sweeps over presets must find no divergence; hand-corrupted production state
+// and snapshots must be reported with decoded provenance.
+#include <gtest/gtest.h>
+
+#include "sim/checks.h"
+#include "sim/lockstep.h"
+#include "sim/run.h"
+#include "sim/synthetic.h"
+#include "src/kernels.h"
+#include "src/kv_cache.h"
+#include "src/recurrent_cache.h"
+#include "src/rotating_cache.h"
+
+namespace kvtwin::sim {
+namespace {
+
+RunOptions Options(const std::string& preset, const std::string& dtype, int64_t window = 4) {
+  RunOptions o;
+  o.preset = preset;
+  o.layers = 4;
+  o.window = window;
+  o.dtype = dtype;
+  o.steps = 600;
+  return o;
+}
+
+TEST(Determinism, SameSeedGivesSameDigestTwice) {
+  for (uint64_t seed : {1u, 7u, 42u}) {
+    const RunResult a = RunSeed(Options("mixed", "bf16"), seed);
+    const RunResult b = RunSeed(Options("mixed", "bf16"), seed);
+    EXPECT_EQ(a.digest, b.digest) << "seed " << seed;
+    EXPECT_EQ(a.steps, b.steps);
+    EXPECT_FALSE(a.divergence.has_value()) << a.divergence->ToString();
+  }
+}
+
+TEST(Determinism, DifferentSeedsGiveDifferentDigests) {
+  EXPECT_NE(RunSeed(Options("mixed", "f32"), 1).digest, RunSeed(Options("mixed", "f32"), 2).digest);
+}
+
+TEST(Determinism, SwarmSeedChoosesTheSameStackTwice) {
+  RunOptions o;
+  o.swarm = true;
+  o.steps = 300;
+  const RunResult a = RunSeed(o, 99);
+  const RunResult b = RunSeed(o, 99);
+  EXPECT_EQ(a.stack, b.stack);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.digest, b.digest);
+}
+
+class PresetSweep : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(PresetSweep, FindsNoDivergenceOnCorrectCaches) {
+  const auto& [preset, dtype] = GetParam();
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    for (int64_t window : {1, 3, 8}) {
+      const RunResult r = RunSeed(Options(preset, dtype, window), seed);
+      ASSERT_FALSE(r.divergence.has_value()) << r.divergence->ToString() << "\n" << r.reproduce;
+      EXPECT_EQ(r.steps, 600);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPresets, PresetSweep,
+                         ::testing::Combine(::testing::Values("dense", "sliding", "recurrent", "mixed"),
+                                            ::testing::Values("f32", "bf16")));
+
+TEST(RunOptions, ImpossibleConfigurationsAreInvalidArguments) {
+  RunOptions o = Options("mixed", "f32");
+  o.window = 0;
+  EXPECT_EQ(ValidateRunOptions(o).code(), StatusCode::kInvalidArgument);
+  o = Options("nonsense", "f32");
+  EXPECT_EQ(ValidateRunOptions(o).code(), StatusCode::kInvalidArgument);
+  o = Options("mixed", "f16");
+  EXPECT_EQ(ValidateRunOptions(o).code(), StatusCode::kInvalidArgument);
+  o = Options("mixed", "f32");
+  o.steps = 0;
+  EXPECT_EQ(ValidateRunOptions(o).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ReproduceCommand, NamesEveryOptionOfTheRun) {
+  EXPECT_EQ(ReproduceCommand(Options("sliding", "bf16", 3), 17),
+            "kvtwin sweep --seeds 17..17 --preset sliding --layers 4 --window 3 --dtype bf16 "
+            "--steps 600");
+}
+
+// ---- the checks fire on wrong state ----
+
+StackConfig OneLayer(CacheKind kind, int64_t window = 4) {
+  StackConfig c;
+  c.layers = {LayerSpec{kind, window}};
+  return c;
+}
+
+model::TokenLog Tokens(const SyntheticForward& synth, std::vector<int32_t> ids, uint64_t h) {
+  model::TokenLog log;
+  for (int32_t id : ids) {
+    h = NextHash(h, id);
+    log.push_back({id, h});
+  }
+  (void)synth;
+  return log;
+}
+
+TEST(LayerOracle, ReportsARowFromAnotherBranchWithItsProvenance) {
+  SyntheticForward synth(5);
+  StackConfig config = OneLayer(CacheKind::kFullKv);
+  LayerOracle oracle(synth, config, 0);
+  const model::TokenLog branch_a = Tokens(synth, {1, 2, 3}, 5);
+  const model::TokenLog branch_b = Tokens(synth, {1, 4, 3}, 5);  // same token at position 2
+  KvCache cache;
+  Tensor k(DType::kFloat32, 3, 8), v(DType::kFloat32, 3, 8);
+  for (int64_t p = 0; p < 3; ++p) {
+    oracle.FillRow(k, p, p, branch_b[static_cast<size_t>(p)], false);
+    oracle.FillRow(v, p, p, branch_b[static_cast<size_t>(p)], true);
+  }
+  (void)cache.Update(k, v);
+  model::RefCache ref = model::RefCache::Kv();
+  ref.Write(branch_a);
+  const Check c = oracle.CheckLive(cache, ref);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(c->what.find("slot 1"), std::string::npos) << c->what;
+  EXPECT_NE(c->actual.find("pos 1"), std::string::npos) << c->actual;
+}
+
+TEST(LayerOracle, ReportsAnOffsetMismatch) {
+  SyntheticForward synth(5);
+  LayerOracle oracle(synth, OneLayer(CacheKind::kRotating), 0);
+  RotatingCache cache(4);
+  model::RefCache ref = model::RefCache::Rotating(4);
+  ref.Write(Tokens(synth, {1}, 5));
+  const Check c = oracle.CheckLive(cache, ref);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->what, "offset");
+}
+
+TEST(LayerOracle, AcceptsTheKernelStateAndRejectsItPerturbedBeyondTolerance) {
+  SyntheticForward synth(5);
+  StackConfig config = OneLayer(CacheKind::kRecurrent);
+  const RecurrentDims& d = config.recurrent;
+  LayerOracle oracle(synth, config, 0);
+  const model::TokenLog tokens = Tokens(synth, {1}, 5);
+  model::RefCache ref = model::RefCache::Recurrent();
+  ref.Write(tokens);
+  MatF conv = MatF::Zero(d.conv_tail, d.conv_dim());
+  synth.FillConvInput(conv, d.conv_tail - 1, DType::kFloat32, 0, 0, tokens[0].h, d.conv_dim());
+  GdnInputs in{MatF(1, d.conv_dim()), MatF(1, 2 * d.num_v_heads)};
+  synth.FillGdnInput(in.qkv, in.ba, 0, DType::kFloat32, 0, 0, tokens[0].h, d);
+  const MatF zero = MatF::Zero(d.delta_rows(), d.head_k_dim);
+  const MatF state = GatedDelta(zero, in, 1, synth.GdnParamsFor(0, d), {}).states[0];
+  for (float bump : {0.0f, 1e-3f}) {
+    RecurrentCache cache(d);
+    (void)cache.Get(DType::kFloat32);
+    MatF delta = state;
+    delta(1, 2) += bump;
+    cache.Put(1, {Tensor::FromFloat(DType::kFloat32, conv)}, {delta});
+    const Check c = oracle.CheckLive(cache, ref);
+    if (bump == 0.0f) {
+      EXPECT_FALSE(c.has_value()) << c->what << ": " << c->expected << " vs " << c->actual;
+    } else {
+      ASSERT_TRUE(c.has_value());
+      EXPECT_NE(c->what.find("delta"), std::string::npos) << c->what;
+    }
+  }
+}
+
+TEST(LayerOracle, ReportsASnapshotThatShouldBeNull) {
+  SyntheticForward synth(5);
+  LayerOracle oracle(synth, OneLayer(CacheKind::kRecurrent), 0);
+  RecurrentDims dims;
+  RecurrentSnapshot snap(0, Tensor(DType::kFloat32, dims.conv_tail, dims.conv_dim()),
+                         MatF::Zero(dims.delta_rows(), dims.head_k_dim));
+  const Check c = oracle.CheckSnapshot(&snap, std::nullopt);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->what, "snapshot presence");
+}
+
+TEST(RotatingWindowSlots, ReadsEachStorageRegime) {
+  EXPECT_EQ(*RotatingWindowSlots(3, 3, 4, 4), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(*RotatingWindowSlots(6, 2, 4, 4), (std::vector<int64_t>{2, 3, 0, 1}));
+  EXPECT_EQ(*RotatingWindowSlots(10, 6, 6, 4), (std::vector<int64_t>{2, 3, 4, 5}));
+  EXPECT_FALSE(RotatingWindowSlots(3, 2, 4, 4).ok());   // linear but cursor != offset
+  EXPECT_FALSE(RotatingWindowSlots(10, 3, 6, 4).ok());  // oversize but cursor != rows
+}
+
+TEST(Synthetic, RowsDecodeToTheirProvenance) {
+  SyntheticForward synth(3);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const Tensor row = synth.KvRow(dtype, 8, 5, 70000, 0xabcdef12ULL, true);
+    const Provenance p = DecodeRow(row, 0);
+    ASSERT_TRUE(p.valid);
+    EXPECT_EQ(p.position, 70000);
+    EXPECT_EQ(p.hash24, 0xcdef12u);
+    EXPECT_EQ(p.layer, 5);
+    EXPECT_TRUE(p.is_value);
+  }
+}
+
+TEST(Synthetic, ValuesDependOnTheWholePrefix) {
+  // Same token at the same position after different prefixes: different hash, different K.
+  const uint64_t a = NextHash(NextHash(0, 1), 9);
+  const uint64_t b = NextHash(NextHash(0, 2), 9);
+  EXPECT_NE(a, b);
+  SyntheticForward synth(3);
+  EXPECT_FALSE(synth.KvRow(DType::kFloat32, 8, 0, 1, a, false)
+                   .Equals(synth.KvRow(DType::kFloat32, 8, 0, 1, b, false)));
+}
+
+}  // namespace
+}  // namespace kvtwin::sim

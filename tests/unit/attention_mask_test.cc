@@ -1,0 +1,388 @@
+// Goal: pin the mask algebra of spec §2.5 (B = 1) to the cases of ollama's sdpa_test.go
+// (spec §6.8) plus the sliding-window mask, the rotating applier and the SDPA dispatch.
+// Method: build masks through the public API and compare their materialized [L x K] arrays
+// cell by cell against arrays written out by hand from the spec's rules (-inf compares
+// equal to -inf), and check symbolic forms (zero / pure causal / rectangles) directly.
+#include "src/attention_mask.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace kvtwin {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Hand-written reference: causal over absolute positions, with column 0 at `oldest`.
+MatF CausalReference(int64_t offset, int64_t query_len, int64_t key_len) {
+  const int64_t oldest = std::max<int64_t>(0, offset + query_len - key_len);
+  MatF want = MatF::Zero(query_len, key_len);
+  for (int64_t q = 0; q < query_len; ++q) {
+    for (int64_t k = 0; k < key_len; ++k) {
+      if (oldest + k > offset + q) want(q, k) = -kInf;
+    }
+  }
+  return want;
+}
+
+void OpenCells(MatF& m, int64_t q_lo, int64_t q_hi, int64_t k_lo, int64_t k_hi) {
+  for (int64_t q = q_lo; q < q_hi; ++q) {
+    for (int64_t k = k_lo; k < k_hi; ++k) m(q, k) = 0.0f;
+  }
+}
+
+// Exact equality; -inf == -inf holds for IEEE floats, so blocked cells compare too.
+void ExpectSameMask(const MatF& got, const MatF& want) {
+  ASSERT_EQ(got.rows(), want.rows());
+  ASSERT_EQ(got.cols(), want.cols());
+  for (int64_t q = 0; q < want.rows(); ++q) {
+    for (int64_t k = 0; k < want.cols(); ++k) {
+      EXPECT_EQ(got(q, k), want(q, k)) << "cell (" << q << ", " << k << ")";
+    }
+  }
+}
+
+AttentionMask Relaxed(const AttentionMask& base, const std::vector<RelaxRect>& rects) {
+  Result<AttentionMask> m = base.Relax(rects);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? m.value() : base;
+}
+
+// A plain history of `rows` rows (no applier); the values are irrelevant to visibility.
+struct PlainHistory {
+  explicit PlainHistory(int64_t rows) : k(DType::kFloat32, rows, 2), v(DType::kFloat32, rows, 2) {
+    h.k = &k;
+    h.v = &v;
+    h.length = rows;
+  }
+  Tensor k;
+  Tensor v;
+  History h;
+};
+
+TEST(AttentionMask, ZeroMaskMaterializesZeros) {
+  const AttentionMask m = AttentionMask::Zero();
+  EXPECT_TRUE(m.IsZero());
+  EXPECT_FALSE(m.IsPureCausal());
+  ExpectSameMask(m.AsArray(0, 2, 3), MatF::Zero(2, 3));
+}
+
+TEST(AttentionMask, CausalAsArrayBlocksKeysAfterTheQuery) {
+  // off = 2, L = 4, K = 6: column 0 is position 0, query q is at 2 + q.
+  const MatF got = AttentionMask::Causal().AsArray(2, 4, 6);
+  MatF want = MatF::Zero(4, 6);
+  for (int64_t q = 0; q < 4; ++q) {
+    for (int64_t k = 0; k < 6; ++k) {
+      if (k > 2 + q) want(q, k) = -kInf;
+    }
+  }
+  ExpectSameMask(got, want);
+  EXPECT_EQ(got(0, 3), -kInf);
+  EXPECT_EQ(got(3, 5), 0.0f);
+}
+
+TEST(AttentionMask, RelaxKeepsRectanglesSymbolic) {
+  // The fast path depends on Relax never materializing an array.
+  const AttentionMask m = Relaxed(AttentionMask::Causal(), {{1, 3, 2, 5}, {0, 2, 1, 4}});
+  EXPECT_FALSE(m.array().has_value());
+  EXPECT_TRUE(m.causal());
+  EXPECT_EQ(m.rects(), (std::vector<RelaxRect>{{1, 3, 2, 5}, {0, 2, 1, 4}}));
+  EXPECT_FALSE(m.IsPureCausal());
+}
+
+TEST(AttentionMask, NoOpRectanglesLeaveThePureCausalMask) {
+  const std::vector<RelaxRect> no_ops = {
+      {2, 2, 0, 3},  // empty in q
+      {0, 3, 2, 2},  // empty in k
+      {5, 7, 0, 3},  // fully inside the causal triangle: k_hi - 1 <= q_lo
+  };
+  for (const RelaxRect& r : no_ops) {
+    const AttentionMask m = Relaxed(AttentionMask::Causal(), {r});
+    EXPECT_TRUE(m.IsPureCausal());
+    ExpectSameMask(m.AsArray(0, 4, 6), CausalReference(0, 4, 6));
+  }
+}
+
+TEST(AttentionMask, RelaxMaterializesReopenedCells) {
+  const MatF got = Relaxed(AttentionMask::Causal(), {{1, 3, 2, 5}}).AsArray(0, 4, 6);
+  MatF want = CausalReference(0, 4, 6);
+  OpenCells(want, 1, 3, 2, 5);
+  ExpectSameMask(got, want);
+}
+
+TEST(AttentionMask, RelaxUsesAbsolutePositionsWhenKeysAreTrimmed) {
+  // off = 5, L = 2, K = 4: rows are positions 5..6, columns positions 3..6.
+  const MatF got = Relaxed(AttentionMask::Causal(), {{5, 6, 6, 7}}).AsArray(5, 2, 4);
+  MatF want = CausalReference(5, 2, 4);
+  want(0, 3) = 0.0f;  // query 5 may see key 6
+  ExpectSameMask(got, want);
+}
+
+TEST(AttentionMask, RelaxOnArrayOrZeroIsAnError) {
+  const Result<AttentionMask> on_array = AttentionMask::Array(MatF::Zero(1, 1)).Relax({{0, 1, 0, 2}});
+  ASSERT_FALSE(on_array.ok());
+  EXPECT_EQ(on_array.status().code(), StatusCode::kInvalidArgument);
+  const Result<AttentionMask> on_zero = AttentionMask::Zero().Relax({{0, 1, 0, 2}});
+  ASSERT_FALSE(on_zero.ok());
+  EXPECT_EQ(on_zero.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(AttentionMask, RelaxOnCausalWithArrayIsAllowed) {
+  const AttentionMask both = AttentionMask::Intersect(AttentionMask::Causal(),
+                                                      AttentionMask::Array(MatF::Zero(1, 3)));
+  const Result<AttentionMask> m = both.Relax({{0, 1, 0, 3}});
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->rects().size(), 1u);
+}
+
+TEST(AttentionMask, IntersectTreatsZeroAndCausalAsIdentities) {
+  const AttentionMask z = AttentionMask::Zero();
+  const AttentionMask c = AttentionMask::Causal();
+  EXPECT_TRUE(AttentionMask::Intersect(z, z).IsZero());
+  EXPECT_TRUE(AttentionMask::Intersect(z, c).IsPureCausal());
+  EXPECT_TRUE(AttentionMask::Intersect(c, z).IsPureCausal());
+  EXPECT_TRUE(AttentionMask::Intersect(c, c).IsPureCausal());
+  const AttentionMask relaxed = Relaxed(c, {{1, 3, 2, 5}});
+  EXPECT_EQ(AttentionMask::Intersect(relaxed, z).rects(), relaxed.rects());
+  EXPECT_EQ(AttentionMask::Intersect(z, relaxed).rects(), relaxed.rects());
+}
+
+TEST(AttentionMask, IntersectDropsRelaxAgainstPlainCausal) {
+  const AttentionMask relaxed = Relaxed(AttentionMask::Causal(), {{1, 3, 2, 5}});
+  EXPECT_TRUE(AttentionMask::Intersect(relaxed, AttentionMask::Causal()).IsPureCausal());
+  EXPECT_TRUE(AttentionMask::Intersect(AttentionMask::Causal(), relaxed).IsPureCausal());
+}
+
+TEST(AttentionMask, IntersectDropsDisjointRelaxations) {
+  // Neither side agrees to release the cells the other side released.
+  const AttentionMask a = Relaxed(AttentionMask::Causal(), {{1, 3, 2, 5}});
+  const AttentionMask b = Relaxed(AttentionMask::Causal(), {{5, 7, 6, 9}});
+  EXPECT_TRUE(AttentionMask::Intersect(a, b).IsPureCausal());
+}
+
+TEST(AttentionMask, IntersectKeepsTheOverlapOfRelaxations) {
+  // q in [1,3) and [2,5) -> [2,3); k in [2,5) and [3,6) -> [3,5).
+  const AttentionMask a = Relaxed(AttentionMask::Causal(), {{1, 3, 2, 5}});
+  const AttentionMask b = Relaxed(AttentionMask::Causal(), {{2, 5, 3, 6}});
+  const AttentionMask m = AttentionMask::Intersect(a, b);
+  EXPECT_FALSE(m.IsPureCausal());
+  EXPECT_EQ(m.rects(), (std::vector<RelaxRect>{{2, 3, 3, 5}}));
+  MatF want = CausalReference(0, 6, 6);
+  OpenCells(want, 2, 3, 3, 5);
+  ExpectSameMask(m.AsArray(0, 6, 6), want);
+}
+
+TEST(AttentionMask, IntersectKeepsRelaxAgainstNonCausalArray) {
+  // A [L x 1] query-padding array blocking q = 3 is not causal, so it leaves the
+  // relaxation alone; its -inf still wins over reopened cells after the add.
+  MatF pad = MatF::Zero(4, 1);
+  pad(3, 0) = -kInf;
+  const AttentionMask relaxed = Relaxed(AttentionMask::Causal(), {{1, 3, 2, 5}});
+  const AttentionMask m = AttentionMask::Intersect(relaxed, AttentionMask::Array(pad));
+  EXPECT_EQ(m.rects(), relaxed.rects());
+  EXPECT_TRUE(m.causal());
+  MatF want = CausalReference(0, 4, 6);
+  OpenCells(want, 1, 3, 2, 5);
+  want.row(3).setConstant(-kInf);
+  ExpectSameMask(m.AsArray(0, 4, 6), want);
+}
+
+TEST(AttentionMask, IntersectAddsArrays) {
+  MatF b(2, 2);
+  b << 1, 2, 3, 4;
+  const AttentionMask m =
+      AttentionMask::Intersect(AttentionMask::Array(MatF::Zero(2, 2)), AttentionMask::Array(b));
+  ASSERT_TRUE(m.array().has_value());
+  ExpectSameMask(*m.array(), b);
+  EXPECT_FALSE(m.causal());
+}
+
+TEST(AttentionMask, IntersectBroadcastsArraysOfDifferentShapes) {
+  MatF row(1, 3);
+  row << 1, 2, 3;
+  MatF col(2, 1);
+  col << 10, 20;
+  const AttentionMask m =
+      AttentionMask::Intersect(AttentionMask::Array(row), AttentionMask::Array(col));
+  MatF want(2, 3);
+  want << 11, 12, 13, 21, 22, 23;
+  ASSERT_TRUE(m.array().has_value());
+  ExpectSameMask(*m.array(), want);
+}
+
+TEST(AttentionMask, AsArrayBroadcastsAPureArray) {
+  MatF row(1, 3);
+  row << 0, -kInf, 0.5f;
+  MatF want(2, 3);
+  want << 0, -kInf, 0.5f, 0, -kInf, 0.5f;
+  ExpectSameMask(AttentionMask::Array(row).AsArray(7, 2, 3), want);
+}
+
+TEST(SlidingWindowMask, BlocksKeysOlderThanTheWindow) {
+  // off = 2, L = 3, K = 5, W = 2: column 0 is position 0; query at p keeps p-1 and p.
+  const AttentionMask m = SlidingWindowMask(2, 3, 5, 2);
+  ASSERT_TRUE(m.array().has_value());
+  EXPECT_FALSE(m.causal());
+  MatF want = MatF::Zero(3, 5);
+  want.row(0).head(1).setConstant(-kInf);  // p = 2: blocks 0
+  want.row(1).head(2).setConstant(-kInf);  // p = 3: blocks 0, 1
+  want.row(2).head(3).setConstant(-kInf);  // p = 4: blocks 0, 1, 2
+  ExpectSameMask(*m.array(), want);
+}
+
+TEST(SlidingWindowMask, CountsFromTheOldestKeptPosition) {
+  // off = 5, L = 2, K = 4: columns are positions 3..6; W = 3 keeps p-2..p.
+  const AttentionMask m = SlidingWindowMask(5, 2, 4, 3);
+  ASSERT_TRUE(m.array().has_value());
+  MatF want = MatF::Zero(2, 4);
+  want(1, 0) = -kInf;  // p = 6 drops position 3; p = 5 keeps 3..5
+  ExpectSameMask(*m.array(), want);
+}
+
+TEST(SlidingWindowMask, IsZeroWhenNothingIsBlocked) {
+  EXPECT_TRUE(SlidingWindowMask(0, 3, 3, 8).IsZero());  // W >= every query's history
+  EXPECT_TRUE(SlidingWindowMask(3, 1, 4, 4).IsZero());  // decode with exactly W keys
+  EXPECT_TRUE(SlidingWindowMask(2, 3, 5, 0).IsZero());  // W <= 0 disables it
+  EXPECT_TRUE(SlidingWindowMask(2, 3, 5, -1).IsZero());
+}
+
+TEST(ApplyRotating, DecodeReducesZeroAndCausalToNoMask) {
+  const RotatingApplier decode{4, 1, 4, 3};
+  const Result<AttentionMask> z = ApplyRotating(decode, AttentionMask::Zero(), 6);
+  const Result<AttentionMask> c = ApplyRotating(decode, AttentionMask::Causal(), 6);
+  ASSERT_TRUE(z.ok() && c.ok());
+  EXPECT_TRUE(z->IsZero());
+  EXPECT_TRUE(c->IsZero());
+}
+
+TEST(ApplyRotating, DecodeRotatesArrayColumnsIntoRingOrder) {
+  // ring_idx 3, K 4: slot s holds logical column (s - 3) mod 4 = {1, 2, 3, 0}.
+  MatF logical(1, 4);
+  logical << 0.1f, -0.3f, 0.7f, -0.2f;
+  const Result<AttentionMask> m = ApplyRotating({4, 1, 4, 3}, AttentionMask::Array(logical), 6);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  MatF want(1, 4);
+  want << -0.3f, 0.7f, -0.2f, 0.1f;
+  ASSERT_TRUE(m->array().has_value());
+  ExpectSameMask(*m->array(), want);
+}
+
+TEST(ApplyRotating, DecodeRotatesAMaterializedCausalWithArray) {
+  MatF logical(1, 4);
+  logical << -kInf, 0, 0, 1;
+  const AttentionMask mask =
+      AttentionMask::Intersect(AttentionMask::Causal(), AttentionMask::Array(logical));
+  const Result<AttentionMask> m = ApplyRotating({4, 1, 4, 1}, mask, 6);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  MatF want(1, 4);  // ring_idx 1: slots take logical columns {3, 0, 1, 2}
+  want << 1, -kInf, 0, 0;
+  ASSERT_TRUE(m->array().has_value());
+  EXPECT_FALSE(m->causal());
+  ExpectSameMask(*m->array(), want);
+}
+
+TEST(ApplyRotating, WidthOneArrayPassesThroughUnrotated) {
+  MatF column(1, 1);
+  column << 0.25f;
+  const Result<AttentionMask> m = ApplyRotating({4, 1, 4, 3}, AttentionMask::Array(column), 6);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(m->array().has_value());
+  ExpectSameMask(*m->array(), column);
+}
+
+TEST(ApplyRotating, ArrayOfAnotherWidthIsAnError) {
+  const Result<AttentionMask> m =
+      ApplyRotating({4, 1, 4, 3}, AttentionMask::Array(MatF::Zero(1, 3)), 6);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ApplyRotating, PrefillIntersectsWithTheWindowInLogicalOrder) {
+  // L = 6 into W = 4: K = 6 logical-order keys, no gather.
+  const Result<AttentionMask> m = ApplyRotating({6, 6, 4, 6}, AttentionMask::Causal(), 0);
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->causal());
+  MatF want = CausalReference(0, 6, 6);
+  for (int64_t q = 0; q < 6; ++q) {
+    for (int64_t k = 0; k < q - 3; ++k) want(q, k) = -kInf;
+  }
+  ExpectSameMask(m->AsArray(0, 6, 6), want);
+  const Result<AttentionMask> short_prefill =
+      ApplyRotating({3, 3, 8, 3}, AttentionMask::Causal(), 0);
+  ASSERT_TRUE(short_prefill.ok());
+  EXPECT_TRUE(short_prefill->IsPureCausal());  // W >= L: the window blocks nothing
+}
+
+TEST(VisibleRows, PureCausalIsBottomRightAligned) {
+  // K = 5 rows, L = 3 queries: query i sees rows j <= i + 2, whatever the offset says.
+  const PlainHistory hist(5);
+  const auto rows = VisibleRows(hist.h, AttentionMask::Causal(), 100, 3);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(*rows, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {0, 1, 2, 3}, {0, 1, 2, 3, 4}}));
+}
+
+TEST(VisibleRows, SingleCausalQueryAndZeroMaskSeeEveryRow) {
+  const PlainHistory hist(3);
+  const auto causal = VisibleRows(hist.h, AttentionMask::Causal(), 2, 1);
+  const auto zero = VisibleRows(hist.h, AttentionMask::Zero(), 1, 2);
+  ASSERT_TRUE(causal.ok() && zero.ok());
+  EXPECT_EQ(*causal, (std::vector<std::vector<int64_t>>{{0, 1, 2}}));
+  EXPECT_EQ(*zero, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {0, 1, 2}}));
+}
+
+TEST(VisibleRows, ArrayModeSeesExactlyTheFiniteCells) {
+  const PlainHistory hist(4);
+  MatF arr(1, 4);
+  arr << 0, -kInf, 3, -1;
+  const AttentionMask mask =
+      AttentionMask::Intersect(AttentionMask::Causal(), AttentionMask::Array(arr));
+  const auto rows = VisibleRows(hist.h, mask, 2, 2);  // positions 0..3, queries 2 and 3
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(*rows, (std::vector<std::vector<int64_t>>{{0, 2}, {0, 2, 3}}));
+}
+
+TEST(VisibleRows, ArrayThatDoesNotBroadcastIsAnError) {
+  const PlainHistory hist(4);
+  const auto rows = VisibleRows(hist.h, AttentionMask::Array(MatF::Zero(3, 4)), 0, 2);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_EQ(rows.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Sdpa, MatchesAHandComputedSoftmaxWithAdditiveBias) {
+  Tensor k = Tensor::FromFloat(DType::kFloat32, (MatF(2, 1) << 1, 2).finished());
+  Tensor v = Tensor::FromFloat(DType::kFloat32, (MatF(2, 2) << 10, 0, 0, 10).finished());
+  History h{&k, &v, 2, false, {}};
+  const MatF q = (MatF(1, 1) << 1).finished();
+  const AttentionMask bias = AttentionMask::Array((MatF(1, 2) << 0.5f, 0).finished());
+  const Result<MatF> out = Sdpa(q, h, bias, 1, 2.0f);
+  ASSERT_TRUE(out.ok());
+  // scores 2*1 + 0.5 = 2.5 and 2*2 = 4: weights e^-1.5 / (1 + e^-1.5) and 1 / (1 + e^-1.5).
+  const double w0 = std::exp(-1.5) / (1.0 + std::exp(-1.5));
+  EXPECT_NEAR((*out)(0, 0), 10.0 * w0, 1e-5);
+  EXPECT_NEAR((*out)(0, 1), 10.0 * (1.0 - w0), 1e-5);
+}
+
+TEST(Sdpa, QueryThatSeesNoRowGetsZeros) {
+  Tensor k = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 2));
+  Tensor v = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 3));
+  History h{&k, &v, 2, false, {}};
+  const AttentionMask blocked = AttentionMask::Array(MatF::Constant(1, 2, -kInf));
+  const Result<MatF> out = Sdpa(MatF::Ones(1, 2), h, blocked, 1, 1.0f);
+  ASSERT_TRUE(out.ok());
+  ExpectSameMask(*out, MatF::Zero(1, 3));
+}
+
+TEST(Sdpa, QueryWidthMismatchIsAnError) {
+  Tensor k = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 2));
+  Tensor v = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 2));
+  History h{&k, &v, 2, false, {}};
+  const Result<MatF> out = Sdpa(MatF::Ones(1, 3), h, AttentionMask::Zero(), 1, 1.0f);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtwin

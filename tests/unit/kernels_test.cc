@@ -1,0 +1,449 @@
+// Goal: pin down the recurrent kernels of spec §2.4 (causal conv with a carried tail, gated
+// delta rule) and their split protocol, as the MLX-free analogues of spec §6.7.
+// Method: segmented runs are compared bit-exactly with unsplit runs and with runs over
+// each prefix (they perform the same float operations in the same order, so any
+// difference is a bug, not rounding); the arithmetic itself is compared against
+// independent double-precision computations written in this file with stated tolerances;
+// padding, bf16 tails, extreme gate inputs and the key-head grouping get targeted cases.
+// Inputs come from fixed-seed Rng streams.
+#include "src/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "src/core/rng.h"
+
+namespace kvtwin {
+namespace {
+
+constexpr uint64_t kSeed = 20240611;
+
+// Uniform values in [-scale, scale), exact in float32.
+MatF RandomMat(Rng& rng, int64_t rows, int64_t cols, float scale = 1.0f) {
+  MatF m(rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) m(r, c) = scale * (2.0f * rng.Unit() - 1.0f);
+  }
+  return m;
+}
+
+VecF RandomVec(Rng& rng, int64_t n, float lo, float hi) {
+  VecF v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * rng.Unit();
+  return v;
+}
+
+// Exact element equality (so -0 == +0, NaN != NaN) with the first mismatch in the message.
+::testing::AssertionResult BitEqual(const MatF& a, const MatF& b) {
+  if (a.rows() != b.rows() || a.cols() != b.cols()) {
+    return ::testing::AssertionFailure()
+           << "shape " << a.rows() << "x" << a.cols() << " vs " << b.rows() << "x" << b.cols();
+  }
+  for (int64_t r = 0; r < a.rows(); ++r) {
+    for (int64_t c = 0; c < a.cols(); ++c) {
+      if (!(a(r, c) == b(r, c))) {
+        return ::testing::AssertionFailure()
+               << "(" << r << "," << c << "): " << a(r, c) << " vs " << b(r, c);
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult Near(const MatF& got, const MatD& want, double tol) {
+  if (got.rows() != want.rows() || got.cols() != want.cols()) {
+    return ::testing::AssertionFailure() << "shape mismatch";
+  }
+  for (int64_t r = 0; r < got.rows(); ++r) {
+    for (int64_t c = 0; c < got.cols(); ++c) {
+      const double diff = std::fabs(static_cast<double>(got(r, c)) - want(r, c));
+      if (!(diff <= tol)) {
+        return ::testing::AssertionFailure() << "(" << r << "," << c << "): " << got(r, c) << " vs "
+                                             << want(r, c) << ", tol " << tol;
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// ---------------------------------------------------------------------------------------
+// Causal conv
+
+struct ConvCase {
+  Tensor tail;
+  Tensor x;
+  ConvWeights weights;
+};
+
+ConvCase MakeConvCase(DType dtype, int64_t conv_tail, int64_t channels, int64_t len, bool bias,
+                      bool silu) {
+  Rng rng = Rng::Derive(kSeed, "conv");
+  ConvCase cc;
+  cc.tail = Tensor::FromFloat(dtype, RandomMat(rng, conv_tail, channels));
+  cc.x = Tensor::FromFloat(dtype, RandomMat(rng, len, channels));
+  cc.weights.w = RandomMat(rng, channels, conv_tail + 1);
+  if (bias) cc.weights.bias = RandomVec(rng, channels, -0.5f, 0.5f);
+  cc.weights.silu = silu;
+  return cc;
+}
+
+TEST(CausalConv1D, SplitsKeepTheOutputAndEachBoundaryTailEqualsAPrefixRunsTail) {
+  const ConvCase cc = MakeConvCase(DType::kBFloat16, 3, 5, 4, true, true);
+  const ConvResult whole = CausalConv1D(cc.tail, cc.x, 4, cc.weights, {});
+  const std::vector<int64_t> splits = {1, 2, 3};
+  const ConvResult split = CausalConv1D(cc.tail, cc.x, 4, cc.weights, splits);
+
+  EXPECT_TRUE(BitEqual(split.out, whole.out));
+  ASSERT_EQ(whole.states.size(), 1u);
+  ASSERT_EQ(split.states.size(), splits.size() + 1);
+  EXPECT_TRUE(split.states.back().Equals(whole.states.back()));
+  for (size_t i = 0; i < splits.size(); ++i) {
+    const int64_t s = splits[i];
+    const ConvResult prefix = CausalConv1D(cc.tail, cc.x.Rows(0, s), s, cc.weights, {});
+    EXPECT_TRUE(split.states[i].Equals(prefix.states.back()))
+        << "boundary " << s << ": " << split.states[i].ShapeString();
+    // Tails are copies, so the prefix run also reproduces the first outputs exactly.
+    EXPECT_TRUE(BitEqual(prefix.out, whole.out.topRows(s)));
+  }
+}
+
+TEST(CausalConv1D, BiasAndSiluEqualSiluOfAHandComputedConvOverPriorAndInput) {
+  const int64_t conv_tail = 3;
+  const int64_t channels = 4;
+  const int64_t len = 3;
+  const ConvCase cc = MakeConvCase(DType::kFloat32, conv_tail, channels, len, true, true);
+  const ConvResult got = CausalConv1D(cc.tail, cc.x, len, cc.weights, {});
+
+  const MatF prior = cc.tail.ToFloat();
+  const MatF input = cc.x.ToFloat();
+  MatD want(len, channels);
+  for (int64_t t = 0; t < len; ++t) {
+    for (int64_t c = 0; c < channels; ++c) {
+      double acc = cc.weights.bias[c];
+      for (int64_t j = 0; j <= conv_tail; ++j) {
+        const int64_t row = t + j;  // index into [prior ; input]
+        const float xv = row < conv_tail ? prior(row, c) : input(row - conv_tail, c);
+        acc += static_cast<double>(cc.weights.w(c, j)) * static_cast<double>(xv);
+      }
+      want(t, c) = acc / (1.0 + std::exp(-acc));
+    }
+  }
+  // Float32 accumulation of 4 products plus a bias, all of magnitude <= 1: a few ulps.
+  EXPECT_TRUE(Near(got.out, want, 1e-5));
+}
+
+TEST(CausalConv1D, PaddedRowsChangeNeitherTheTailsNorTheRealOutputs) {
+  ConvCase cc = MakeConvCase(DType::kFloat32, 3, 5, 4, true, false);
+  MatF padded = cc.x.ToFloat();
+  padded.bottomRows(2).setConstant(99.0f);
+  const Tensor x_padded = Tensor::FromFloat(DType::kFloat32, padded);
+  const Tensor x_real = x_padded.Rows(0, 2);
+
+  const ConvResult got = CausalConv1D(cc.tail, x_padded, 2, cc.weights, {1});
+  const ConvResult want = CausalConv1D(cc.tail, x_real, 2, cc.weights, {1});
+
+  ASSERT_EQ(got.states.size(), 2u);
+  ASSERT_EQ(want.states.size(), 2u);
+  for (size_t i = 0; i < got.states.size(); ++i) {
+    EXPECT_TRUE(got.states[i].Equals(want.states[i])) << "state " << i;
+  }
+  EXPECT_TRUE(BitEqual(got.out.topRows(2), want.out));
+  EXPECT_TRUE(BitEqual(got.out.bottomRows(2), MatF::Zero(2, 5)));
+}
+
+TEST(CausalConv1D, Bf16TailHoldsExactlyTheRoundedRawInputsNotTheOutputs) {
+  const int64_t conv_tail = 3;
+  const int64_t channels = 4;
+  const int64_t len = 5;
+  ConvCase cc = MakeConvCase(DType::kBFloat16, conv_tail, channels, len, true, true);
+  Rng rng = Rng::Derive(kSeed, "bf16-raw");
+  const MatF raw = RandomMat(rng, len, channels);
+  cc.x = Tensor::FromFloat(DType::kBFloat16, raw);
+  const ConvResult got = CausalConv1D(cc.tail, cc.x, len, cc.weights, {});
+
+  const Tensor& tail = got.states.back();
+  ASSERT_EQ(tail.dtype(), DType::kBFloat16);
+  ASSERT_EQ(tail.rows(), conv_tail);
+  ASSERT_EQ(tail.cols(), channels);
+  bool rounding_happened = false;
+  for (int64_t r = 0; r < conv_tail; ++r) {
+    for (int64_t c = 0; c < channels; ++c) {
+      const float source = raw(len - conv_tail + r, c);
+      const float rounded = RoundTo(DType::kBFloat16, source);
+      rounding_happened = rounding_happened || rounded != source;
+      EXPECT_EQ(tail.At(r, c), rounded) << "(" << r << "," << c << ")";
+      EXPECT_NE(tail.At(r, c), got.out(len - conv_tail + r, c)) << "tail holds an output";
+    }
+  }
+  EXPECT_TRUE(rounding_happened) << "inputs were already bf16; the test proves nothing";
+}
+
+TEST(CausalConv1D, RejectsAnInputInADifferentDtypeThanTheTail) {
+  const ConvCase cc = MakeConvCase(DType::kBFloat16, 3, 5, 4, false, false);
+  const Tensor x32 = Tensor::FromFloat(DType::kFloat32, cc.x.ToFloat());
+  EXPECT_DEATH(CausalConv1D(cc.tail, x32, 4, cc.weights, {}), "KV_CHECK failed");
+}
+
+TEST(CausalConv1D, RejectsSplitsThatAreNotStrictlyInsideTheRealPrefix) {
+  const ConvCase cc = MakeConvCase(DType::kFloat32, 3, 5, 4, false, false);
+  EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 3, cc.weights, {3}), "strictly ascending");
+  EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 4, cc.weights, {2, 2}), "strictly ascending");
+  EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 4, cc.weights, {0}), "strictly ascending");
+}
+
+// ---------------------------------------------------------------------------------------
+// Gated delta rule
+
+GdnParams MakeParams(RecurrentDims dims, Rng& rng) {
+  GdnParams p;
+  p.dims = dims;
+  p.dt_bias = RandomVec(rng, dims.num_v_heads, -1.0f, 1.0f);
+  p.a_exp = RandomVec(rng, dims.num_v_heads, 0.1f, 2.0f);
+  return p;
+}
+
+GdnInputs MakeInputs(const RecurrentDims& dims, Rng& rng, int64_t len) {
+  return GdnInputs{RandomMat(rng, len, dims.conv_dim()),
+                   RandomMat(rng, len, 2 * dims.num_v_heads, 3.0f)};
+}
+
+RecurrentDims Dims(int64_t hk, int64_t hv, int64_t dk, int64_t dv) {
+  RecurrentDims d;
+  d.num_k_heads = hk;
+  d.num_v_heads = hv;
+  d.head_k_dim = dk;
+  d.head_v_dim = dv;
+  return d;
+}
+
+// Weightless RMSNorm of x[0..n) times `scale`, in double.
+std::vector<double> RefNorm(const float* x, int64_t n, double scale) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) sum += static_cast<double>(x[j]) * x[j];
+  const double inv = 1.0 / std::sqrt(sum / static_cast<double>(n) + 1e-6);
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) out[static_cast<size_t>(j)] = x[j] * inv * scale;
+  return out;
+}
+
+// One token in double precision, in the spec's closed form
+// F(S) = g·S + β (v − g·S k̂) k̂ᵀ, then y = F(S) q̂ (spec §2.4.2, "full recurrence").
+void RefStep(MatD& s, const float* qkv, const float* ba, const GdnParams& p, double* y) {
+  const RecurrentDims& d = p.dims;
+  const int64_t dk = d.head_k_dim;
+  const int64_t dv = d.head_v_dim;
+  const double sqrt_dk = std::sqrt(static_cast<double>(dk));
+  for (int64_t h = 0; h < d.num_v_heads; ++h) {
+    const int64_t g = h / (d.num_v_heads / d.num_k_heads);
+    const std::vector<double> q = RefNorm(qkv + g * dk, dk, 1.0 / static_cast<double>(dk));
+    const std::vector<double> k = RefNorm(qkv + (d.num_k_heads + g) * dk, dk, 1.0 / sqrt_dk);
+    const float* v = qkv + 2 * d.num_k_heads * dk + h * dv;
+    const double x = static_cast<double>(ba[d.num_v_heads + h]) + p.dt_bias[h];
+    const double softplus = std::log1p(std::exp(-std::fabs(x))) + std::max(x, 0.0);
+    const double decay = std::exp(-softplus * static_cast<double>(p.a_exp[h]));
+    const double beta = 1.0 / (1.0 + std::exp(-static_cast<double>(ba[h])));
+    for (int64_t i = 0; i < dv; ++i) {
+      auto row = s.row(h * dv + i);
+      double sk = 0.0;
+      for (int64_t j = 0; j < dk; ++j) sk += row[j] * k[static_cast<size_t>(j)];
+      const double correction = beta * (v[i] - decay * sk);
+      double out = 0.0;
+      for (int64_t j = 0; j < dk; ++j) {
+        row[j] = decay * row[j] + correction * k[static_cast<size_t>(j)];
+        out += row[j] * q[static_cast<size_t>(j)];
+      }
+      y[h * dv + i] = out;
+    }
+  }
+}
+
+TEST(GatedDelta, SegmentedAndSplitRunsEqualTheUnsplitRunAndEachPrefixRun) {
+  Rng rng = Rng::Derive(kSeed, "gdn-segments");
+  const GdnParams params = MakeParams(Dims(2, 4, 4, 3), rng);
+  const GdnInputs inputs = MakeInputs(params.dims, rng, 5);
+  const MatF initial = RandomMat(rng, params.dims.delta_rows(), params.dims.head_k_dim, 0.5f);
+  const GdnResult whole = GatedDelta(initial, inputs, 5, params, {});
+  ASSERT_EQ(whole.states.size(), 1u);
+
+  // Both forms run the same float operations per token in the same order, so agreement is
+  // exact: a tolerance here would hide a reordering or a dropped/duplicated token.
+  for (const std::vector<int64_t>& splits : {std::vector<int64_t>{1, 2, 3, 4}, {2}}) {
+    for (const bool segmented : {false, true}) {
+      SCOPED_TRACE(std::string(segmented ? "segmented" : "token by token") + ", " +
+                   std::to_string(splits.size()) + " splits");
+      const GdnResult got = segmented ? GatedDeltaSegmented(initial, inputs, 5, params, splits)
+                                      : GatedDelta(initial, inputs, 5, params, splits);
+      EXPECT_TRUE(BitEqual(got.y, whole.y));
+      ASSERT_EQ(got.states.size(), splits.size() + 1);
+      EXPECT_TRUE(BitEqual(got.states.back(), whole.states.back()));
+      for (size_t i = 0; i < splits.size(); ++i) {
+        const int64_t s = splits[i];
+        const GdnInputs prefix{inputs.qkv.topRows(s), inputs.ba.topRows(s)};
+        const GdnResult want = GatedDelta(initial, prefix, s, params, {});
+        EXPECT_TRUE(BitEqual(got.states[i], want.states.back())) << "boundary " << s;
+      }
+    }
+  }
+}
+
+TEST(GatedDelta, PaddedRowsAreIdentityStepsWithZeroOutput) {
+  Rng rng = Rng::Derive(kSeed, "gdn-padding");
+  const GdnParams params = MakeParams(Dims(1, 2, 4, 4), rng);
+  GdnInputs padded = MakeInputs(params.dims, rng, 5);
+  padded.qkv.bottomRows(2).setConstant(99.0f);
+  padded.ba.bottomRows(2).setConstant(99.0f);
+  const GdnInputs real{padded.qkv.topRows(3), padded.ba.topRows(3)};
+  const MatF initial = RandomMat(rng, params.dims.delta_rows(), params.dims.head_k_dim);
+
+  for (const bool segmented : {false, true}) {
+    SCOPED_TRACE(segmented ? "segmented" : "token by token");
+    const auto run = segmented ? GatedDeltaSegmented : GatedDelta;
+    const GdnResult got = run(initial, padded, 3, params, {1});
+    const GdnResult want = run(initial, real, 3, params, {1});
+    ASSERT_EQ(got.states.size(), 2u);
+    EXPECT_TRUE(BitEqual(got.states[0], want.states[0]));
+    EXPECT_TRUE(BitEqual(got.states[1], want.states[1]));
+    EXPECT_TRUE(BitEqual(got.y.topRows(3), want.y));
+    EXPECT_TRUE(BitEqual(got.y.bottomRows(2), MatF::Zero(2, params.dims.delta_rows())));
+  }
+}
+
+TEST(GatedDeltaStep, MatchesADoublePrecisionHandComputationForOneToken) {
+  Rng rng = Rng::Derive(kSeed, "gdn-one-token");
+  const GdnParams params = MakeParams(Dims(1, 2, 3, 2), rng);
+  const GdnInputs inputs = MakeInputs(params.dims, rng, 1);
+  MatF state = RandomMat(rng, params.dims.delta_rows(), params.dims.head_k_dim);
+  MatD want_state = state.cast<double>();
+  MatF y(1, params.dims.delta_rows());
+  MatD want_y(1, params.dims.delta_rows());
+
+  GatedDeltaStep(state, inputs.qkv.data(), inputs.ba.data(), params, y.data());
+  RefStep(want_state, inputs.qkv.data(), inputs.ba.data(), params, want_y.data());
+  // Values are O(1) and each output sums 3 products: float32 rounding stays near 1e-7.
+  EXPECT_TRUE(Near(state, want_state, 1e-5));
+  EXPECT_TRUE(Near(y, want_y, 1e-5));
+}
+
+TEST(GatedDelta, MatchesADoublePrecisionReferenceOverSeveralTokens) {
+  Rng rng = Rng::Derive(kSeed, "gdn-several");
+  const GdnParams params = MakeParams(Dims(2, 4, 8, 4), rng);
+  const int64_t len = 7;
+  const GdnInputs inputs = MakeInputs(params.dims, rng, len);
+  const MatF initial = RandomMat(rng, params.dims.delta_rows(), params.dims.head_k_dim);
+  const GdnResult got = GatedDelta(initial, inputs, len, params, {3});
+  ASSERT_EQ(got.states.size(), 2u);
+
+  MatD state = initial.cast<double>();
+  MatD want_y(len, params.dims.delta_rows());
+  for (int64_t t = 0; t < len; ++t) {
+    RefStep(state, inputs.qkv.row(t).data(), inputs.ba.row(t).data(), params, want_y.row(t).data());
+    if (t + 1 == 3) {
+      EXPECT_TRUE(Near(got.states[0], state, 1e-4)) << "boundary 3";
+    }
+  }
+  // The spec's reference tolerance for states (§2.4.2); errors compound over tokens.
+  EXPECT_TRUE(Near(got.states.back(), state, 1e-4));
+  EXPECT_TRUE(Near(got.y, want_y, 1e-4));
+}
+
+TEST(GatedDeltaStep, ExtremeDecayAndBetaInputsStayFiniteAndMatchTheReference) {
+  Rng rng = Rng::Derive(kSeed, "gdn-extreme");
+  const GdnParams params = MakeParams(Dims(1, 2, 4, 4), rng);
+  const GdnInputs base = MakeInputs(params.dims, rng, 1);
+  const MatF initial = RandomMat(rng, params.dims.delta_rows(), params.dims.head_k_dim);
+  // ±100 is past float's exp range (e^88), where naive sigmoid/softplus give inf/inf.
+  for (const float alpha : {-100.0f, -30.0f, 30.0f, 100.0f}) {
+    for (const float beta : {-100.0f, -30.0f, 30.0f, 100.0f}) {
+      SCOPED_TRACE("alpha_raw " + std::to_string(alpha) + ", beta_raw " + std::to_string(beta));
+      MatF ba = base.ba;
+      ba.leftCols(2).setConstant(beta);
+      ba.rightCols(2).setConstant(alpha);
+      MatF state = initial;
+      MatF y(1, params.dims.delta_rows());
+      GatedDeltaStep(state, base.qkv.data(), ba.data(), params, y.data());
+      ASSERT_TRUE(state.allFinite());
+      ASSERT_TRUE(y.allFinite());
+      MatD want_state = initial.cast<double>();
+      MatD want_y(1, params.dims.delta_rows());
+      RefStep(want_state, base.qkv.data(), ba.data(), params, want_y.data());
+      EXPECT_TRUE(Near(state, want_state, 1e-5));
+      EXPECT_TRUE(Near(y, want_y, 1e-5));
+    }
+  }
+}
+
+TEST(GatedDeltaStep, PaddingStyleInputsAreAnExactIdentity) {
+  Rng rng = Rng::Derive(kSeed, "gdn-identity");
+  const GdnParams params = MakeParams(Dims(1, 2, 4, 4), rng);
+  const MatF initial = RandomMat(rng, params.dims.delta_rows(), params.dims.head_k_dim);
+  // Spec §2.4.2: zero q, k, v and β_raw = α_raw = −∞ give β = 0, g = 1, y = 0.
+  const MatF qkv = MatF::Zero(1, params.dims.conv_dim());
+  const MatF ba =
+      MatF::Constant(1, 2 * params.dims.num_v_heads, -std::numeric_limits<float>::infinity());
+  MatF state = initial;
+  MatF y = MatF::Constant(1, params.dims.delta_rows(), 7.0f);
+  GatedDeltaStep(state, qkv.data(), ba.data(), params, y.data());
+  EXPECT_TRUE(BitEqual(state, initial));
+  EXPECT_TRUE(BitEqual(y, MatF::Zero(1, params.dims.delta_rows())));
+}
+
+TEST(GatedDeltaStep, EachValueHeadReadsTheKeyHeadOfItsGroup) {
+  // Hv = 2*Hk: heads 0,1 must use key head 0 and heads 2,3 key head 1. Key head g is the
+  // unit vector e_g, so from a zero state S_h = β v k̂ᵀ is non-zero only in column g; an
+  // interleaved grouping (h % Hk) would put head 1's mass in column 1.
+  Rng rng = Rng::Derive(kSeed, "gdn-grouping");
+  const GdnParams params = MakeParams(Dims(2, 4, 4, 2), rng);
+  const int64_t dk = params.dims.head_k_dim;
+  MatF qkv = MatF::Zero(1, params.dims.conv_dim());
+  for (int64_t g = 0; g < 2; ++g) {
+    qkv(0, g * dk + g) = 1.0f;        // q_g = e_g
+    qkv(0, (2 + g) * dk + g) = 1.0f;  // k_g = e_g
+  }
+  qkv.rightCols(params.dims.delta_rows()) = RandomMat(rng, 1, params.dims.delta_rows()) +
+                                            MatF::Constant(1, params.dims.delta_rows(), 2.0f);
+  const MatF ba = MatF::Zero(1, 2 * params.dims.num_v_heads);
+  MatF state = MatF::Zero(params.dims.delta_rows(), dk);
+  MatF y(1, params.dims.delta_rows());
+  GatedDeltaStep(state, qkv.data(), ba.data(), params, y.data());
+
+  for (int64_t h = 0; h < 4; ++h) {
+    for (int64_t i = 0; i < params.dims.head_v_dim; ++i) {
+      const int64_t row = h * params.dims.head_v_dim + i;
+      for (int64_t j = 0; j < dk; ++j) {
+        if (j == h / 2) {
+          EXPECT_GT(state(row, j), 0.0f) << "head " << h << " row " << i;
+        } else {
+          EXPECT_EQ(state(row, j), 0.0f) << "head " << h << " row " << i << " col " << j;
+        }
+      }
+      EXPECT_GT(y(0, row), 0.0f) << "q̂ of the wrong key head reads zero";
+    }
+  }
+}
+
+TEST(GatedDelta, RejectsSplitsThatAreNotStrictlyInsideTheRealPrefix) {
+  Rng rng = Rng::Derive(kSeed, "gdn-death");
+  const GdnParams params = MakeParams(Dims(1, 2, 4, 4), rng);
+  const GdnInputs inputs = MakeInputs(params.dims, rng, 4);
+  const MatF state = MatF::Zero(params.dims.delta_rows(), params.dims.head_k_dim);
+  EXPECT_DEATH(GatedDelta(state, inputs, 3, params, {3}), "strictly ascending");
+  EXPECT_DEATH(GatedDelta(state, inputs, 4, params, {2, 1}), "strictly ascending");
+  EXPECT_DEATH(GatedDeltaSegmented(state, inputs, 4, params, {0}), "strictly ascending");
+}
+
+TEST(GatedDelta, RejectsValueHeadsThatAreNotAMultipleOfKeyHeads) {
+  Rng rng = Rng::Derive(kSeed, "gdn-death-heads");
+  const GdnParams params = MakeParams(Dims(2, 3, 4, 4), rng);
+  const GdnInputs inputs = MakeInputs(params.dims, rng, 2);
+  const MatF state = MatF::Zero(params.dims.delta_rows(), params.dims.head_k_dim);
+  EXPECT_DEATH(GatedDelta(state, inputs, 2, params, {}), "multiple of Hk");
+}
+
+}  // namespace
+}  // namespace kvtwin

@@ -1,0 +1,723 @@
+// Goal: pin the reference cache (model/ref_cache.h) to the spec, since it is the oracle the
+// simulator trusts: the boolean contract of cache-semantics.md §1.2 row by row for each
+// kind, the fakes of §5.1, the capture schedule of §1.3 with the shapes of §6.6, the
+// PrepareSnapshots error classes, and the attention positions of §5.2 / §6.4.
+// Method: tokens carry id = 1000 * branch + position, so every log, snapshot and capture
+// reads back as the positions (and branch) it holds; expectations are hand-computed from
+// the spec text, never from the code under test.
+#include "model/ref_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace kvtwin::model {
+namespace {
+
+constexpr int32_t kBranch = 1000;
+
+// Tokens of positions [begin, end) on `branch`.
+TokenLog Run(int64_t begin, int64_t end, int32_t branch = 0) {
+  TokenLog log;
+  for (int64_t p = begin; p < end; ++p) {
+    const int32_t id = branch * kBranch + static_cast<int32_t>(p);
+    log.push_back(Token{id, static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull});
+  }
+  return log;
+}
+
+// The ids Run(begin, end, branch) carries.
+std::vector<int32_t> Ids(int64_t begin, int64_t end, int32_t branch = 0) {
+  std::vector<int32_t> ids;
+  for (const Token& t : Run(begin, end, branch)) ids.push_back(t.id);
+  return ids;
+}
+
+std::vector<int32_t> IdsOf(const TokenLog& log) {
+  std::vector<int32_t> ids;
+  for (const Token& t : log) ids.push_back(t.id);
+  return ids;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// `count` single-token writes continuing the log on `branch`.
+void WriteSingles(RefCache& cache, int64_t count, int32_t branch = 0) {
+  for (int64_t i = 0; i < count; ++i) {
+    cache.Write(Run(cache.Offset(), cache.Offset() + 1, branch));
+  }
+}
+
+// One batched write of `count` tokens continuing the log on `branch`.
+void WriteBatch(RefCache& cache, int64_t count, int32_t branch = 0) {
+  cache.Write(Run(cache.Offset(), cache.Offset() + count, branch));
+}
+
+void ExpectSnap(const RefSnap& snap, int64_t from, int64_t to, const std::vector<int32_t>& ids) {
+  ASSERT_TRUE(snap.has_value());
+  EXPECT_EQ(snap->from, from);
+  EXPECT_EQ(snap->to, to);
+  EXPECT_EQ(IdsOf(snap->tokens), ids);
+}
+
+// ---- Full KV (§1.2 row 1, §2.1, §5.1 KV fake) ----
+
+TEST(RefKvCache, SnapshotHoldsExactlyFromToOffset) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  ExpectSnap(kv.Snapshot(4), 4, 10, Ids(4, 10));
+}
+
+TEST(RefKvCache, SnapshotIsNullWithoutStateOrForAnEmptyRange) {
+  RefCache kv = RefCache::Kv();
+  EXPECT_FALSE(kv.Snapshot(0).has_value());
+  WriteBatch(kv, 3);
+  EXPECT_FALSE(kv.Snapshot(3).has_value());
+  EXPECT_FALSE(kv.Snapshot(5).has_value());
+  kv.Free();
+  EXPECT_FALSE(kv.Snapshot(0).has_value());
+}
+
+TEST(RefKvCache, LiveRewindAcceptsAnyTargetUpToTheOffset) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  EXPECT_FALSE(kv.Restore(nullptr, 11));
+  EXPECT_EQ(kv.Offset(), 10);
+  EXPECT_TRUE(kv.Restore(nullptr, 10));
+  EXPECT_TRUE(kv.Restore(nullptr, 4));
+  EXPECT_EQ(IdsOf(kv.log()), Ids(0, 4));
+  EXPECT_TRUE(kv.Restore(nullptr, 0));
+  EXPECT_EQ(kv.Offset(), 0);
+}
+
+TEST(RefKvCache, RestoreRefusesANegativeTarget) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  const RefSnap snap = kv.Snapshot(0);
+  EXPECT_FALSE(kv.Restore(nullptr, -1));
+  EXPECT_FALSE(kv.Restore(&*snap, -1));
+  EXPECT_EQ(kv.Offset(), 10);
+}
+
+TEST(RefKvCache, RestoreNeedsTheBaseBeforeTheSnapshot) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  const RefSnap snap = kv.Snapshot(5);
+  kv.Free();
+  EXPECT_FALSE(kv.Restore(&*snap, 10));  // offset 0 < snapshot start 5
+  EXPECT_EQ(kv.Offset(), 0);
+  WriteBatch(kv, 5, /*branch=*/1);
+  ASSERT_TRUE(kv.Restore(&*snap, 10));
+  // log[:from] of the live branch, then the snapshot's tokens.
+  EXPECT_EQ(IdsOf(kv.log()), Concat(Ids(0, 5, 1), Ids(5, 10)));
+}
+
+TEST(RefKvCache, RestoreRefusesATargetBeyondTheSnapshotEnd) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  const RefSnap snap = kv.Snapshot(0);
+  RefCache fresh = RefCache::Kv();
+  EXPECT_FALSE(fresh.Restore(&*snap, 11));
+  EXPECT_EQ(fresh.Offset(), 0);
+  EXPECT_FALSE(fresh.HasState());
+}
+
+TEST(RefKvCache, RestoreIntoAFreshCacheRebuildsTheHistory) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  const RefSnap snap = kv.Snapshot(0);
+  RefCache fresh = RefCache::Kv();
+  ASSERT_TRUE(fresh.Restore(&*snap, 10));
+  EXPECT_EQ(fresh.Offset(), 10);
+  EXPECT_TRUE(fresh.HasState());
+  EXPECT_EQ(IdsOf(fresh.log()), Ids(0, 10));
+}
+
+TEST(RefKvCache, RestoreTruncatesInsideTheSnapshot) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  const RefSnap snap = kv.Snapshot(5);
+  ASSERT_TRUE(kv.Restore(nullptr, 5));
+  WriteBatch(kv, 3, /*branch=*/1);
+  ASSERT_TRUE(kv.Restore(&*snap, 7));
+  EXPECT_EQ(IdsOf(kv.log()), Ids(0, 7));
+}
+
+TEST(RefKvCache, RestoreBelowTheSnapshotStartActsAsARewind) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  const RefSnap snap = kv.Snapshot(5);
+  ASSERT_TRUE(kv.Restore(&*snap, 3));
+  EXPECT_EQ(IdsOf(kv.log()), Ids(0, 3));
+}
+
+TEST(RefKvCache, RestoreOfNullNeverCreatesState) {
+  RefCache kv = RefCache::Kv();
+  EXPECT_TRUE(kv.Restore(nullptr, 0));
+  EXPECT_FALSE(kv.HasState());
+  EXPECT_FALSE(kv.Snapshot(0).has_value());
+}
+
+TEST(RefKvCache, SplitDividesAnEdgeAtThePosition) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  auto [parent, child] = kv.Split(kv.Snapshot(0), 5);
+  ExpectSnap(parent, 0, 5, Ids(0, 5));
+  ExpectSnap(child, 5, 10, Ids(5, 10));
+  RefCache fresh = RefCache::Kv();
+  ASSERT_TRUE(fresh.Restore(&*parent, 5));
+  EXPECT_EQ(fresh.Offset(), 5);
+  ASSERT_TRUE(fresh.Restore(&*child, 10));
+  EXPECT_EQ(IdsOf(fresh.log()), Ids(0, 10));
+}
+
+TEST(RefKvCache, SplitAtOrOutsideTheEdgeKeepsTheWholeSnapshotOnOneSide) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  const RefSnap whole = kv.Snapshot(2);
+  for (int64_t at : {0, 2}) {
+    auto [parent, child] = kv.Split(whole, at);
+    EXPECT_FALSE(parent.has_value());
+    ExpectSnap(child, 2, 10, Ids(2, 10));
+  }
+  for (int64_t at : {10, 12}) {
+    auto [parent, child] = kv.Split(whole, at);
+    ExpectSnap(parent, 2, 10, Ids(2, 10));
+    EXPECT_FALSE(child.has_value());
+  }
+}
+
+TEST(RefKvCache, SplitOfNullIsANullPair) {
+  auto [parent, child] = RefCache::Kv().Split(std::nullopt, 3);
+  EXPECT_FALSE(parent.has_value());
+  EXPECT_FALSE(child.has_value());
+}
+
+TEST(RefKvCache, SplitThenMergeRestoresTheOriginalEdge) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  auto [parent, child] = kv.Split(kv.Snapshot(0), 6);
+  const RefSnap merged = kv.Merge(parent, child);
+  ExpectSnap(merged, 0, 10, Ids(0, 10));
+  RefCache fresh = RefCache::Kv();
+  ASSERT_TRUE(fresh.Restore(&*merged, 10));
+  EXPECT_EQ(fresh.Offset(), 10);
+}
+
+TEST(RefKvCache, MergeWithANullSideIsNull) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  const RefSnap snap = kv.Snapshot(0);
+  EXPECT_FALSE(kv.Merge(snap, std::nullopt).has_value());
+  EXPECT_FALSE(kv.Merge(std::nullopt, snap).has_value());
+}
+
+TEST(RefKvCacheDeathTest, MergeOfNonAdjacentEdgesAborts) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 10);
+  auto [parent, child] = kv.Split(kv.Snapshot(0), 5);
+  EXPECT_DEATH(static_cast<void>(kv.Merge(child, parent)), "non-adjacent");
+}
+
+TEST(RefKvCache, FreeDropsStateLogAndSchedule) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 3);
+  ASSERT_TRUE(kv.PrepareSnapshots({12}).ok());
+  kv.Free();
+  EXPECT_EQ(kv.Offset(), 0);
+  EXPECT_FALSE(kv.HasState());
+  EXPECT_FALSE(kv.ScheduleActive());
+  EXPECT_TRUE(kv.TakeSnapshots().empty());
+}
+
+// ---- Rotating, sliding window (§1.2 row 2, §2.2, §5.1 sliding fake) ----
+
+TEST(RefRotatingCache, LiveRewindIsRefusedAfterTheWindowWrapped) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 5);
+  EXPECT_FALSE(rot.Restore(nullptr, 4));
+  WriteSingles(rot, 5);
+  EXPECT_FALSE(rot.Restore(nullptr, 3));
+  EXPECT_EQ(rot.Offset(), 10);
+}
+
+TEST(RefRotatingCache, LiveRewindIsAllowedUpToAFullUnwrappedWindow) {
+  RefCache rot = RefCache::Rotating(8);
+  WriteBatch(rot, 2);
+  WriteSingles(rot, 6);
+  ASSERT_TRUE(rot.Restore(nullptr, 2));  // offset 8 == W has not wrapped
+  WriteBatch(rot, 3, /*branch=*/1);
+  EXPECT_EQ(IdsOf(rot.log()), Concat(Ids(0, 2), Ids(2, 5, 1)));
+}
+
+TEST(RefRotatingCache, LiveRestoreAtOrBeyondTheOffsetSucceedsOnlyAtTheOffset) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 10);
+  EXPECT_TRUE(rot.Restore(nullptr, 10));
+  EXPECT_FALSE(rot.Restore(nullptr, 11));
+  EXPECT_EQ(rot.Offset(), 10);
+}
+
+TEST(RefRotatingCache, RestoreRefusesANegativeTarget) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 3);
+  const RefSnap snap = rot.Snapshot(0);
+  EXPECT_FALSE(rot.Restore(nullptr, -1));
+  EXPECT_FALSE(rot.Restore(&*snap, -1));
+  EXPECT_EQ(rot.Offset(), 3);
+}
+
+TEST(RefRotatingCache, SnapshotIsTheWholeLogEndingAtTheOffset) {
+  RefCache rot = RefCache::Rotating(4);
+  EXPECT_FALSE(rot.Snapshot(0).has_value());
+  WriteSingles(rot, 10);
+  ExpectSnap(rot.Snapshot(6), 6, 10, Ids(0, 10));  // `from` only labels the range
+  EXPECT_FALSE(rot.Snapshot(10).has_value());
+}
+
+TEST(RefRotatingCache, SnapshotRestoreIgnoresTheCurrentOffset) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 10);
+  const RefSnap snap = rot.Snapshot(0);
+  WriteSingles(rot, 5);
+  ASSERT_TRUE(rot.Restore(&*snap, 10));
+  EXPECT_EQ(IdsOf(rot.log()), Ids(0, 10));
+  RefCache fresh = RefCache::Rotating(4);
+  ASSERT_TRUE(fresh.Restore(&*snap, 10));
+  EXPECT_TRUE(fresh.HasState());
+  EXPECT_EQ(fresh.Offset(), 10);
+}
+
+TEST(RefRotatingCache, ClampingAFullWindowSnapshotIsRefused) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 10);
+  const RefSnap snap = rot.Snapshot(0);
+  EXPECT_FALSE(rot.Restore(&*snap, 9));
+  EXPECT_EQ(rot.Offset(), 10);
+}
+
+TEST(RefRotatingCache, ClampingAnUnwrappedSnapshotIsAllowed) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 4);
+  const RefSnap snap = rot.Snapshot(0);  // to == W: not wrapped
+  WriteSingles(rot, 3);
+  ASSERT_TRUE(rot.Restore(&*snap, 2));
+  EXPECT_EQ(IdsOf(rot.log()), Ids(0, 2));
+}
+
+TEST(RefRotatingCache, RestoreBeyondTheSnapshotEndIsRefused) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 3);
+  const RefSnap snap = rot.Snapshot(0);
+  WriteSingles(rot, 2);
+  EXPECT_FALSE(rot.Restore(&*snap, 4));
+  EXPECT_EQ(rot.Offset(), 5);
+}
+
+TEST(RefRotatingCache, RestoreOfNullNeverCreatesState) {
+  RefCache rot = RefCache::Rotating(4);
+  EXPECT_TRUE(rot.Restore(nullptr, 0));
+  EXPECT_FALSE(rot.Restore(nullptr, 1));
+  EXPECT_FALSE(rot.HasState());
+}
+
+TEST(RefRotatingCache, MergeKeepsTheChildAndSplitKeepsNothingForTheParent) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 3);
+  const RefSnap parent = rot.Snapshot(0);
+  WriteSingles(rot, 3);
+  const RefSnap child = rot.Snapshot(3);
+  ExpectSnap(rot.Merge(parent, child), 3, 6, Ids(0, 6));
+  EXPECT_FALSE(rot.Merge(parent, std::nullopt).has_value());
+  auto [left, right] = rot.Split(child, 4);
+  EXPECT_FALSE(left.has_value());
+  ExpectSnap(right, 3, 6, Ids(0, 6));
+}
+
+// ---- Recurrent (§1.2 row 3, §2.3, §5.1 recurrent fake) ----
+
+TEST(RefRecurrentCache, RestoreRequiresTheExactSnapshotOffset) {
+  RefCache rec = RefCache::Recurrent();
+  WriteBatch(rec, 10);
+  const RefSnap snap = rec.Snapshot(0);
+  WriteBatch(rec, 5);
+  EXPECT_FALSE(rec.Restore(&*snap, 5));
+  EXPECT_FALSE(rec.Restore(&*snap, 15));
+  EXPECT_EQ(rec.Offset(), 15);
+  ASSERT_TRUE(rec.Restore(&*snap, 10));
+  EXPECT_EQ(IdsOf(rec.log()), Ids(0, 10));
+}
+
+TEST(RefRecurrentCache, LiveRestoreSucceedsOnlyAtTheCurrentOffset) {
+  RefCache rec = RefCache::Recurrent();
+  WriteBatch(rec, 10);
+  EXPECT_FALSE(rec.Restore(nullptr, 9));
+  EXPECT_FALSE(rec.Restore(nullptr, 11));
+  EXPECT_FALSE(rec.Restore(nullptr, -1));
+  EXPECT_TRUE(rec.Restore(nullptr, 10));
+  EXPECT_EQ(rec.Offset(), 10);
+}
+
+TEST(RefRecurrentCache, RestoreForwardOrIntoAFreedCacheIsFine) {
+  RefCache rec = RefCache::Recurrent();
+  WriteBatch(rec, 10);
+  const RefSnap snap = rec.Snapshot(0);
+  rec.Free();
+  ASSERT_TRUE(rec.Restore(&*snap, 10));
+  EXPECT_TRUE(rec.HasState());
+  RefCache other = RefCache::Recurrent();
+  WriteBatch(other, 3, /*branch=*/1);
+  ASSERT_TRUE(other.Restore(&*snap, 10));
+  EXPECT_EQ(IdsOf(other.log()), Ids(0, 10));
+}
+
+TEST(RefRecurrentCache, SnapshotIsTheWholeStateAndIgnoresFrom) {
+  RefCache rec = RefCache::Recurrent();
+  EXPECT_FALSE(rec.Snapshot(0).has_value());
+  WriteBatch(rec, 10);
+  ExpectSnap(rec.Snapshot(7), 0, 10, Ids(0, 10));
+  ExpectSnap(rec.Snapshot(12), 0, 10, Ids(0, 10));
+}
+
+TEST(RefRecurrentCache, RestoreOfNullNeverCreatesState) {
+  RefCache rec = RefCache::Recurrent();
+  EXPECT_TRUE(rec.Restore(nullptr, 0));
+  EXPECT_FALSE(rec.HasState());
+  EXPECT_FALSE(rec.Snapshot(0).has_value());
+}
+
+TEST(RefRecurrentCache, MergeKeepsTheChildAndSplitKeepsNothingForTheParent) {
+  RefCache rec = RefCache::Recurrent();
+  WriteBatch(rec, 3);
+  const RefSnap parent = rec.Snapshot(0);
+  WriteBatch(rec, 3);
+  const RefSnap child = rec.Snapshot(0);
+  ExpectSnap(rec.Merge(parent, child), 0, 6, Ids(0, 6));
+  EXPECT_FALSE(rec.Merge(parent, std::nullopt).has_value());
+  auto [left, right] = rec.Split(child, 4);
+  EXPECT_FALSE(left.has_value());
+  ExpectSnap(right, 0, 6, Ids(0, 6));
+}
+
+// ---- Capture schedule (§1.3, per-kind rules of §2.1-§2.3, shapes of §6.6) ----
+
+TEST(RefCaptureSchedule, KvBaseMovesOnlyAtScheduledOffsets) {
+  RefCache kv = RefCache::Kv();
+  WriteBatch(kv, 2);
+  ASSERT_TRUE(kv.PrepareSnapshots({2, 3, 5}).ok());
+  WriteBatch(kv, 2);  // [2, 4)
+  WriteBatch(kv, 2);  // [4, 6)
+  const std::vector<RefSnap> got = kv.TakeSnapshots();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_FALSE(got[0].has_value());  // zero width: scheduled at the prepare offset
+  ExpectSnap(got[1], 2, 3, Ids(2, 3));
+  ExpectSnap(got[2], 3, 5, Ids(3, 5));  // the unscheduled boundary 4 did not move base
+  ASSERT_TRUE(kv.Restore(&*got[1], 3));
+  EXPECT_EQ(kv.Offset(), 3);
+}
+
+TEST(RefCaptureSchedule, KvBatchedWriteCapturesSingleTokenEdges) {
+  RefCache kv = RefCache::Kv();
+  WriteSingles(kv, 6);
+  ASSERT_TRUE(kv.PrepareSnapshots({7, 8}).ok());
+  WriteBatch(kv, 3);
+  const std::vector<RefSnap> got = kv.TakeSnapshots();
+  ASSERT_EQ(got.size(), 2u);
+  ExpectSnap(got[0], 6, 7, Ids(6, 7));
+  ExpectSnap(got[1], 7, 8, Ids(7, 8));
+  const RefSnap merged = kv.Merge(got[0], got[1]);
+  ExpectSnap(merged, 6, 8, Ids(6, 8));
+  auto [parent, child] = kv.Split(merged, 7);
+  ExpectSnap(parent, 6, 7, Ids(6, 7));
+  ExpectSnap(child, 7, 8, Ids(7, 8));
+}
+
+TEST(RefCaptureSchedule, KvPerTokenScheduleGivesANullFirstEntryThenUnitEdges) {
+  for (int64_t accepted = 0; accepted <= 4; ++accepted) {
+    RefCache kv = RefCache::Kv();
+    WriteSingles(kv, 6);
+    ASSERT_TRUE(kv.PrepareSnapshots({6, 7, 8, 9}).ok());
+    WriteBatch(kv, 4);
+    EXPECT_EQ(kv.Offset(), 10);
+    const std::vector<RefSnap> got = kv.TakeSnapshots();
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_FALSE(got[0].has_value());
+    for (int64_t i = 1; i < 4; ++i) ExpectSnap(got[i], 5 + i, 6 + i, Ids(5 + i, 6 + i));
+    ASSERT_TRUE(kv.Restore(nullptr, 6 + accepted));  // commit by live rewind
+    EXPECT_EQ(kv.Offset(), 6 + accepted);
+  }
+}
+
+TEST(RefCaptureSchedule, OffsetsNeverReachedStayNull) {
+  RefCache kv = RefCache::Kv();
+  ASSERT_TRUE(kv.PrepareSnapshots({2, 9}).ok());
+  WriteBatch(kv, 4);
+  const std::vector<RefSnap> got = kv.TakeSnapshots();
+  ASSERT_EQ(got.size(), 2u);
+  ExpectSnap(got[0], 0, 2, Ids(0, 2));
+  EXPECT_FALSE(got[1].has_value());
+}
+
+// Decision: "slot still empty" is the Go nil check, so a zero-width (null) capture does not
+// fill its slot; revisiting that offset after a rewind fires again and moves base back.
+TEST(RefCaptureSchedule, ZeroWidthCaptureLeavesItsSlotOpenSoARevisitMovesBaseAgain) {
+  RefCache kv = RefCache::Kv();
+  WriteBatch(kv, 2);
+  ASSERT_TRUE(kv.PrepareSnapshots({2, 4, 6}).ok());
+  WriteSingles(kv, 1);  // reaches 2: null, base 2
+  WriteBatch(kv, 2);    // reaches 4: [2, 4), base 4
+  ASSERT_TRUE(kv.Restore(nullptr, 2));
+  WriteBatch(kv, 5, /*branch=*/1);  // reaches 2 again (base 2), then 6
+  const std::vector<RefSnap> got = kv.TakeSnapshots();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_FALSE(got[0].has_value());
+  ExpectSnap(got[1], 2, 4, Ids(2, 4));
+  ExpectSnap(got[2], 2, 6, Ids(2, 6, 1));
+}
+
+TEST(RefCaptureSchedule, RotatingCapturesTheStartBoundaryBeforeTheWrite) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 10);
+  ASSERT_TRUE(rot.PrepareSnapshots({10, 11, 12}).ok());
+  WriteBatch(rot, 2);
+  const std::vector<RefSnap> got = rot.TakeSnapshots();
+  ASSERT_EQ(got.size(), 3u);
+  ExpectSnap(got[0], 0, 10, Ids(0, 10));  // Snapshot(0) of the state before the write
+  ExpectSnap(got[1], 7, 11, Ids(0, 11));  // window [o - min(o, W), o)
+  ExpectSnap(got[2], 8, 12, Ids(0, 12));
+}
+
+TEST(RefCaptureSchedule, RotatingStartBoundaryAtOffsetZeroIsNull) {
+  RefCache rot = RefCache::Rotating(4);
+  ASSERT_TRUE(rot.PrepareSnapshots({0, 1}).ok());
+  WriteBatch(rot, 2);
+  std::vector<RefSnap> got = rot.TakeSnapshots();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_FALSE(got[0].has_value());  // no state yet
+  ExpectSnap(got[1], 0, 1, Ids(0, 1));
+  ASSERT_TRUE(rot.Restore(nullptr, 0));  // state kept, offset 0
+  ASSERT_TRUE(rot.PrepareSnapshots({0}).ok());
+  WriteBatch(rot, 2);
+  got = rot.TakeSnapshots();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_FALSE(got[0].has_value());  // state exists but holds nothing
+}
+
+TEST(RefCaptureSchedule, RotatingSingleTokenWriteCapturesItsEnd) {
+  for (auto [window, before] : {std::pair<int64_t, int64_t>{32, 5}, {4, 10}}) {
+    RefCache rot = RefCache::Rotating(window);
+    WriteSingles(rot, before);
+    ASSERT_TRUE(rot.PrepareSnapshots({before + 1}).ok());
+    WriteSingles(rot, 1);
+    const std::vector<RefSnap> got = rot.TakeSnapshots();
+    ASSERT_EQ(got.size(), 1u);
+    const int64_t end = before + 1;
+    ExpectSnap(got[0], end - std::min(end, window), end, Ids(0, end));
+    RefCache fresh = RefCache::Rotating(window);
+    ASSERT_TRUE(fresh.Restore(&*got[0], end));
+    EXPECT_EQ(fresh.Offset(), end);
+  }
+}
+
+TEST(RefCaptureSchedule, RotatingPerTokenCapturesRestoreEveryAcceptedPrefix) {
+  for (auto [window, before] :
+       {std::pair<int64_t, int64_t>{32, 4}, {8, 4}, {4, 10}}) {
+    for (int64_t accepted = 0; accepted < 4; ++accepted) {
+      RefCache rot = RefCache::Rotating(window);
+      WriteSingles(rot, before);
+      ASSERT_TRUE(rot.PrepareSnapshots({before, before + 1, before + 2, before + 3}).ok());
+      WriteBatch(rot, 4);
+      const std::vector<RefSnap> got = rot.TakeSnapshots();
+      ASSERT_EQ(got.size(), 4u);
+      ASSERT_TRUE(got[accepted].has_value());
+      ASSERT_TRUE(rot.Restore(&*got[accepted], before + accepted));
+      EXPECT_EQ(IdsOf(rot.log()), Ids(0, before + accepted));
+    }
+  }
+}
+
+TEST(RefCaptureSchedule, RotatingWindowCaptureSurvivesALaterChunk) {
+  RefCache rot = RefCache::Rotating(6);
+  ASSERT_TRUE(rot.PrepareSnapshots({4, 12}).ok());
+  WriteBatch(rot, 8);
+  WriteBatch(rot, 8);
+  const std::vector<RefSnap> got = rot.TakeSnapshots();
+  ASSERT_EQ(got.size(), 2u);
+  ExpectSnap(got[0], 0, 4, Ids(0, 4));
+  ExpectSnap(got[1], 6, 12, Ids(0, 12));
+  ASSERT_TRUE(rot.Restore(&*got[0], 4));
+  EXPECT_EQ(IdsOf(rot.log()), Ids(0, 4));
+  RefCache fresh = RefCache::Rotating(6);
+  ASSERT_TRUE(fresh.Restore(&*got[1], 12));
+  EXPECT_EQ(fresh.Offset(), 12);
+}
+
+TEST(RefCaptureSchedule, RecurrentCapturesTheCurrentOffsetAtPrepare) {
+  RefCache rec = RefCache::Recurrent();
+  WriteBatch(rec, 5);
+  ASSERT_TRUE(rec.PrepareSnapshots({5, 6, 7, 8}).ok());
+  WriteBatch(rec, 4);
+  EXPECT_EQ(rec.Offset(), 9);
+  const std::vector<RefSnap> got = rec.TakeSnapshots();
+  ASSERT_EQ(got.size(), 4u);
+  for (int64_t k = 0; k < 4; ++k) ExpectSnap(got[k], 0, 5 + k, Ids(0, 5 + k));
+  for (int64_t k : {3, 0, 2, 1}) {  // snapshots are self-contained: any order works
+    ASSERT_TRUE(rec.Restore(&*got[k], 5 + k));
+    EXPECT_EQ(rec.Offset(), 5 + k);
+  }
+}
+
+TEST(RefCaptureSchedule, RecurrentPrepareCaptureIsNullWithoutState) {
+  RefCache rec = RefCache::Recurrent();
+  ASSERT_TRUE(rec.PrepareSnapshots({0, 2}).ok());
+  WriteBatch(rec, 2);
+  const std::vector<RefSnap> got = rec.TakeSnapshots();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_FALSE(got[0].has_value());
+  ExpectSnap(got[1], 0, 2, Ids(0, 2));
+}
+
+TEST(RefCaptureSchedule, TakeDeactivatesAndAnInactiveTakeIsEmpty) {
+  RefCache kv = RefCache::Kv();
+  EXPECT_TRUE(kv.TakeSnapshots().empty());
+  ASSERT_TRUE(kv.PrepareSnapshots({1}).ok());
+  EXPECT_TRUE(kv.ScheduleActive());
+  EXPECT_EQ(kv.TakeSnapshots().size(), 1u);
+  EXPECT_FALSE(kv.ScheduleActive());
+  EXPECT_TRUE(kv.TakeSnapshots().empty());
+  WriteBatch(kv, 2);  // no schedule: nothing is captured
+  EXPECT_TRUE(kv.TakeSnapshots().empty());
+}
+
+TEST(RefCaptureSchedule, AnEmptyScheduleStillCountsAsActive) {
+  RefCache kv = RefCache::Kv();
+  ASSERT_TRUE(kv.PrepareSnapshots({}).ok());
+  EXPECT_TRUE(kv.ScheduleActive());
+  EXPECT_EQ(kv.PrepareSnapshots({}).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(kv.TakeSnapshots().empty());
+  EXPECT_FALSE(kv.ScheduleActive());
+}
+
+TEST(RefCaptureSchedule, PrepareWhileActiveIsAFailedPreconditionAndChangesNothing) {
+  RefCache kv = RefCache::Kv();
+  ASSERT_TRUE(kv.PrepareSnapshots({2}).ok());
+  EXPECT_EQ(kv.PrepareSnapshots({1, 3}).code(), StatusCode::kFailedPrecondition);
+  WriteBatch(kv, 3);
+  const std::vector<RefSnap> got = kv.TakeSnapshots();
+  ASSERT_EQ(got.size(), 1u);  // the first schedule is intact
+  ExpectSnap(got[0], 0, 2, Ids(0, 2));
+}
+
+TEST(RefCaptureSchedule, PrepareBehindTheOffsetIsAnInvalidArgument) {
+  for (RefCache cache : {RefCache::Kv(), RefCache::Rotating(4), RefCache::Recurrent()}) {
+    WriteSingles(cache, 5);
+    EXPECT_EQ(cache.PrepareSnapshots({3}).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(cache.PrepareSnapshots({5, 6}).code(), StatusCode::kOk);
+  }
+}
+
+TEST(RefCaptureSchedule, PrepareWithUnsortedOrDuplicateOffsetsIsAnInvalidArgument) {
+  RefCache kv = RefCache::Kv();
+  EXPECT_EQ(kv.PrepareSnapshots({3, 2}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv.PrepareSnapshots({2, 2}).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(kv.ScheduleActive());
+  EXPECT_TRUE(kv.PrepareSnapshots({2, 3}).ok());
+}
+
+TEST(RefCaptureSchedule, FreeDiscardsTheScheduleAndItsCaptures) {
+  RefCache rec = RefCache::Recurrent();
+  ASSERT_TRUE(rec.PrepareSnapshots({1, 4}).ok());
+  WriteBatch(rec, 2);
+  rec.Free();
+  EXPECT_FALSE(rec.ScheduleActive());
+  EXPECT_TRUE(rec.TakeSnapshots().empty());
+  ASSERT_TRUE(rec.PrepareSnapshots({0}).ok());  // a fresh schedule at offset 0
+  EXPECT_EQ(rec.TakeSnapshots().size(), 1u);
+}
+
+// ---- What attention sees (§2.5, §5.2, §6.4, §6.5) ----
+
+std::vector<int64_t> Range(int64_t begin, int64_t end) {
+  std::vector<int64_t> out;
+  for (int64_t k = begin; k < end; ++k) out.push_back(k);
+  return out;
+}
+
+const RefMask kCausal{true, {}};
+const RefMask kZero{false, {}};
+
+TEST(RefAttention, FullKvHistoryIsEveryPositionUpToTheWrite) {
+  EXPECT_EQ(ExpectedHistoryPositions(RefKind::kKv, 0, 5, 3), Range(0, 8));
+  EXPECT_EQ(ExpectedHistoryPositions(RefKind::kKv, 0, 7, 1), Range(0, 8));
+}
+
+TEST(RefAttention, RotatingBatchedHistoryKeepsWMinusOneOlderTokens) {
+  EXPECT_EQ(ExpectedHistoryPositions(RefKind::kRotating, 4, 0, 6), Range(0, 6));
+  EXPECT_EQ(ExpectedHistoryPositions(RefKind::kRotating, 4, 2, 2), Range(0, 4));
+  // §6.5 RunnerChunkedPrefill (ids = position + 1): [6..16] then [14..20].
+  EXPECT_EQ(ExpectedHistoryPositions(RefKind::kRotating, 4, 8, 8), Range(5, 16));
+  EXPECT_EQ(ExpectedHistoryPositions(RefKind::kRotating, 4, 16, 4), Range(13, 20));
+}
+
+TEST(RefAttention, RotatingDecodeHistoryIsTheNewestWindow) {
+  EXPECT_EQ(ExpectedHistoryPositions(RefKind::kRotating, 4, 9, 1), Range(6, 10));
+  EXPECT_EQ(ExpectedHistoryPositions(RefKind::kRotating, 4, 2, 1), Range(0, 3));
+}
+
+TEST(RefAttention, KvCausalQuerySeesItsPrefixOnly) {
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 3, 4, 4, kCausal), Range(0, 5));
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 7, 1, 7, kCausal), Range(0, 8));
+}
+
+TEST(RefAttention, KvZeroMaskSeesTheWholeBatch) {
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 3, 4, 4, kZero), Range(0, 7));
+}
+
+TEST(RefAttention, KvRelaxationReopensItsRectangleOnly) {
+  const RefMask relax{true, {RefRect{1, 4, 2, 5}}};
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 0, relax), Range(0, 1));
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 1, relax), Range(0, 5));
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 4, relax), Range(0, 5));
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 5, relax), Range(0, 6));
+}
+
+// §6.4 RotatingKVCachePrefillParity: L = 6 into W = 4; manual mask: causal blocks k > q,
+// relax reopens, the window blocks k < q - W + 1.
+TEST(RefAttention, RotatingPrefillMatchesTheManualMask) {
+  const RefMask relax{true, {RefRect{1, 4, 2, 5}}};
+  const std::vector<std::vector<int64_t>> zero = {Range(0, 6), Range(0, 6), Range(0, 6),
+                                                  Range(0, 6), Range(1, 6), Range(2, 6)};
+  const std::vector<std::vector<int64_t>> causal = {Range(0, 1), Range(0, 2), Range(0, 3),
+                                                    Range(0, 4), Range(1, 5), Range(2, 6)};
+  const std::vector<std::vector<int64_t>> relaxed = {Range(0, 1), Range(0, 5), Range(0, 5),
+                                                     Range(0, 5), Range(1, 5), Range(2, 6)};
+  for (int64_t p = 0; p < 6; ++p) {
+    EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 0, 6, p, kZero), zero[p]) << p;
+    EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 0, 6, p, kCausal), causal[p]) << p;
+    EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 0, 6, p, relax), relaxed[p]) << p;
+  }
+}
+
+TEST(RefAttention, RectangleNeverReopensOutsideTheWindow) {
+  const RefMask relax{true, {RefRect{6, 8, 0, 8}}};
+  EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 0, 8, 6, relax), Range(3, 8));
+}
+
+TEST(RefAttention, RotatingPrefillAfterWrapSeesExactlyWKeysPerQuery) {
+  EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 8, 3, 8, kCausal), Range(5, 9));
+  EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 8, 3, 10, kCausal), Range(7, 11));
+}
+
+TEST(RefAttention, RotatingDecodeSeesTheWholeWindow) {
+  EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 9, 1, 9, kCausal), Range(6, 10));
+  EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 9, 1, 9, kZero), Range(6, 10));
+}
+
+}  // namespace
+}  // namespace kvtwin::model

@@ -1,0 +1,229 @@
+// Goal: pin the double-precision recurrent reference (model/ref_recurrent.h) to spec
+// §2.4.2 / §5.3, since production delta states are checked against it with a tolerance.
+// Method: single gated-delta steps against closed forms F(x)(S) = g S (I - b k k^T) + b v k^T
+// worked out by hand for tiny heads (Dk = Dv = 1, or a 3-4-5 key); head grouping and
+// padding identities; the folder's memo against a memo-free fold over logs that share a
+// prefix, are truncated, or overflow the memo; conv tail positions.
+#include "model/ref_recurrent.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace kvtwin::model {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+VecD Vec(std::initializer_list<double> values) {
+  VecD v(static_cast<Eigen::Index>(values.size()));
+  Eigen::Index i = 0;
+  for (double x : values) v(i++) = x;
+  return v;
+}
+
+RefGdnParams Params(const RefGdnDims& dims, double dt_bias, double a_exp) {
+  return RefGdnParams{dims, VecD::Constant(dims.num_v_heads, dt_bias),
+                      VecD::Constant(dims.num_v_heads, a_exp)};
+}
+
+// SplitMix64 finalizer: a stand-in for the driver's provenance hash.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Appends tokens with rolling hashes h_p = Mix(h_{p-1} ^ id), so h names the whole prefix.
+TokenLog Extend(TokenLog log, const std::vector<int32_t>& ids) {
+  for (int32_t id : ids) {
+    const uint64_t prev = log.empty() ? 7 : log.back().h;
+    log.push_back(Token{id, Mix(prev ^ static_cast<uint64_t>(id))});
+  }
+  return log;
+}
+
+std::vector<int32_t> IdRange(int32_t begin, int32_t end) {
+  std::vector<int32_t> ids;
+  for (int32_t id = begin; id < end; ++id) ids.push_back(id);
+  return ids;
+}
+
+// A value in [-1, 1) derived from a hash and a salt.
+double Unit(uint64_t h, uint64_t salt) {
+  return static_cast<double>(Mix(h + salt * 0x632BE59BD9B4E019ull) >> 11) * 0x1.0p-52 - 1.0;
+}
+
+// Inputs derived from (position, h_p), as the synthetic forward does (README).
+RefGdnToken Inputs(const RefGdnDims& d, int64_t position, const Token& token) {
+  const uint64_t h = token.h + static_cast<uint64_t>(position);
+  auto fill = [&](int64_t n, uint64_t salt) {
+    VecD v(n);
+    for (int64_t i = 0; i < n; ++i) v(i) = Unit(h, salt * 1000 + static_cast<uint64_t>(i));
+    return v;
+  };
+  return RefGdnToken{fill(d.num_k_heads * d.head_k_dim, 1), fill(d.num_k_heads * d.head_k_dim, 2),
+                     fill(d.num_v_heads * d.head_v_dim, 3), fill(d.num_v_heads, 4),
+                     fill(d.num_v_heads, 5)};
+}
+
+// The definition S_P = F(x_{P-1}) o ... o F(x_0)(0), with no memo.
+MatD FoldWithoutMemo(const RefGdnParams& params, const TokenLog& log, int64_t length) {
+  const RefGdnDims& d = params.dims;
+  MatD state = MatD::Zero(d.num_v_heads * d.head_v_dim, d.head_k_dim);
+  for (int64_t p = 0; p < length; ++p) {
+    RefGdnStep(state, Inputs(d, p, log[static_cast<size_t>(p)]), params);
+  }
+  return state;
+}
+
+RefGdnFolder MakeFolder(const RefGdnParams& params, int64_t* calls = nullptr) {
+  return RefGdnFolder(params, [dims = params.dims, calls](int64_t p, const Token& t) {
+    if (calls != nullptr) ++*calls;
+    return Inputs(dims, p, t);
+  });
+}
+
+const RefGdnDims kScalar{1, 1, 1, 1};
+const RefGdnDims kSmall{1, 2, 4, 4};
+
+// ---- RefGdnStep ----
+
+// Dk = Dv = 1, S0 = 4, k = 1, v = 2, alpha + dt_bias = 0, A = 1, beta_raw = 0:
+// g = exp(-ln 2) = 1/2, b = 1/2, k^ = 1/sqrt(1 + 1e-6), so
+// S = g S0 (1 - b k^2) + b v k^ = 2 - k^2 + k^ (= 2 up to the RMSNorm epsilon).
+TEST(RefGdnStep, SingleScalarTokenMatchesTheClosedForm) {
+  MatD state = MatD::Constant(1, 1, 4.0);
+  RefGdnStep(state, RefGdnToken{Vec({1}), Vec({1}), Vec({2}), Vec({0}), Vec({0})},
+             Params(kScalar, 0.0, 1.0));
+  const double k_hat = 1.0 / std::sqrt(1.0 + 1e-6);
+  EXPECT_NEAR(state(0, 0), 2.0 - k_hat * k_hat + k_hat, 1e-14);
+  EXPECT_NEAR(state(0, 0), 2.0, 1e-6);
+}
+
+// Dk = 2, k = (3, 4): mean(k^2) = 12.5, so k^ = k / sqrt(12.5) / sqrt(2) = (0.6, 0.8);
+// from S = 0 with b = 1/2 and v = 2 the state is b v k^T = (0.6, 0.8).
+TEST(RefGdnStep, KeyIsRmsNormalizedAndScaledByRootDk) {
+  const RefGdnDims dims{1, 1, 2, 1};
+  MatD state = MatD::Zero(1, 2);
+  RefGdnStep(state, RefGdnToken{Vec({0, 0}), Vec({3, 4}), Vec({2}), Vec({0}), Vec({0})},
+             Params(dims, 0.0, 1.0));
+  const double scale = std::sqrt(12.5 + 1e-6) * std::sqrt(2.0);
+  EXPECT_NEAR(state(0, 0), 3.0 / scale, 1e-15);
+  EXPECT_NEAR(state(0, 1), 4.0 / scale, 1e-15);
+  EXPECT_NEAR(state(0, 0), 0.6, 1e-7);
+  EXPECT_NEAR(state(0, 1), 0.8, 1e-7);
+}
+
+// Hk = 2, Hv = 4: heads 0, 1 read key head 0 and heads 2, 3 read key head 1 (h / 2, not
+// h % 2). Key head 1 is zero, so heads 2 and 3 stay zero.
+TEST(RefGdnStep, ValueHeadsReadTheKeyHeadOfTheirGroup) {
+  const RefGdnDims dims{2, 4, 1, 1};
+  MatD state = MatD::Zero(4, 1);
+  RefGdnStep(state,
+             RefGdnToken{Vec({1, 1}), Vec({1, 0}), Vec({1, 1, 1, 1}), Vec({0, 0, 0, 0}),
+                         Vec({0, 0, 0, 0})},
+             Params(dims, 0.0, 1.0));
+  EXPECT_NEAR(state(0, 0), 0.5, 1e-6);
+  EXPECT_NEAR(state(1, 0), 0.5, 1e-6);
+  EXPECT_EQ(state(2, 0), 0.0);
+  EXPECT_EQ(state(3, 0), 0.0);
+}
+
+// §2.4.2: a padded token (q, k, v zero, beta_raw = alpha_raw = -inf) is an identity step.
+TEST(RefGdnStep, PaddedTokenLeavesTheStateUnchanged) {
+  MatD state = MatD::Zero(8, 4);
+  for (int64_t i = 0; i < state.size(); ++i) state.data()[i] = 0.25 * static_cast<double>(i);
+  const MatD before = state;
+  RefGdnStep(state,
+             RefGdnToken{VecD::Zero(4), VecD::Zero(4), VecD::Zero(8), VecD::Constant(2, -kInf),
+                         VecD::Constant(2, -kInf)},
+             Params(kSmall, 0.5, 2.0));
+  EXPECT_TRUE(state == before);
+}
+
+// softplus(1000) = 1000, so with A = 1e-3 the decay is e^-1; a naive log(1 + e^x) would
+// overflow to inf and zero the state. k = 0 isolates the decay.
+TEST(RefGdnStep, DecayUsesAStableSoftplusForLargeGateInputs) {
+  MatD state = MatD::Constant(1, 1, 1.0);
+  RefGdnStep(state, RefGdnToken{Vec({0}), Vec({0}), Vec({5}), Vec({0}), Vec({1000})},
+             Params(kScalar, 0.0, 1e-3));
+  EXPECT_NEAR(state(0, 0), std::exp(-1.0), 1e-15);
+}
+
+// ---- RefGdnFolder ----
+
+TEST(RefGdnFolder, EmptyPrefixIsTheZeroState) {
+  RefGdnFolder folder = MakeFolder(Params(kSmall, 0.3, 0.7));
+  const MatD state = folder.StateAfter(Extend({}, {1, 2}), 0);
+  EXPECT_TRUE(state == MatD::Zero(8, 4));
+}
+
+TEST(RefGdnFolder, MemoMatchesAFreshFoldAfterTruncationAndBranching) {
+  const RefGdnParams params = Params(kSmall, 0.3, 0.7);
+  const TokenLog shared = Extend({}, IdRange(0, 5));
+  const TokenLog a = Extend(shared, IdRange(100, 107));
+  const TokenLog b = Extend(shared, IdRange(200, 207));
+  RefGdnFolder folder = MakeFolder(params);
+  const std::vector<std::pair<const TokenLog*, int64_t>> visits = {
+      {&a, 12}, {&b, 12}, {&a, 3}, {&b, 7}, {&a, 12}, {&b, 5}, {&a, 9}};
+  for (const auto& [log, length] : visits) {
+    EXPECT_TRUE(folder.StateAfter(*log, length) == FoldWithoutMemo(params, *log, length))
+        << (log == &a ? "a" : "b") << " at " << length;
+  }
+  EXPECT_FALSE(FoldWithoutMemo(params, a, 12) == FoldWithoutMemo(params, b, 12));
+}
+
+TEST(RefGdnFolder, FoldsOnlyTokensBeyondTheLongestMemoizedPrefix) {
+  const RefGdnParams params = Params(kSmall, 0.3, 0.7);
+  const TokenLog a = Extend({}, IdRange(0, 12));
+  const TokenLog b = Extend(Extend({}, IdRange(0, 5)), IdRange(200, 207));
+  int64_t calls = 0;
+  RefGdnFolder folder = MakeFolder(params, &calls);
+  static_cast<void>(folder.StateAfter(a, 6));
+  EXPECT_EQ(calls, 6);
+  static_cast<void>(folder.StateAfter(a, 9));
+  EXPECT_EQ(calls, 9);
+  static_cast<void>(folder.StateAfter(a, 4));
+  EXPECT_EQ(calls, 9);
+  static_cast<void>(folder.StateAfter(b, 9));  // shares positions 0..4 with a
+  EXPECT_EQ(calls, 13);
+}
+
+// The memo is keyed by the prefix hash, not by the last token: same last ids, other prefix.
+TEST(RefGdnFolder, StateDependsOnTheWholePrefixNotTheLastToken) {
+  const RefGdnParams params = Params(kSmall, 0.3, 0.7);
+  const TokenLog a = Extend({}, {1, 2, 3});
+  const TokenLog b = Extend({}, {9, 2, 3});
+  RefGdnFolder folder = MakeFolder(params);
+  const MatD state_a = folder.StateAfter(a, 3);
+  const MatD state_b = folder.StateAfter(b, 3);
+  EXPECT_TRUE(state_b == FoldWithoutMemo(params, b, 3));
+  EXPECT_FALSE(state_a == state_b);
+}
+
+TEST(RefGdnFolder, ResultsStayExactWhenTheMemoOverflows) {
+  const RefGdnParams params = Params(kScalar, 0.3, 0.7);
+  const int32_t n = (1 << 16) + 1000;
+  const TokenLog log = Extend({}, IdRange(0, n));
+  RefGdnFolder folder = MakeFolder(params);
+  EXPECT_TRUE(folder.StateAfter(log, n) == FoldWithoutMemo(params, log, n));
+  EXPECT_TRUE(folder.StateAfter(log, 10) == FoldWithoutMemo(params, log, 10));
+  EXPECT_TRUE(folder.StateAfter(log, n - 5) == FoldWithoutMemo(params, log, n - 5));
+}
+
+// ---- Conv tail ----
+
+TEST(ExpectedConvTailPositions, ListsTheLastTailPositionsWithNegativesForZeroRows) {
+  EXPECT_EQ(ExpectedConvTailPositions(10, 3), (std::vector<int64_t>{7, 8, 9}));
+  EXPECT_EQ(ExpectedConvTailPositions(2, 3), (std::vector<int64_t>{-1, 0, 1}));
+  EXPECT_EQ(ExpectedConvTailPositions(0, 2), (std::vector<int64_t>{-2, -1}));
+  EXPECT_TRUE(ExpectedConvTailPositions(5, 0).empty());
+}
+
+}  // namespace
+}  // namespace kvtwin::model
