@@ -67,9 +67,9 @@ void RefCache::CaptureAt(int64_t reached, bool batched_write) {
   KV_CHECK(0 <= reached && reached <= Offset(), "capture beyond the written log");
   // A single-token write reaches only its own end (KV: or its start, the zero-width edge);
   // production takes a different path per write type, the reference needs none.
-  KV_CHECK(batched_write || reached == Offset() ||
-               (kind_ == RefKind::kKv && reached + 1 == Offset()),
-           "single-token write captured an interior offset");
+  KV_CHECK(
+      batched_write || reached == Offset() || (kind_ == RefKind::kKv && reached + 1 == Offset()),
+      "single-token write captured an interior offset");
   RefSnap snap;
   switch (kind_) {
     case RefKind::kKv:
@@ -228,11 +228,10 @@ RefSnap RefCache::Merge(RefSnap parent, RefSnap child) const {
   // KV: a null side drops the data of the whole merged edge.
   if (!parent || !child) return std::nullopt;
   // REQUIRES: adjacent edges (production does not check; callers must not do otherwise).
-  KV_CHECK(parent->to == child->from, "KV merge of non-adjacent edges [" +
-                                          std::to_string(parent->from) + ", " +
-                                          std::to_string(parent->to) + ") and [" +
-                                          std::to_string(child->from) + ", " +
-                                          std::to_string(child->to) + ")");
+  KV_CHECK(parent->to == child->from,
+           "KV merge of non-adjacent edges [" + std::to_string(parent->from) + ", " +
+               std::to_string(parent->to) + ") and [" + std::to_string(child->from) + ", " +
+               std::to_string(child->to) + ")");
   RefSnapshot merged{kind_, parent->from, child->to, std::move(parent->tokens)};
   merged.tokens.insert(merged.tokens.end(), child->tokens.begin(), child->tokens.end());
   return merged;

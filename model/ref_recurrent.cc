@@ -70,8 +70,8 @@ void RefGdnStep(MatD& state, const RefGdnToken& token, const RefGdnParams& param
   for (int64_t h = 0; h < d.num_v_heads; ++h) {
     const int64_t g = h / group;  // the key head this value head reads
     const VecD k_hat = RmsNormScaled(token.k, g * d.head_k_dim, d.head_k_dim, std::sqrt(dk));
-    const double decay = std::exp(-Softplus(token.alpha_raw(h) + params.dt_bias(h)) *
-                                  params.a_exp(h));
+    const double decay =
+        std::exp(-Softplus(token.alpha_raw(h) + params.dt_bias(h)) * params.a_exp(h));
     const double beta = Sigmoid(token.beta_raw(h));
     for (int64_t i = 0; i < d.head_v_dim; ++i) {
       const int64_t row = h * d.head_v_dim + i;
@@ -92,9 +92,9 @@ RefGdnFolder::RefGdnFolder(RefGdnParams params, InputFn inputs)
 }
 
 MatD RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
-  KV_CHECK(0 <= length && length <= static_cast<int64_t>(log.size()),
-           "fold length " + std::to_string(length) + " outside a log of " +
-               std::to_string(log.size()));
+  KV_CHECK(
+      0 <= length && length <= static_cast<int64_t>(log.size()),
+      "fold length " + std::to_string(length) + " outside a log of " + std::to_string(log.size()));
   // Walk back to the longest prefix whose state is memoized (h names the whole prefix).
   int64_t folded = length;
   while (folded > 0 && memo_.find(log[static_cast<size_t>(folded - 1)].h) == memo_.end()) {

@@ -114,10 +114,11 @@ Check LayerOracle::CheckKvRows(const Tensor& k, const Tensor& v, const std::vect
       const Tensor& actual = is_value ? v : k;
       FillRow(expected, 0, p, t, is_value != 0);
       if (!RowEquals(actual, slots[j], expected, 0)) {
+        const Provenance got = DecodeRow(actual, slots[j]);
+        const bool same_tag = got.valid && got.position == p && got.hash24 == (t.h & 0xFFFFFF);
         return Mismatch{fmt::format("{} slot {} (logical position {})", where, slots[j], p),
                         ExpectedTag(p, t.h, layer_, is_value != 0),
-                        DescribeRow(actual, slots[j]) +
-                            (DecodeRow(actual, slots[j]).valid ? " (or same tag, other data)" : "")};
+                        got.ToString() + (same_tag ? " (right tag, other values)" : "")};
       }
     }
   }

@@ -106,8 +106,8 @@ MatF RotateColumns(const MatF& logical, int64_t ring_idx) {
 }
 
 // Decode / View: a non-trivial logical mask, gathered into the ring layout of the keys.
-Result<AttentionMask> RotateDecodeMask(const RotatingApplier& applier,
-                                       const AttentionMask& logical, int64_t offset) {
+Result<AttentionMask> RotateDecodeMask(const RotatingApplier& applier, const AttentionMask& logical,
+                                       int64_t offset) {
   const int64_t key_len = applier.key_len;
   const std::optional<MatF>& array = logical.array();
   if (array.has_value() && array->cols() != 1 && array->cols() != key_len) {
@@ -124,8 +124,7 @@ Result<AttentionMask> RotateDecodeMask(const RotatingApplier& applier,
     return InvalidArgument("rotating applier: a decode mask has 1 query row, got " +
                            std::to_string(array->rows()));
   }
-  return AttentionMask::Array(RotateColumns(logical.AsArray(offset, 1, key_len),
-                                            applier.ring_idx));
+  return AttentionMask::Array(RotateColumns(logical.AsArray(offset, 1, key_len), applier.ring_idx));
 }
 
 // The resolved dispatch: per query the visible rows (ascending) and, in array mode, the
@@ -165,8 +164,8 @@ std::vector<std::vector<int64_t>> FiniteCells(const MatF& mask) {
 
 // The SDPA dispatch of spec §2.5 (B = 1, no padding): applier, then zero / pure causal /
 // materialized array.
-Result<Dispatch> Resolve(const History& history, const AttentionMask& logical,
-                         int64_t offset, int64_t query_len) {
+Result<Dispatch> Resolve(const History& history, const AttentionMask& logical, int64_t offset,
+                         int64_t query_len) {
   KV_CHECK(query_len >= 0 && history.length >= 0, "negative query or history length");
   const int64_t key_len = history.length;
   AttentionMask mask = logical;
@@ -305,8 +304,8 @@ Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const Attent
 }
 
 Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
-                                                      const AttentionMask& logical,
-                                                      int64_t offset, int64_t query_len) {
+                                                      const AttentionMask& logical, int64_t offset,
+                                                      int64_t query_len) {
   Result<Dispatch> dispatch = Resolve(history, logical, offset, query_len);
   if (!dispatch.ok()) return dispatch.status();
   return std::move(dispatch->rows);
@@ -327,8 +326,8 @@ Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& lo
   const MatF keys = history.k->RowsToFloat(0, history.length);
   const MatF values = history.v->RowsToFloat(0, history.length);
   for (int64_t i = 0; i < q.rows(); ++i) {
-    AttendOne(q, i, keys, values, dispatch->rows[static_cast<size_t>(i)], dispatch->bias,
-              scale, out);
+    AttendOne(q, i, keys, values, dispatch->rows[static_cast<size_t>(i)], dispatch->bias, scale,
+              out);
   }
   return out;
 }

@@ -74,10 +74,9 @@ SnapshotPtr KvCache::Merge(SnapshotPtr parent, SnapshotPtr child) {
   const KvSnapshot& c = AsKv(*child);
   // Go does not check adjacency for owned snapshots; we do, since a gap or overlap would
   // silently mislabel every position after the seam (spec §8.4, our decision).
-  KV_CHECK(p.to() == c.from(), "KV Merge of non-adjacent snapshots [" +
-                                   std::to_string(p.from()) + "," + std::to_string(p.to()) +
-                                   ") and [" + std::to_string(c.from()) + "," +
-                                   std::to_string(c.to()) + ")");
+  KV_CHECK(p.to() == c.from(), "KV Merge of non-adjacent snapshots [" + std::to_string(p.from()) +
+                                   "," + std::to_string(p.to()) + ") and [" +
+                                   std::to_string(c.from()) + "," + std::to_string(c.to()) + ")");
   return std::make_unique<KvSnapshot>(p.from(), c.to(), Tensor::Concat(p.k(), c.k()),
                                       Tensor::Concat(p.v(), c.v()));
 }
@@ -90,8 +89,7 @@ std::pair<SnapshotPtr, SnapshotPtr> KvCache::Split(SnapshotPtr snap, int64_t at)
   if (i <= 0) return {nullptr, std::move(snap)};
   if (i >= n) return {std::move(snap), nullptr};
   auto parent = std::make_unique<KvSnapshot>(s.from(), at, s.k().Rows(0, i), s.v().Rows(0, i));
-  auto child = std::make_unique<KvSnapshot>(at, s.to(), s.k().Rows(i, n - i),
-                                            s.v().Rows(i, n - i));
+  auto child = std::make_unique<KvSnapshot>(at, s.to(), s.k().Rows(i, n - i), s.v().Rows(i, n - i));
   return {std::move(parent), std::move(child)};
 }
 
@@ -151,8 +149,7 @@ SnapshotPtr KvCache::Capture(int64_t from, int64_t to) const {
   KV_CHECK(from >= 0, "KV snapshot from a negative offset");
   if (!has_buffer_ || to <= from) return nullptr;
   KV_CHECK(to <= offset_, "KV capture beyond the live offset");
-  return std::make_unique<KvSnapshot>(from, to, k_.Rows(from, to - from),
-                                      v_.Rows(from, to - from));
+  return std::make_unique<KvSnapshot>(from, to, k_.Rows(from, to - from), v_.Rows(from, to - from));
 }
 
 }  // namespace kvtwin

@@ -74,8 +74,8 @@ SnapshotPtr RecurrentCache::Snapshot(int64_t /*from*/) {
 
 Status RecurrentCache::PrepareSnapshots(const std::vector<int64_t>& offsets) {
   KV_RETURN_IF_ERROR(schedule_.Prepare(offset_, offsets));
-  // No later Put reaches the current offset again, so an offset equal to it is captured
-  // now (non-null only if the state exists).
+  // Put captures only offsets after its start, so an offset equal to the current position
+  // is captured now (null if no state exists yet).
   CaptureBoundary(offset_, conv_, delta_);
   return Status::Ok();
 }

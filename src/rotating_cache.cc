@@ -116,9 +116,8 @@ History RotatingCache::Update(const Tensor& k, const Tensor& v) {
     if (o == start) continue;
     // After a single-token write the buffer may be ring-ordered, so slot arithmetic is
     // invalid and the whole State() is cloned; after a concat it is in logical order.
-    schedule_.CaptureReached(o, [&](int64_t) {
-      return batched ? WindowAt(o) : Snapshot(o - std::min(o, window_));
-    });
+    schedule_.CaptureReached(
+        o, [&](int64_t) { return batched ? WindowAt(o) : Snapshot(o - std::min(o, window_)); });
   }
   return h;
 }

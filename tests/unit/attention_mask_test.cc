@@ -122,7 +122,8 @@ TEST(AttentionMask, RelaxUsesAbsolutePositionsWhenKeysAreTrimmed) {
 }
 
 TEST(AttentionMask, RelaxOnArrayOrZeroIsAnError) {
-  const Result<AttentionMask> on_array = AttentionMask::Array(MatF::Zero(1, 1)).Relax({{0, 1, 0, 2}});
+  const Result<AttentionMask> on_array =
+      AttentionMask::Array(MatF::Zero(1, 1)).Relax({{0, 1, 0, 2}});
   ASSERT_FALSE(on_array.ok());
   EXPECT_EQ(on_array.status().code(), StatusCode::kInvalidArgument);
   const Result<AttentionMask> on_zero = AttentionMask::Zero().Relax({{0, 1, 0, 2}});
@@ -131,8 +132,8 @@ TEST(AttentionMask, RelaxOnArrayOrZeroIsAnError) {
 }
 
 TEST(AttentionMask, RelaxOnCausalWithArrayIsAllowed) {
-  const AttentionMask both = AttentionMask::Intersect(AttentionMask::Causal(),
-                                                      AttentionMask::Array(MatF::Zero(1, 3)));
+  const AttentionMask both =
+      AttentionMask::Intersect(AttentionMask::Causal(), AttentionMask::Array(MatF::Zero(1, 3)));
   const Result<AttentionMask> m = both.Relax({{0, 1, 0, 3}});
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->rects().size(), 1u);

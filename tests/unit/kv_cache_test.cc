@@ -29,7 +29,9 @@ std::vector<float> Positions(int64_t first, int64_t count) {
 
 Tensor Rows(const std::vector<float>& tags, int64_t cols, float sign, DType dtype) {
   MatF m(static_cast<Eigen::Index>(tags.size()), static_cast<Eigen::Index>(cols));
-  for (size_t r = 0; r < tags.size(); ++r) m.row(static_cast<Eigen::Index>(r)).setConstant(sign * tags[r]);
+  for (size_t r = 0; r < tags.size(); ++r) {
+    m.row(static_cast<Eigen::Index>(r)).setConstant(sign * tags[r]);
+  }
   return Tensor::FromFloat(dtype, m);
 }
 
@@ -280,7 +282,7 @@ TEST(KvCache, RestoreRefillsFromTheSnapshotStartOverDivergedRows) {
   WriteSingles(cache, 8);
   SnapshotPtr snap = cache.Snapshot(4);
   ASSERT_TRUE(cache.Restore(nullptr, 4));
-  Write(cache, {50, 60, 70, 80, 90, 100});  // a different branch, longer than the snapshot
+  Write(cache, {50, 60, 70, 80, 90, 100});    // a different branch, longer than the snapshot
   ASSERT_TRUE(cache.Restore(snap.get(), 6));  // offset 10 >= from 4: base is present
   EXPECT_EQ(cache.Offset(), 6);
   EXPECT_EQ(LiveTags(cache), Positions(0, 6));
@@ -407,10 +409,8 @@ TEST(KvCacheDeathTest, MergeOfNonAdjacentSnapshotsAborts) {
 TEST(KvCacheDeathTest, WriteWithADifferentDtypeOrWidthAborts) {
   KvCache cache;
   WriteSingles(cache, 2);
-  EXPECT_DEATH(cache.Update(Keys({3}, DType::kBFloat16), Values({3}, DType::kBFloat16)),
-               "dtype");
-  EXPECT_DEATH(cache.Update(Rows({3}, kKeyCols + 1, 1.0f, DType::kFloat32), Values({3})),
-               "column");
+  EXPECT_DEATH(cache.Update(Keys({3}, DType::kBFloat16), Values({3}, DType::kBFloat16)), "dtype");
+  EXPECT_DEATH(cache.Update(Rows({3}, kKeyCols + 1, 1.0f, DType::kFloat32), Values({3})), "column");
   EXPECT_DEATH(cache.Update(Keys({3, 4}), Values({3})), "row count");
 }
 

@@ -105,6 +105,18 @@ TEST(RefGdnStep, SingleScalarTokenMatchesTheClosedForm) {
   EXPECT_NEAR(state(0, 0), 2.0, 1e-6);
 }
 
+// Dk = Dv = 1, S0 = 8, k = 1, v = 2, alpha_raw = 0.5 with dt_bias = -0.5 (sum 0), A = 1,
+// beta_raw = ln 3: g = 1/2, b = sigmoid(ln 3) = 3/4, and with k^ = 1 (up to epsilon)
+// S = g S0 (1 - b) + b v = 4 / 4 + 3 / 2 = 5/2.
+TEST(RefGdnStep, GatesAddDtBiasToAlphaAndTakeTheSigmoidOfBeta) {
+  MatD state = MatD::Constant(1, 1, 8.0);
+  RefGdnStep(state, RefGdnToken{Vec({1}), Vec({1}), Vec({2}), Vec({std::log(3.0)}), Vec({0.5})},
+             Params(kScalar, -0.5, 1.0));
+  const double k_hat = 1.0 / std::sqrt(1.0 + 1e-6);
+  EXPECT_NEAR(state(0, 0), 4.0 * (1.0 - 0.75 * k_hat * k_hat) + 0.75 * 2.0 * k_hat, 1e-14);
+  EXPECT_NEAR(state(0, 0), 2.5, 1e-5);  // the epsilon moves it by 4.5 * 5e-7
+}
+
 // Dk = 2, k = (3, 4): mean(k^2) = 12.5, so k^ = k / sqrt(12.5) / sqrt(2) = (0.6, 0.8);
 // from S = 0 with b = 1/2 and v = 2 the state is b v k^T = (0.6, 0.8).
 TEST(RefGdnStep, KeyIsRmsNormalizedAndScaledByRootDk) {

@@ -31,7 +31,7 @@ constexpr double kRingTolerance = 1e-6;
 // Key of position p: column 0 = p + 1 identifies the row; the others make scores differ.
 std::vector<float> KeyOf(int64_t p, int64_t cols) {
   const float x = static_cast<float>(p);
-  const std::vector<float> all = {x + 1.0f,         std::sin(x), std::cos(x),
+  const std::vector<float> all = {x + 1.0f,          std::sin(x),        std::cos(x),
                                   0.1f * (x + 1.0f), std::sin(2.0f * x), std::cos(2.0f * x)};
   return std::vector<float>(all.begin(), all.begin() + cols);
 }
@@ -207,28 +207,33 @@ MatF ManualPrefillMask(int64_t len, bool causal, const std::vector<RelaxRect>& r
   return m;
 }
 
+struct PrefillCase {
+  std::string name;
+  AttentionMask mask;
+  bool causal;  // for the manual mask
+  std::vector<RelaxRect> rects;
+  Positions seen;  // spec §5.2: max(0, p - W + 1) <= k <= p, reopened by the rectangle
+};
+
+std::vector<PrefillCase> PrefillCases() {
+  const std::vector<RelaxRect> rect = {{1, 4, 2, 5}};
+  const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
+  const Positions zero_seen = {all, all, all, all, {1, 2, 3, 4, 5}, {2, 3, 4, 5}};
+  const Positions causal_seen = {{0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3}, {1, 2, 3, 4}, {2, 3, 4, 5}};
+  const std::vector<int64_t> reopened = {0, 1, 2, 3, 4};
+  const Positions relax_seen = {{0}, reopened, reopened, reopened, {1, 2, 3, 4}, {2, 3, 4, 5}};
+  return {
+      {"zero", AttentionMask::Zero(), false, {}, zero_seen},
+      {"causal", AttentionMask::Causal(), true, {}, causal_seen},
+      {"causal+relax", AttentionMask::Causal().Relax(rect).value(), true, rect, relax_seen},
+  };
+}
+
 // Spec §6.4 RotatingKVCachePrefillParity: L = 6 into an empty W = 4 cache.
 TEST(RotatingAttention, PrefillMatchesTheManualCausalRelaxWindowMask) {
-  const std::vector<RelaxRect> rect = {{1, 4, 2, 5}};
-  const AttentionMask relaxed = AttentionMask::Causal().Relax(rect).value();
-  const struct {
-    std::string name;
-    AttentionMask mask;
-    bool causal;
-    std::vector<RelaxRect> rects;
-    Positions seen;
-  } cases[] = {
-      {"zero", AttentionMask::Zero(), false, {},
-       {{0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5},
-        {1, 2, 3, 4, 5}, {2, 3, 4, 5}}},
-      {"causal", AttentionMask::Causal(), true, {},
-       {{0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3}, {1, 2, 3, 4}, {2, 3, 4, 5}}},
-      {"causal+relax", relaxed, true, rect,
-       {{0}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {1, 2, 3, 4}, {2, 3, 4, 5}}},
-  };
   const MatF q = Queries(6);
   const LogicalHistory logical(0, 6);
-  for (const auto& c : cases) {
+  for (const PrefillCase& c : PrefillCases()) {
     SCOPED_TRACE(c.name);
     RotatingCache cache(4);
     const History h = cache.Update(KeyRows(0, 6), ValueRows(0, 6));

@@ -44,8 +44,7 @@ Tensor Rows(const std::vector<float>& tags, int64_t cols, float sign, DType dtyp
   return Tensor::FromFloat(dtype, m);
 }
 
-History Write(RotatingCache& cache, const std::vector<float>& tags,
-              DType dtype = DType::kFloat32) {
+History Write(RotatingCache& cache, const std::vector<float>& tags, DType dtype = DType::kFloat32) {
   return cache.Update(Rows(tags, kKeyCols, 1.0f, dtype), Rows(tags, kValueCols, -1.0f, dtype));
 }
 
@@ -97,7 +96,9 @@ std::vector<float> WindowTags(const RotatingCache& cache) {
   EXPECT_EQ(dim, w);  // R2: logical j in slot (idx + j) mod W
   EXPECT_TRUE(idx >= 0 && idx <= w);
   std::vector<float> tags;
-  for (int64_t j = 0; j < w; ++j) tags.push_back(TagAt(cache.keys(), cache.values(), (idx + j) % w));
+  for (int64_t j = 0; j < w; ++j) {
+    tags.push_back(TagAt(cache.keys(), cache.values(), (idx + j) % w));
+  }
   return tags;
 }
 
@@ -262,8 +263,8 @@ std::vector<SnapshotPtr> PerTokenCaptures(RotatingCache& cache, int64_t before) 
 TEST(RotatingCache, PerTokenSnapshotRestoreGivesTheWindowAtEachAcceptedLength) {
   for (const Regime& r : kRegimes) {
     for (int64_t accepted = 0; accepted < 4; ++accepted) {
-      SCOPED_TRACE(testing::Message() << "W=" << r.window << " before=" << r.before
-                                      << " accepted=" << accepted);
+      SCOPED_TRACE(testing::Message()
+                   << "W=" << r.window << " before=" << r.before << " accepted=" << accepted);
       RotatingCache cache(r.window);
       std::vector<SnapshotPtr> entries = PerTokenCaptures(cache, r.before);
       ASSERT_EQ(entries.size(), 4u);
@@ -444,8 +445,11 @@ TEST(RotatingCache, BatchedWriteKeepsExactlyWMinusOneOlderTokens) {
           SCOPED_TRACE(testing::Message() << "W=" << w << " o=" << o << " L=" << n
                                           << " batched prefix=" << prefix_batched);
           RotatingCache cache(w);
-          if (prefix_batched && o > 1) WriteBatch(cache, o);
-          else WriteSingles(cache, o);
+          if (prefix_batched && o > 1) {
+            WriteBatch(cache, o);
+          } else {
+            WriteSingles(cache, o);
+          }
           const History h = WriteBatch(cache, n);
           const int64_t keys = std::min(o, w - 1) + n;
           ASSERT_EQ(h.length, keys);

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Goal: the kvtwin CLI keeps its contract: exit 0 on a passing sweep with the verdict line,
+# exit 2 with a one-line error on bad input, and the root seed printed first by `run`.
+# Method: run the built binary (first argument) on good and bad command lines.
+set -u
+kvtwin=$1
+fail=0
+expect() {  # expect CODE PATTERN -- ARGS...
+  local code=$1 pattern=$2; shift 3
+  out=$("$kvtwin" "$@" 2>&1); got=$?
+  if [ "$got" -ne "$code" ] || ! grep -qE "$pattern" <<<"$out"; then
+    echo "FAIL: kvtwin $* -> exit $got (want $code), output:"; echo "$out" | head -5; fail=1
+  fi
+}
+expect 0 '^PASS: 3 runs'            -- sweep --seeds 1..3 --preset sliding --steps 200
+expect 0 '^PASS: 2 runs'            -- sweep --seeds 4..7 --shard 1/2 --preset mixed --steps 100
+expect 0 '^PASS: 2 runs'            -- sweep --seeds 1..2 --swarm --steps 200
+expect 2 'seeds'                    -- sweep --seeds 9..3
+expect 2 'seeds'                    -- sweep --seeds abc
+expect 2 'shard'                    -- sweep --seeds 1..2 --shard 2/2
+expect 2 'unknown preset'           -- sweep --seeds 1 --preset nope
+expect 2 'window must be >= 1'      -- sweep --seeds 1 --window 0
+expect 2 'dtype'                    -- sweep --seeds 1 --dtype f16
+expect 2 'steps'                    -- sweep --seeds 1 --steps 0
+expect 2 '.'                        -- frobnicate
+out=$("$kvtwin" run --seeds-per-config 1 --steps 50 2>&1)
+head -1 <<<"$out" | grep -q '^kvtwin run: root seed 1$' || { echo "FAIL: run does not print the seed first"; fail=1; }
+tail -1 <<<"$out" | grep -q '^PASS: ' || { echo "FAIL: run has no verdict line"; fail=1; }
+[ $fail -eq 0 ] && echo "cli: ok"
+exit $fail
