@@ -14,33 +14,15 @@
 #include <utility>
 #include <vector>
 
+#include "unit/tagged_rows.h"
+
 namespace kvtwin {
 namespace {
 
-constexpr int64_t kKeyCols = 3;
-constexpr int64_t kValueCols = 2;
+using namespace kvtwin::tagged;  // NOLINT: shared tagged-row helpers
 
-// Tags for positions [first, first + count): position p is tagged p + 1.
-std::vector<float> Positions(int64_t first, int64_t count) {
-  std::vector<float> tags;
-  for (int64_t p = first; p < first + count; ++p) tags.push_back(static_cast<float>(p + 1));
-  return tags;
-}
 
-Tensor Rows(const std::vector<float>& tags, int64_t cols, float sign, DType dtype) {
-  MatF m(static_cast<Eigen::Index>(tags.size()), static_cast<Eigen::Index>(cols));
-  for (size_t r = 0; r < tags.size(); ++r) {
-    m.row(static_cast<Eigen::Index>(r)).setConstant(sign * tags[r]);
-  }
-  return Tensor::FromFloat(dtype, m);
-}
 
-Tensor Keys(const std::vector<float>& tags, DType dtype = DType::kFloat32) {
-  return Rows(tags, kKeyCols, 1.0f, dtype);
-}
-Tensor Values(const std::vector<float>& tags, DType dtype = DType::kFloat32) {
-  return Rows(tags, kValueCols, -1.0f, dtype);
-}
 
 History Write(KvCache& cache, const std::vector<float>& tags) {
   return cache.Update(Keys(tags), Values(tags));
@@ -51,18 +33,6 @@ void WriteSingles(KvCache& cache, int64_t count) {
   for (int64_t i = 0; i < count; ++i) Write(cache, Positions(cache.Offset(), 1));
 }
 
-// The tags of rows [begin, begin + count) of a K/V pair; fails the test if a row is not
-// uniformly tagged or V does not mirror K.
-std::vector<float> Tags(const Tensor& k, const Tensor& v, int64_t begin, int64_t count) {
-  std::vector<float> tags;
-  for (int64_t r = begin; r < begin + count; ++r) {
-    const float tag = k.At(r, 0);
-    for (int64_t c = 0; c < k.cols(); ++c) EXPECT_EQ(k.At(r, c), tag) << "K row " << r;
-    for (int64_t c = 0; c < v.cols(); ++c) EXPECT_EQ(v.At(r, c), -tag) << "V row " << r;
-    tags.push_back(tag);
-  }
-  return tags;
-}
 
 std::vector<float> LiveTags(const KvCache& cache) {
   const History h = cache.View();

@@ -17,18 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "unit/tagged_rows.h"
+
 namespace kvtwin {
 namespace {
 
-constexpr int64_t kKeyCols = 3;
-constexpr int64_t kValueCols = 2;
+using namespace kvtwin::tagged;  // NOLINT: shared tagged-row helpers
 
-// Tags for positions [first, first + count): position p is tagged p + 1.
-std::vector<float> Positions(int64_t first, int64_t count) {
-  std::vector<float> tags;
-  for (int64_t p = first; p < first + count; ++p) tags.push_back(static_cast<float>(p + 1));
-  return tags;
-}
 
 // The last min(offset, W) positions: what the live window must hold, oldest first.
 std::vector<float> ExpectedWindow(int64_t offset, int64_t window) {
@@ -36,13 +31,6 @@ std::vector<float> ExpectedWindow(int64_t offset, int64_t window) {
   return Positions(offset - live, live);
 }
 
-Tensor Rows(const std::vector<float>& tags, int64_t cols, float sign, DType dtype) {
-  MatF m(static_cast<Eigen::Index>(tags.size()), static_cast<Eigen::Index>(cols));
-  for (size_t r = 0; r < tags.size(); ++r) {
-    m.row(static_cast<Eigen::Index>(r)).setConstant(sign * tags[r]);
-  }
-  return Tensor::FromFloat(dtype, m);
-}
 
 History Write(RotatingCache& cache, const std::vector<float>& tags, DType dtype = DType::kFloat32) {
   return cache.Update(Rows(tags, kKeyCols, 1.0f, dtype), Rows(tags, kValueCols, -1.0f, dtype));
@@ -58,18 +46,6 @@ History WriteBatch(RotatingCache& cache, int64_t count) {
   return Write(cache, Positions(cache.Offset(), count));
 }
 
-float TagAt(const Tensor& k, const Tensor& v, int64_t row) {
-  const float tag = k.At(row, 0);
-  for (int64_t c = 0; c < k.cols(); ++c) EXPECT_EQ(k.At(row, c), tag) << "K row " << row;
-  for (int64_t c = 0; c < v.cols(); ++c) EXPECT_EQ(v.At(row, c), -tag) << "V row " << row;
-  return tag;
-}
-
-std::vector<float> Tags(const Tensor& k, const Tensor& v, int64_t begin, int64_t count) {
-  std::vector<float> tags;
-  for (int64_t r = begin; r < begin + count; ++r) tags.push_back(TagAt(k, v, r));
-  return tags;
-}
 
 // State() in slot order: slots [0, min(offset, Dim)).
 std::vector<float> StateTags(const RotatingCache& cache) {
