@@ -36,7 +36,8 @@ Op DecodeOp(FuzzedDataProvider& in, const LockstepDriver& d) {
   }
   if (op.kind == OpKind::kPrepare) {
     const auto n = in.ConsumeIntegralInRange<size_t>(0, 4);
-    for (size_t i = 0; i < n; ++i) op.offsets.push_back(offset + in.ConsumeIntegralInRange<int64_t>(-1, 10));
+    for (size_t i = 0; i < n; ++i)
+      op.offsets.push_back(offset + in.ConsumeIntegralInRange<int64_t>(-1, 10));
   }
   return op;
 }

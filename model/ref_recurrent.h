@@ -23,10 +23,10 @@ struct RefGdnDims {
 
 // One token's inputs to the gated-delta rule, as the production kernel receives them.
 struct RefGdnToken {
-  VecD q, k;          // [Hk*Dk] each
-  VecD v;             // [Hv*Dv]
-  VecD beta_raw;      // [Hv]
-  VecD alpha_raw;     // [Hv]
+  VecD q, k;       // [Hk*Dk] each
+  VecD v;          // [Hv*Dv]
+  VecD beta_raw;   // [Hv]
+  VecD alpha_raw;  // [Hv]
 };
 
 struct RefGdnParams {

@@ -11,9 +11,12 @@ namespace {
 
 model::RefKind ToRefKind(CacheKind kind) {
   switch (kind) {
-    case CacheKind::kFullKv: return model::RefKind::kKv;
-    case CacheKind::kRotating: return model::RefKind::kRotating;
-    case CacheKind::kRecurrent: return model::RefKind::kRecurrent;
+    case CacheKind::kFullKv:
+      return model::RefKind::kKv;
+    case CacheKind::kRotating:
+      return model::RefKind::kRotating;
+    case CacheKind::kRecurrent:
+      return model::RefKind::kRecurrent;
   }
   return model::RefKind::kKv;
 }
@@ -43,9 +46,7 @@ model::RefGdnParams RefParams(const GdnParams& p) {
   return out;
 }
 
-std::string DescribeRow(const Tensor& t, int64_t row) {
-  return DecodeRow(t, row).ToString();
-}
+std::string DescribeRow(const Tensor& t, int64_t row) { return DecodeRow(t, row).ToString(); }
 
 std::string ExpectedTag(int64_t p, uint64_t h, int32_t layer, bool is_value) {
   return fmt::format("pos {} h=0x{:06x} L{} {}", p, h & 0xFFFFFF, layer, is_value ? "V" : "K");
@@ -68,8 +69,10 @@ Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, in
   std::vector<int64_t> slots;
   if (offset <= window) {  // R1: slot i holds position i
     if (idx != offset || rows < offset) {
-      return FailedPrecondition(fmt::format("linear regime needs idx == offset <= rows; "
-                                            "offset {} idx {} rows {}", offset, idx, rows));
+      return FailedPrecondition(
+          fmt::format("linear regime needs idx == offset <= rows; "
+                      "offset {} idx {} rows {}",
+                      offset, idx, rows));
     }
     for (int64_t i = 0; i < offset; ++i) slots.push_back(i);
   } else if (rows == window) {  // R2: logical j at (idx + j) mod W
@@ -134,7 +137,8 @@ Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref
                     cache.ScheduleActive() ? "yes" : "no"};
   }
   switch (cache.kind()) {
-    case CacheKind::kFullKv: return CheckKvLive(static_cast<const KvCache&>(cache), ref);
+    case CacheKind::kFullKv:
+      return CheckKvLive(static_cast<const KvCache&>(cache), ref);
     case CacheKind::kRotating:
       return CheckRotatingLive(static_cast<const RotatingCache&>(cache), ref);
     case CacheKind::kRecurrent: {
@@ -171,9 +175,10 @@ Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::Re
                     cache.HasBuffer() ? "yes" : "no"};
   }
   if (!cache.HasBuffer()) return std::nullopt;
-  auto slots = RotatingWindowSlots(cache.Offset(), cache.ring_idx(), cache.buffer_rows(),
-                                   cache.window());
-  if (!slots.ok()) return Mismatch{"window storage regime", "R1, R2 or R3", slots.status().message()};
+  auto slots =
+      RotatingWindowSlots(cache.Offset(), cache.ring_idx(), cache.buffer_rows(), cache.window());
+  if (!slots.ok())
+    return Mismatch{"window storage regime", "R1, R2 or R3", slots.status().message()};
   const int64_t first = ref.Offset() - static_cast<int64_t>(slots->size());
   return CheckKvRows(cache.keys(), cache.values(), *slots, ref.log(), first, "live window");
 }
@@ -182,8 +187,8 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
                                        const model::TokenLog& log, int64_t length,
                                        const std::string& where) {
   if (conv.dtype() != dtype_ || conv.rows() != dims_.conv_tail || conv.cols() != dims_.conv_dim()) {
-    return Mismatch{where + " conv shape", fmt::format("{}[{}x{}]", DTypeName(dtype_),
-                                                       dims_.conv_tail, dims_.conv_dim()),
+    return Mismatch{where + " conv shape",
+                    fmt::format("{}[{}x{}]", DTypeName(dtype_), dims_.conv_tail, dims_.conv_dim()),
                     conv.ShapeString()};
   }
   MatF x = MatF::Zero(1, dims_.conv_dim());
@@ -191,7 +196,9 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
   for (int64_t r = 0; r < dims_.conv_tail; ++r) {
     const int64_t p = positions[static_cast<size_t>(r)];
     x.setZero();
-    if (p >= 0) synth_.FillConvInput(x, 0, dtype_, layer_, p, log[static_cast<size_t>(p)].h, dims_.conv_dim());
+    if (p >= 0)
+      synth_.FillConvInput(x, 0, dtype_, layer_, p, log[static_cast<size_t>(p)].h,
+                           dims_.conv_dim());
     for (int64_t c = 0; c < dims_.conv_dim(); ++c) {
       if (conv.At(r, c) != x(0, c)) {
         return Mismatch{fmt::format("{} conv tail row {} (position {}) column {}", where, r, p, c),
@@ -240,7 +247,8 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
   if (prod->kind() == CacheKind::kRotating) {
     const auto& s = static_cast<const RotatingSnapshot&>(*prod);
     auto slots = RotatingWindowSlots(s.to(), s.idx(), s.k().rows(), spec_.window);
-    if (!slots.ok()) return Mismatch{"snapshot window regime", "R1, R2 or R3", slots.status().message()};
+    if (!slots.ok())
+      return Mismatch{"snapshot window regime", "R1, R2 or R3", slots.status().message()};
     const int64_t first = s.to() - static_cast<int64_t>(slots->size());
     return CheckKvRows(s.k(), s.v(), *slots, ref->tokens, first, "window snapshot");
   }
@@ -285,8 +293,8 @@ Check LayerOracle::CheckHistory(const History& history, const model::RefCache& r
 Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                                 int64_t start, int64_t query_len, const Op& write,
                                 model::RefKind kind) {
-  AttentionMask logical = write.mask == MaskForm::kZero ? AttentionMask::Zero()
-                                                         : AttentionMask::Causal();
+  AttentionMask logical =
+      write.mask == MaskForm::kZero ? AttentionMask::Zero() : AttentionMask::Causal();
   model::RefMask ref_mask;
   ref_mask.causal = write.mask != MaskForm::kZero;
   if (write.mask == MaskForm::kRelax) {
@@ -297,16 +305,19 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
     ref_mask.rects.push_back({rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi});
   }
   auto visible = VisibleRows(history, logical, start, query_len);
-  if (!visible.ok()) return Mismatch{"attention dispatch", "visible rows", visible.status().message()};
+  if (!visible.ok())
+    return Mismatch{"attention dispatch", "visible rows", visible.status().message()};
   for (int64_t q = 0; q < query_len; ++q) {
     std::vector<int64_t> seen;
-    for (int64_t r : (*visible)[static_cast<size_t>(q)]) seen.push_back(row_positions[static_cast<size_t>(r)]);
+    for (int64_t r : (*visible)[static_cast<size_t>(q)])
+      seen.push_back(row_positions[static_cast<size_t>(r)]);
     std::sort(seen.begin(), seen.end());
     const auto want =
         model::ExpectedVisible(kind, spec_.window, start, query_len, start + q, ref_mask);
     if (seen != want) {
       return Mismatch{fmt::format("positions attended by the query at {}", start + q),
-                      fmt::format("{}", fmt::join(want, ",")), fmt::format("{}", fmt::join(seen, ","))};
+                      fmt::format("{}", fmt::join(want, ",")),
+                      fmt::format("{}", fmt::join(seen, ","))};
     }
   }
   return std::nullopt;

@@ -23,9 +23,10 @@ int64_t SmallestWindow(const StackConfig& config) {
 }  // namespace
 
 std::string OpWeights::ToString() const {
-  return fmt::format("write={} snapshot={} restore={} merge={} split={} free={} prepare={} "
-                     "take={} close={} speculate={}",
-                     write, snapshot, restore, merge, split, free, prepare, take, close, speculate);
+  return fmt::format(
+      "write={} snapshot={} restore={} merge={} split={} free={} prepare={} "
+      "take={} close={} speculate={}",
+      write, snapshot, restore, merge, split, free, prepare, take, close, speculate);
 }
 
 int64_t OpGenerator::Pick(std::initializer_list<int64_t> values) {
@@ -47,19 +48,19 @@ Op OpGenerator::Next(const LockstepDriver& driver) {
 }
 
 Op OpGenerator::Fresh(const LockstepDriver& driver) {
-  const int32_t layer = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.num_layers())));
+  const int32_t layer =
+      static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.num_layers())));
   // Keep pools small so every held snapshot is re-checked cheaply after each step.
   if (driver.pool_size(layer) > 12) {
     Op op;
-  op.kind = OpKind::kClose;
+    op.kind = OpKind::kClose;
     op.layer = layer;
     op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.pool_size(layer))));
     return op;
   }
-  const std::array<uint32_t, 10> w = {weights_.write,   weights_.snapshot, weights_.restore,
-                                      weights_.merge,   weights_.split,    weights_.free,
-                                      weights_.prepare, weights_.take,     weights_.close,
-                                      weights_.speculate};
+  const std::array<uint32_t, 10> w = {
+      weights_.write, weights_.snapshot, weights_.restore, weights_.merge, weights_.split,
+      weights_.free,  weights_.prepare,  weights_.take,    weights_.close, weights_.speculate};
   uint64_t total = 0;
   for (uint32_t x : w) total += x;
   if (total == 0) return MakeWrite(driver, 1);
@@ -69,17 +70,26 @@ Op OpGenerator::Fresh(const LockstepDriver& driver) {
   Op op;
   op.layer = layer;
   switch (family) {
-    case 0: return MakeWrite(driver, WriteLength(driver));
+    case 0:
+      return MakeWrite(driver, WriteLength(driver));
     case 1:
       op.kind = OpKind::kSnapshot;
       op.value = rng_.Range(0, driver.ref(layer).Offset() + 1);
       return op;
-    case 2: return MakeRestore(driver, layer);
-    case 3: return MakeMerge(driver, layer);
-    case 4: return MakeSplit(driver, layer);
-    case 5: op.kind = OpKind::kFree; return op;
-    case 6: return MakePrepare(driver, layer);
-    case 7: op.kind = OpKind::kTake; return op;
+    case 2:
+      return MakeRestore(driver, layer);
+    case 3:
+      return MakeMerge(driver, layer);
+    case 4:
+      return MakeSplit(driver, layer);
+    case 5:
+      op.kind = OpKind::kFree;
+      return op;
+    case 6:
+      return MakePrepare(driver, layer);
+    case 7:
+      op.kind = OpKind::kTake;
+      return op;
     case 8:
       if (driver.pool_size(layer) == 0) return MakeWrite(driver, 1);
       op.kind = OpKind::kClose;
@@ -97,11 +107,16 @@ int64_t OpGenerator::WriteLength(const LockstepDriver& driver) {
   const int64_t w = SmallestWindow(driver.config());
   switch (rng_.Below(6)) {
     case 0:
-    case 1: return 1;
-    case 2: return rng_.Range(2, 4);
-    case 3: return std::max<int64_t>(1, w + Pick({-1, 0, 1}));
-    case 4: return rng_.Range(1, 2 * w + 3);
-    default: return rng_.Range(1, 16);
+    case 1:
+      return 1;
+    case 2:
+      return rng_.Range(2, 4);
+    case 3:
+      return std::max<int64_t>(1, w + Pick({-1, 0, 1}));
+    case 4:
+      return rng_.Range(1, 2 * w + 3);
+    default:
+      return rng_.Range(1, 16);
   }
 }
 
@@ -142,11 +157,21 @@ Op OpGenerator::MakeRestore(const LockstepDriver& driver, int32_t layer) {
   const model::RefSnap& s = driver.pool_ref(layer, op.slot);
   switch (rng_.Below(6)) {
     case 0:
-    case 1: op.value = s->to; break;
-    case 2: op.value = s->to - 1; break;
-    case 3: op.value = s->to + 1; break;
-    case 4: op.value = s->from + rng_.Range(-1, 1); break;
-    default: op.value = rng_.Range(-1, offset + 2); break;
+    case 1:
+      op.value = s->to;
+      break;
+    case 2:
+      op.value = s->to - 1;
+      break;
+    case 3:
+      op.value = s->to + 1;
+      break;
+    case 4:
+      op.value = s->from + rng_.Range(-1, 1);
+      break;
+    default:
+      op.value = rng_.Range(-1, offset + 2);
+      break;
   }
   return op;
 }
@@ -199,9 +224,16 @@ Op OpGenerator::MakePrepare(const LockstepDriver& driver, int32_t layer) {
   op.offsets.erase(std::unique(op.offsets.begin(), op.offsets.end()), op.offsets.end());
   if (rng_.Chance(1, 10) && !op.offsets.empty()) {  // malformed: behind, duplicate or unsorted
     switch (rng_.Below(3)) {
-      case 0: op.offsets.insert(op.offsets.begin(), offset - 1); break;
-      case 1: op.offsets.push_back(op.offsets.back()); break;
-      default: std::reverse(op.offsets.begin(), op.offsets.end()); op.offsets.push_back(offset); break;
+      case 0:
+        op.offsets.insert(op.offsets.begin(), offset - 1);
+        break;
+      case 1:
+        op.offsets.push_back(op.offsets.back());
+        break;
+      default:
+        std::reverse(op.offsets.begin(), op.offsets.end());
+        op.offsets.push_back(offset);
+        break;
     }
   }
   return op;

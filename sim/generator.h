@@ -19,8 +19,8 @@ namespace kvtwin::sim {
 
 // Relative weights per op family; 0 switches a family off.
 struct OpWeights {
-  uint32_t write = 30, snapshot = 10, restore = 18, merge = 6, split = 6, free = 2,
-           prepare = 7, take = 7, close = 5, speculate = 6;
+  uint32_t write = 30, snapshot = 10, restore = 18, merge = 6, split = 6, free = 2, prepare = 7,
+           take = 7, close = 5, speculate = 6;
   std::string ToString() const;
 };
 

@@ -28,9 +28,10 @@ LockstepDriver::LockstepDriver(StackConfig config, uint64_t seed)
   auto caches = BuildCaches(config_);
   for (size_t i = 0; i < caches.size(); ++i) {
     const LayerSpec& spec = config_.layers[i];
-    model::RefCache ref = spec.kind == CacheKind::kFullKv     ? model::RefCache::Kv()
-                          : spec.kind == CacheKind::kRotating ? model::RefCache::Rotating(spec.window)
-                                                              : model::RefCache::Recurrent();
+    model::RefCache ref = spec.kind == CacheKind::kFullKv ? model::RefCache::Kv()
+                          : spec.kind == CacheKind::kRotating
+                              ? model::RefCache::Rotating(spec.window)
+                              : model::RefCache::Recurrent();
     auto oracle = std::make_unique<LayerOracle>(synth_, config_, static_cast<int32_t>(i));
     layers_.push_back(Layer{std::move(caches[i]), std::move(ref), std::move(oracle), {}});
   }
@@ -54,12 +55,18 @@ bool LockstepDriver::Valid(const Op& op) const {
   }
   if (op.layer < 0 || op.layer >= num_layers()) return false;
   const int32_t n = pool_size(op.layer);
-  auto slot_ok = [n](int32_t s, bool allow_null) { return (allow_null && s == -1) || (s >= 0 && s < n); };
+  auto slot_ok = [n](int32_t s, bool allow_null) {
+    return (allow_null && s == -1) || (s >= 0 && s < n);
+  };
   switch (op.kind) {
-    case OpKind::kSnapshot: return op.value >= 0;
-    case OpKind::kRestore: return slot_ok(op.slot, true);
-    case OpKind::kSplit: return slot_ok(op.slot, true);
-    case OpKind::kClose: return slot_ok(op.slot, false);
+    case OpKind::kSnapshot:
+      return op.value >= 0;
+    case OpKind::kRestore:
+      return slot_ok(op.slot, true);
+    case OpKind::kSplit:
+      return slot_ok(op.slot, true);
+    case OpKind::kClose:
+      return slot_ok(op.slot, false);
     case OpKind::kMerge: {
       if (!slot_ok(op.slot, true) || !slot_ok(op.slot2, true)) return false;
       if (op.slot == op.slot2 && op.slot != -1) return false;
@@ -70,7 +77,8 @@ bool LockstepDriver::Valid(const Op& op) const {
       const auto& c = pool_ref(op.layer, op.slot2);
       return p->to == c->from;
     }
-    default: return true;
+    default:
+      return true;
   }
 }
 
@@ -106,7 +114,8 @@ Check LockstepDriver::ApplyToLayer(const Op& op, Layer& layer, int32_t index) {
     return e;
   };
   switch (op.kind) {
-    case OpKind::kWrite: return Write(op, layer, index);
+    case OpKind::kWrite:
+      return Write(op, layer, index);
     case OpKind::kSnapshot:
       return AddToPool(layer, layer.cache->Snapshot(op.value), layer.ref.Snapshot(op.value),
                        "Snapshot result");
@@ -154,8 +163,11 @@ Check LockstepDriver::ApplyToLayer(const Op& op, Layer& layer, int32_t index) {
       }
       return std::nullopt;
     }
-    case OpKind::kTake: return Take(layer);
-    case OpKind::kClose: take_entry(op.slot); return std::nullopt;
+    case OpKind::kTake:
+      return Take(layer);
+    case OpKind::kClose:
+      take_entry(op.slot);
+      return std::nullopt;
   }
   return std::nullopt;
 }

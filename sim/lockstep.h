@@ -47,7 +47,9 @@ class LockstepDriver {
   uint64_t digest() const { return digest_; }
   const std::optional<Divergence>& divergence() const { return divergence_; }
   // Reference state, for generators choosing interesting arguments.
-  const model::RefCache& ref(int32_t layer) const { return layers_[static_cast<size_t>(layer)].ref; }
+  const model::RefCache& ref(int32_t layer) const {
+    return layers_[static_cast<size_t>(layer)].ref;
+  }
   int32_t pool_size(int32_t layer) const;
   const model::RefSnap& pool_ref(int32_t layer, int32_t slot) const;
 

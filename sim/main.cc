@@ -2,9 +2,9 @@
 // plus swarm seeds) and prints the verdict; `sweep` runs a seed range with explicit
 // options. Exit codes (STYLE §5.7): 0 pass, 1 divergence, 2 usage or input error, 134 a
 // KV_CHECK abort. Every failure ends with a one-line reproduce command.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdio>
 #include <string>
@@ -58,7 +58,8 @@ bool RunOne(const RunOptions& options, uint64_t seed, uint64_t& runs, uint64_t& 
 
 int Sweep(const RunOptions& options, const std::string& seeds_text, const std::string& shard) {
   SeedRange seeds;
-  if (!ParseSeeds(seeds_text, seeds)) return Usage("--seeds: expected A..B with A <= B, got '" + seeds_text + "'");
+  if (!ParseSeeds(seeds_text, seeds))
+    return Usage("--seeds: expected A..B with A <= B, got '" + seeds_text + "'");
   uint64_t shard_index = 0, shard_count = 1;
   if (!shard.empty()) {
     const size_t slash = shard.find('/');
@@ -68,8 +69,10 @@ int Sweep(const RunOptions& options, const std::string& seeds_text, const std::s
       return Usage("--shard: expected i/n with 0 <= i < n, got '" + shard + "'");
     }
   }
-  if (kvtwin::Status s = kvtwin::sim::ValidateRunOptions(options); !s.ok()) return Usage(s.message());
-  fmt::print("kvtwin sweep: seeds {}..{} shard {}/{}\n", seeds.first, seeds.last, shard_index, shard_count);
+  if (kvtwin::Status s = kvtwin::sim::ValidateRunOptions(options); !s.ok())
+    return Usage(s.message());
+  fmt::print("kvtwin sweep: seeds {}..{} shard {}/{}\n", seeds.first, seeds.last, shard_index,
+             shard_count);
   uint64_t runs = 0, steps = 0;
   for (uint64_t seed = seeds.first;; ++seed) {
     if (seed % shard_count == shard_index && !RunOne(options, seed, runs, steps)) return 1;
@@ -89,7 +92,8 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
       for (int64_t i = 0; i < seeds_per_config; ++i) {
         if (!RunOne(options, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
       }
-      fmt::print("  {:<9} {:<4} {} seeds x {} steps: pass\n", preset, dtype, seeds_per_config, steps);
+      fmt::print("  {:<9} {:<4} {} seeds x {} steps: pass\n", preset, dtype, seeds_per_config,
+                 steps);
     }
   }
   RunOptions swarm;
@@ -110,9 +114,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   uint64_t root_seed = 1;
   int64_t seeds_per_config = 8, run_steps = 1500;
-  CLI::App* run = app.add_subcommand("run", "replay the bundled lock-step workloads; print the verdict");
+  CLI::App* run =
+      app.add_subcommand("run", "replay the bundled lock-step workloads; print the verdict");
   run->add_option("--seed", root_seed, "root seed");
-  run->add_option("--seeds-per-config", seeds_per_config, "seeds per preset and dtype")->check(CLI::Range(1, 100000));
+  run->add_option("--seeds-per-config", seeds_per_config, "seeds per preset and dtype")
+      ->check(CLI::Range(1, 100000));
   run->add_option("--steps", run_steps, "operations per seed")->check(CLI::Range(1, 10000000));
 
   RunOptions options;

@@ -7,15 +7,24 @@ namespace kvtwin::sim {
 
 const char* OpKindName(OpKind kind) {
   switch (kind) {
-    case OpKind::kWrite: return "write";
-    case OpKind::kSnapshot: return "snapshot";
-    case OpKind::kRestore: return "restore";
-    case OpKind::kMerge: return "merge";
-    case OpKind::kSplit: return "split";
-    case OpKind::kFree: return "free";
-    case OpKind::kPrepare: return "prepare";
-    case OpKind::kTake: return "take";
-    case OpKind::kClose: return "close";
+    case OpKind::kWrite:
+      return "write";
+    case OpKind::kSnapshot:
+      return "snapshot";
+    case OpKind::kRestore:
+      return "restore";
+    case OpKind::kMerge:
+      return "merge";
+    case OpKind::kSplit:
+      return "split";
+    case OpKind::kFree:
+      return "free";
+    case OpKind::kPrepare:
+      return "prepare";
+    case OpKind::kTake:
+      return "take";
+    case OpKind::kClose:
+      return "close";
   }
   return "?";
 }
@@ -33,16 +42,23 @@ std::string Op::ToString() const {
       }
       return s;
     }
-    case OpKind::kSnapshot: return fmt::format("snapshot layer={} from={}", layer, value);
+    case OpKind::kSnapshot:
+      return fmt::format("snapshot layer={} from={}", layer, value);
     case OpKind::kRestore:
       return fmt::format("restore layer={} snap={} target={}", layer,
                          slot < 0 ? std::string("null") : fmt::format("#{}", slot), value);
-    case OpKind::kMerge: return fmt::format("merge layer={} #{} #{}", layer, slot, slot2);
-    case OpKind::kSplit: return fmt::format("split layer={} #{} at={}", layer, slot, value);
-    case OpKind::kFree: return fmt::format("free layer={}", layer);
-    case OpKind::kPrepare: return fmt::format("prepare layer={} offsets={}", layer, offsets);
-    case OpKind::kTake: return fmt::format("take layer={}", layer);
-    case OpKind::kClose: return fmt::format("close layer={} #{}", layer, slot);
+    case OpKind::kMerge:
+      return fmt::format("merge layer={} #{} #{}", layer, slot, slot2);
+    case OpKind::kSplit:
+      return fmt::format("split layer={} #{} at={}", layer, slot, value);
+    case OpKind::kFree:
+      return fmt::format("free layer={}", layer);
+    case OpKind::kPrepare:
+      return fmt::format("prepare layer={} offsets={}", layer, offsets);
+    case OpKind::kTake:
+      return fmt::format("take layer={}", layer);
+    case OpKind::kClose:
+      return fmt::format("close layer={} #{}", layer, slot);
   }
   return "?";
 }

@@ -12,7 +12,15 @@
 namespace kvtwin::sim {
 
 enum class OpKind : uint8_t {
-  kWrite, kSnapshot, kRestore, kMerge, kSplit, kFree, kPrepare, kTake, kClose
+  kWrite,
+  kSnapshot,
+  kRestore,
+  kMerge,
+  kSplit,
+  kFree,
+  kPrepare,
+  kTake,
+  kClose
 };
 
 // Logical attention mask of a write (checked against what attention must see).

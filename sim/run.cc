@@ -18,9 +18,9 @@ void Swarm(Rng& rng, RunOptions& options, OpWeights& weights) {
   const int64_t windows[] = {1, 2, 3, 4, 5, 8, 16};
   options.window = windows[rng.Below(7)];
   options.dtype = rng.Chance(1, 2) ? "f32" : "bf16";
-  uint32_t* families[] = {&weights.snapshot, &weights.restore, &weights.merge, &weights.split,
-                          &weights.free,     &weights.prepare, &weights.take,  &weights.close,
-                          &weights.speculate};
+  uint32_t* families[] = {&weights.snapshot, &weights.restore, &weights.merge,
+                          &weights.split,    &weights.free,    &weights.prepare,
+                          &weights.take,     &weights.close,   &weights.speculate};
   for (uint32_t* w : families) {
     if (rng.Chance(1, 4)) *w = 0;
   }
@@ -29,7 +29,8 @@ void Swarm(Rng& rng, RunOptions& options, OpWeights& weights) {
 }  // namespace
 
 Status ValidateRunOptions(const RunOptions& options) {
-  if (options.steps < 1) return InvalidArgument(fmt::format("--steps must be >= 1, got {}", options.steps));
+  if (options.steps < 1)
+    return InvalidArgument(fmt::format("--steps must be >= 1, got {}", options.steps));
   if (options.layers < 1 || options.layers > 127) {
     return InvalidArgument(fmt::format("--layers must be in 1..127, got {}", options.layers));
   }
@@ -43,10 +44,10 @@ std::string ReproduceCommand(const RunOptions& options, uint64_t seed) {
   if (options.swarm) {
     return fmt::format("kvtwin sweep --swarm --seeds {}..{} --steps {}", seed, seed, options.steps);
   }
-  return fmt::format("kvtwin sweep --seeds {}..{} --preset {} --layers {} --window {} --dtype {} "
-                     "--steps {}",
-                     seed, seed, options.preset, options.layers, options.window, options.dtype,
-                     options.steps);
+  return fmt::format(
+      "kvtwin sweep --seeds {}..{} --preset {} --layers {} --window {} --dtype {} "
+      "--steps {}",
+      seed, seed, options.preset, options.layers, options.window, options.dtype, options.steps);
 }
 
 RunResult RunSeed(const RunOptions& given, uint64_t seed) {

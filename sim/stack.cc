@@ -12,8 +12,10 @@ Status StackConfig::Validate() const {
   if (layers.empty()) return InvalidArgument("the stack has no layers");
   if (layers.size() > 127) return InvalidArgument("at most 127 layers (the provenance tag)");
   if (kv_heads < 1 || head_dim < 1 || kv_cols() < kTagElements) {
-    return InvalidArgument(fmt::format("kv_heads x head_dim = {} must be >= {} so K/V rows "
-                                       "carry their provenance", kv_cols(), kTagElements));
+    return InvalidArgument(
+        fmt::format("kv_heads x head_dim = {} must be >= {} so K/V rows "
+                    "carry their provenance",
+                    kv_cols(), kTagElements));
   }
   const RecurrentDims& r = recurrent;
   if (r.conv_tail < 1 || r.num_k_heads < 1 || r.num_v_heads < 1 || r.head_k_dim < 1 ||
@@ -50,9 +52,10 @@ const std::vector<std::string>& PresetNames() {
   return names;
 }
 
-Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers,
-                                    int64_t window, DType dtype) {
-  if (num_layers < 1) return InvalidArgument(fmt::format("layers must be >= 1, got {}", num_layers));
+Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers, int64_t window,
+                                    DType dtype) {
+  if (num_layers < 1)
+    return InvalidArgument(fmt::format("layers must be >= 1, got {}", num_layers));
   if (window < 1) return InvalidArgument(fmt::format("window must be >= 1, got {}", window));
   StackConfig config;
   config.preset = preset;
@@ -69,8 +72,8 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
       const CacheKind cycle[3] = {CacheKind::kFullKv, CacheKind::kRotating, CacheKind::kRecurrent};
       spec.kind = cycle[i % 3];
     } else {
-      return InvalidArgument(fmt::format("unknown preset '{}' (dense, sliding, recurrent, mixed)",
-                                         preset));
+      return InvalidArgument(
+          fmt::format("unknown preset '{}' (dense, sliding, recurrent, mixed)", preset));
     }
     if (spec.kind == CacheKind::kRotating) spec.window = window;
     config.layers.push_back(spec);
@@ -89,7 +92,9 @@ std::vector<std::unique_ptr<LayerCache>> BuildCaches(const StackConfig& config) 
   std::vector<std::unique_ptr<LayerCache>> caches;
   for (const LayerSpec& spec : config.layers) {
     switch (spec.kind) {
-      case CacheKind::kFullKv: caches.push_back(std::make_unique<KvCache>()); break;
+      case CacheKind::kFullKv:
+        caches.push_back(std::make_unique<KvCache>());
+        break;
       case CacheKind::kRotating:
         caches.push_back(std::make_unique<RotatingCache>(spec.window));
         break;

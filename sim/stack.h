@@ -39,8 +39,8 @@ struct StackConfig {
 // The preset names StackFromPreset accepts.
 const std::vector<std::string>& PresetNames();
 // Builds a stack; `window` is W for rotating layers. Errors name the bad value.
-Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers,
-                                    int64_t window, DType dtype);
+Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers, int64_t window,
+                                    DType dtype);
 Result<DType> ParseDType(const std::string& name);
 
 // Fresh production caches for every layer of the stack.

@@ -57,13 +57,14 @@ void SyntheticForward::FillKvRow(Tensor& out, int64_t row, int32_t layer, int64_
   out.Set(row, 3, Byte(h, 0));
   out.Set(row, 4, Byte(h, 8));
   out.Set(row, 5, Byte(h, 16));
-  out.Set(row, 6, static_cast<float>((static_cast<uint32_t>(layer) & 0x7F) | (is_value ? 0x80 : 0)));
+  out.Set(row, 6,
+          static_cast<float>((static_cast<uint32_t>(layer) & 0x7F) | (is_value ? 0x80 : 0)));
   uint64_t state = RowSeed(seed_, is_value ? kValue : kKey, layer, p, h);
   for (int64_t c = kTagElements; c < out.cols(); ++c) out.Set(row, c, Uniform(state, -1.0f, 1.0f));
 }
 
-void SyntheticForward::FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer,
-                                     int64_t p, uint64_t h, int64_t conv_dim) const {
+void SyntheticForward::FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer, int64_t p,
+                                     uint64_t h, int64_t conv_dim) const {
   uint64_t state = RowSeed(seed_, kConv, layer, p, h);
   for (int64_t c = 0; c < conv_dim; ++c) out(row, c) = RoundTo(dtype, Uniform(state, -1.0f, 1.0f));
 }

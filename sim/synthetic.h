@@ -27,7 +27,7 @@ struct Provenance {
   int64_t position = -1;
   uint32_t hash24 = 0;  // low 24 bits of h_p
   int32_t layer = -1;
-  bool is_value = false;  // a V row (else K)
+  bool is_value = false;         // a V row (else K)
   std::string ToString() const;  // "pos 17 h=0x3fa2c1 L2 K" or "untagged row"
 };
 
@@ -49,8 +49,8 @@ class SyntheticForward {
                  bool is_value) const;
 
   // The raw conv input row (conv_dim values in [-1, 1)) for (layer, p, h), in `dtype`.
-  void FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer, int64_t p,
-                     uint64_t h, int64_t conv_dim) const;
+  void FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer, int64_t p, uint64_t h,
+                     int64_t conv_dim) const;
   // The gated-delta inputs of one token: qkv row and [beta_raw | alpha_raw] row.
   void FillGdnInput(MatF& qkv, MatF& ba, int64_t row, DType dtype, int32_t layer, int64_t p,
                     uint64_t h, const RecurrentDims& dims) const;

@@ -82,7 +82,7 @@ class LayerCache {
 // that maps a logical mask into the physical layout. The pointers stay valid until the
 // cache is next mutated.
 struct RotatingApplier {
-  int64_t key_len = 0;   // K: number of history rows
+  int64_t key_len = 0;    // K: number of history rows
   int64_t query_len = 0;  // L of the write; 1 means "ring layout" (decode or View)
   int64_t window = 0;     // W
   int64_t ring_idx = 0;   // write cursor after the write

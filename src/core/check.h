@@ -13,9 +13,9 @@ namespace kvtwin {
 
 }  // namespace kvtwin
 
-#define KV_CHECK(condition, ...)                                                     \
-  do {                                                                               \
-    if (!(condition)) [[unlikely]] {                                                 \
+#define KV_CHECK(condition, ...)                                                       \
+  do {                                                                                 \
+    if (!(condition)) [[unlikely]] {                                                   \
       ::kvtwin::CheckFailed(__FILE__, __LINE__, #condition, std::string{__VA_ARGS__}); \
-    }                                                                                \
+    }                                                                                  \
   } while (false)

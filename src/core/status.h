@@ -45,7 +45,9 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status FailedPrecondition(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
 }
@@ -59,7 +61,7 @@ inline Status IoError(std::string m) { return {StatusCode::kIo, std::move(m)}; }
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
     KV_CHECK(!status_.ok(), "Result built from an ok Status carries no value");
   }
@@ -91,8 +93,8 @@ class [[nodiscard]] Result {
 }  // namespace kvtwin
 
 // Propagates a non-ok Status from an expression returning Status.
-#define KV_RETURN_IF_ERROR(expr)            \
-  do {                                      \
-    ::kvtwin::Status kv_status_ = (expr);   \
+#define KV_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::kvtwin::Status kv_status_ = (expr);    \
     if (!kv_status_.ok()) return kv_status_; \
   } while (false)

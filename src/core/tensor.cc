@@ -61,24 +61,29 @@ float Tensor::At(int64_t row, int64_t col) const {
 
 void Tensor::Set(int64_t row, int64_t col, float value) {
   KV_CHECK(row >= 0 && row < rows() && col >= 0 && col < cols(), "tensor index out of range");
-  std::visit([&](auto& m) { m(row, col) = static_cast<typename std::decay_t<decltype(m)>::Scalar>(value); },
-             data_);
+  std::visit(
+      [&](auto& m) {
+        m(row, col) = static_cast<typename std::decay_t<decltype(m)>::Scalar>(value);
+      },
+      data_);
 }
 
 MatF Tensor::ToFloat() const { return RowsToFloat(0, rows()); }
 
 MatF Tensor::RowsToFloat(int64_t begin, int64_t count) const {
   KV_CHECK(begin >= 0 && count >= 0 && begin + count <= rows(), "row range out of tensor");
-  return std::visit([&](const auto& m) -> MatF { return m.middleRows(begin, count).template cast<float>(); },
-                    data_);
+  return std::visit(
+      [&](const auto& m) -> MatF { return m.middleRows(begin, count).template cast<float>(); },
+      data_);
 }
 
 Tensor Tensor::Rows(int64_t begin, int64_t count) const {
   KV_CHECK(begin >= 0 && count >= 0 && begin + count <= rows(), "row range out of tensor");
   Tensor t;
   t.dtype_ = dtype_;
-  std::visit([&](const auto& m) { t.data_ = std::decay_t<decltype(m)>(m.middleRows(begin, count)); },
-             data_);
+  std::visit(
+      [&](const auto& m) { t.data_ = std::decay_t<decltype(m)>(m.middleRows(begin, count)); },
+      data_);
   return t;
 }
 

@@ -78,23 +78,33 @@ Op GenOp(const Model& m) {
   Op op;
   op.layer = 0;
   const bool has = !m.pool.empty();
-  op.kind = *rc::gen::weightedElement<OpKind>(
-      {{8, OpKind::kWrite}, {3, OpKind::kSnapshot}, {5, OpKind::kRestore},
-       {has ? 2u : 0u, OpKind::kMerge}, {has ? 2u : 0u, OpKind::kSplit}, {1, OpKind::kFree},
-       {2, OpKind::kPrepare}, {2, OpKind::kTake}, {has ? 1u : 0u, OpKind::kClose}});
+  op.kind = *rc::gen::weightedElement<OpKind>({{8, OpKind::kWrite},
+                                               {3, OpKind::kSnapshot},
+                                               {5, OpKind::kRestore},
+                                               {has ? 2u : 0u, OpKind::kMerge},
+                                               {has ? 2u : 0u, OpKind::kSplit},
+                                               {1, OpKind::kFree},
+                                               {2, OpKind::kPrepare},
+                                               {2, OpKind::kTake},
+                                               {has ? 1u : 0u, OpKind::kClose}});
   const int64_t offset = m.ref.Offset();
   switch (op.kind) {
-    case OpKind::kWrite: return GenWrite(m);
-    case OpKind::kSnapshot: op.value = *rc::gen::inRange<int64_t>(0, offset + 2); break;
+    case OpKind::kWrite:
+      return GenWrite(m);
+    case OpKind::kSnapshot:
+      op.value = *rc::gen::inRange<int64_t>(0, offset + 2);
+      break;
     case OpKind::kRestore:
       op.slot = has && *rc::gen::arbitrary<bool>() ? AnySlot(m) : -1;
       op.value = GenTarget(m, op.slot);
       break;
     case OpKind::kMerge: {
       op.slot = AnySlot(m);
-      op.slot2 = *rc::gen::oneOf(rc::gen::just(-1), rc::gen::inRange<int32_t>(0, static_cast<int32_t>(m.pool.size())));
+      op.slot2 = *rc::gen::oneOf(rc::gen::just(-1),
+                                 rc::gen::inRange<int32_t>(0, static_cast<int32_t>(m.pool.size())));
       for (int32_t b = 0; b < static_cast<int32_t>(m.pool.size()); ++b) {  // prefer adjacency
-        if (b != op.slot && m.pool[static_cast<size_t>(op.slot)]->to == m.pool[static_cast<size_t>(b)]->from &&
+        if (b != op.slot &&
+            m.pool[static_cast<size_t>(op.slot)]->to == m.pool[static_cast<size_t>(b)]->from &&
             *rc::gen::arbitrary<bool>()) {
           op.slot2 = b;
         }
@@ -108,7 +118,8 @@ Op GenOp(const Model& m) {
       break;
     }
     case OpKind::kPrepare: {
-      auto offs = *rc::gen::container<std::vector<int64_t>>(rc::gen::inRange<int64_t>(offset - 1, offset + 9));
+      auto offs = *rc::gen::container<std::vector<int64_t>>(
+          rc::gen::inRange<int64_t>(offset - 1, offset + 9));
       if (*rc::gen::weightedElement<bool>({{4, true}, {1, false}})) {
         std::sort(offs.begin(), offs.end());
         offs.erase(std::unique(offs.begin(), offs.end()), offs.end());
@@ -117,8 +128,11 @@ Op GenOp(const Model& m) {
       op.offsets = offs;
       break;
     }
-    case OpKind::kClose: op.slot = AnySlot(m); break;
-    default: break;
+    case OpKind::kClose:
+      op.slot = AnySlot(m);
+      break;
+    default:
+      break;
   }
   return op;
 }
@@ -133,16 +147,22 @@ struct OpCommand : rc::state::Command<Model, LockstepDriver> {
     auto ok = [n](int32_t s, bool null_ok) { return (null_ok && s == -1) || (s >= 0 && s < n); };
     switch (op.kind) {
       case OpKind::kRestore:
-      case OpKind::kSplit: RC_PRE(ok(op.slot, true)); break;
-      case OpKind::kClose: RC_PRE(ok(op.slot, false)); break;
+      case OpKind::kSplit:
+        RC_PRE(ok(op.slot, true));
+        break;
+      case OpKind::kClose:
+        RC_PRE(ok(op.slot, false));
+        break;
       case OpKind::kMerge: {
         RC_PRE(ok(op.slot, true) && ok(op.slot2, true) && (op.slot != op.slot2 || op.slot == -1));
         if (m.ref.kind() == model::RefKind::kKv && op.slot >= 0 && op.slot2 >= 0) {
-          RC_PRE(m.pool[static_cast<size_t>(op.slot)]->to == m.pool[static_cast<size_t>(op.slot2)]->from);
+          RC_PRE(m.pool[static_cast<size_t>(op.slot)]->to ==
+                 m.pool[static_cast<size_t>(op.slot2)]->from);
         }
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
 
@@ -154,7 +174,9 @@ struct OpCommand : rc::state::Command<Model, LockstepDriver> {
         m.ref.Write(t);
         break;
       }
-      case OpKind::kSnapshot: Push(m, m.ref.Snapshot(op.value)); break;
+      case OpKind::kSnapshot:
+        Push(m, m.ref.Snapshot(op.value));
+        break;
       case OpKind::kRestore: {
         const model::RefSnap* s = op.slot < 0 ? nullptr : &m.pool[static_cast<size_t>(op.slot)];
         (void)m.ref.Restore(s ? &**s : nullptr, op.value);
@@ -178,12 +200,18 @@ struct OpCommand : rc::state::Command<Model, LockstepDriver> {
         Push(m, std::move(b));
         break;
       }
-      case OpKind::kFree: m.ref.Free(); break;
-      case OpKind::kPrepare: (void)m.ref.PrepareSnapshots(op.offsets); break;
+      case OpKind::kFree:
+        m.ref.Free();
+        break;
+      case OpKind::kPrepare:
+        (void)m.ref.PrepareSnapshots(op.offsets);
+        break;
       case OpKind::kTake:
         for (auto& s : m.ref.TakeSnapshots()) Push(m, std::move(s));
         break;
-      case OpKind::kClose: TakeSlot(m, op.slot); break;
+      case OpKind::kClose:
+        TakeSlot(m, op.slot);
+        break;
     }
   }
 
@@ -213,13 +241,16 @@ void CheckKind(CacheKind kind) {
   Model initial{kind == CacheKind::kFullKv     ? model::RefCache::Kv()
                 : kind == CacheKind::kRotating ? model::RefCache::Rotating(window)
                                                : model::RefCache::Recurrent(),
-                {}, window};
+                {},
+                window};
   LockstepDriver sut(config, *rc::gen::arbitrary<uint64_t>());
   rc::state::check(initial, sut, rc::state::gen::execOneOfWithArgs<OpCommand>());
 }
 
 RC_GTEST_PROP(LayerStateMachine, FullKvCacheMatchesReference, ()) { CheckKind(CacheKind::kFullKv); }
-RC_GTEST_PROP(LayerStateMachine, RotatingCacheMatchesReference, ()) { CheckKind(CacheKind::kRotating); }
+RC_GTEST_PROP(LayerStateMachine, RotatingCacheMatchesReference, ()) {
+  CheckKind(CacheKind::kRotating);
+}
 RC_GTEST_PROP(LayerStateMachine, RecurrentCacheMatchesReference, ()) {
   CheckKind(CacheKind::kRecurrent);
 }

@@ -2,10 +2,11 @@
 // preset, and its checks fire on wrong state. Method: fixed seeds run twice must give equal
 // digests; sweeps over presets must find no divergence; hand-corrupted production state
 // and snapshots must be reported with decoded provenance.
+#include "sim/lockstep.h"
+
 #include <gtest/gtest.h>
 
 #include "sim/checks.h"
-#include "sim/lockstep.h"
 #include "sim/run.h"
 #include "sim/synthetic.h"
 #include "src/kernels.h"
@@ -65,7 +66,8 @@ TEST_P(PresetSweep, FindsNoDivergenceOnCorrectCaches) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPresets, PresetSweep,
-                         ::testing::Combine(::testing::Values("dense", "sliding", "recurrent", "mixed"),
+                         ::testing::Combine(::testing::Values("dense", "sliding", "recurrent",
+                                                              "mixed"),
                                             ::testing::Values("f32", "bf16")));
 
 TEST(RunOptions, ImpossibleConfigurationsAreInvalidArguments) {
