@@ -20,6 +20,13 @@ int64_t SmallestWindow(const StackConfig& config) {
   return w;
 }
 
+Op OpFor(OpKind kind, int32_t layer) {
+  Op op;
+  op.kind = kind;
+  op.layer = layer;
+  return op;
+}
+
 }  // namespace
 
 std::string OpWeights::ToString() const {
@@ -52,9 +59,7 @@ Op OpGenerator::Fresh(const LockstepDriver& driver) {
       static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.num_layers())));
   // Keep pools small so every held snapshot is re-checked cheaply after each step.
   if (driver.pool_size(layer) > 12) {
-    Op op;
-    op.kind = OpKind::kClose;
-    op.layer = layer;
+    Op op = OpFor(OpKind::kClose, layer);
     op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.pool_size(layer))));
     return op;
   }
@@ -143,9 +148,7 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
 }
 
 Op OpGenerator::MakeRestore(const LockstepDriver& driver, int32_t layer) {
-  Op op;
-  op.kind = OpKind::kRestore;
-  op.layer = layer;
+  Op op = OpFor(OpKind::kRestore, layer);
   const int64_t offset = driver.ref(layer).Offset();
   const int32_t n = driver.pool_size(layer);
   if (n == 0 || rng_.Chance(1, 3)) {
@@ -177,9 +180,7 @@ Op OpGenerator::MakeRestore(const LockstepDriver& driver, int32_t layer) {
 }
 
 Op OpGenerator::MakeMerge(const LockstepDriver& driver, int32_t layer) {
-  Op op;
-  op.kind = OpKind::kMerge;
-  op.layer = layer;
+  Op op = OpFor(OpKind::kMerge, layer);
   const int32_t n = driver.pool_size(layer);
   if (n < 2) return MakeWrite(driver, 1);
   // Prefer adjacent pairs so full KV merges happen (non-adjacent ones are not allowed).
@@ -202,9 +203,7 @@ Op OpGenerator::MakeMerge(const LockstepDriver& driver, int32_t layer) {
 }
 
 Op OpGenerator::MakeSplit(const LockstepDriver& driver, int32_t layer) {
-  Op op;
-  op.kind = OpKind::kSplit;
-  op.layer = layer;
+  Op op = OpFor(OpKind::kSplit, layer);
   const int32_t n = driver.pool_size(layer);
   if (n == 0) return MakeWrite(driver, 1);
   op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(n)));
@@ -214,9 +213,7 @@ Op OpGenerator::MakeSplit(const LockstepDriver& driver, int32_t layer) {
 }
 
 Op OpGenerator::MakePrepare(const LockstepDriver& driver, int32_t layer) {
-  Op op;
-  op.kind = OpKind::kPrepare;
-  op.layer = layer;
+  Op op = OpFor(OpKind::kPrepare, layer);
   const int64_t offset = driver.ref(layer).Offset();
   const auto count = rng_.Below(5);
   for (uint64_t i = 0; i < count; ++i) op.offsets.push_back(offset + rng_.Range(0, 10));

@@ -33,7 +33,12 @@ LockstepDriver::LockstepDriver(StackConfig config, uint64_t seed)
                               ? model::RefCache::Rotating(spec.window)
                               : model::RefCache::Recurrent();
     auto oracle = std::make_unique<LayerOracle>(synth_, config_, static_cast<int32_t>(i));
-    layers_.push_back(Layer{std::move(caches[i]), std::move(ref), std::move(oracle), {}});
+    Layer layer{std::move(caches[i]), std::move(ref), std::move(oracle), {}, {}, {}};
+    if (spec.kind == CacheKind::kRecurrent) {
+      layer.conv_weights = synth_.ConvParams(static_cast<int32_t>(i), config_.recurrent);
+      layer.gdn_params = synth_.GdnParamsFor(static_cast<int32_t>(i), config_.recurrent);
+    }
+    layers_.push_back(std::move(layer));
   }
 }
 
@@ -248,10 +253,10 @@ void LockstepDriver::WriteRecurrent(const Op& op, Layer& layer, int32_t index,
   const RecurrentCache::StateView state = cache.Get(config_.dtype);
   const std::vector<int64_t> splits = cache.SnapshotSplits(real);
   ConvResult conv = CausalConv1D(*state.conv, Tensor::FromFloat(config_.dtype, x), real,
-                                 synth_.ConvParams(index, d), splits);
-  const GdnParams params = synth_.GdnParamsFor(index, d);
-  GdnResult gdn = op.segmented ? GatedDeltaSegmented(*state.delta, in, real, params, splits)
-                               : GatedDelta(*state.delta, in, real, params, splits);
+                                 layer.conv_weights, splits);
+  GdnResult gdn = op.segmented
+                      ? GatedDeltaSegmented(*state.delta, in, real, layer.gdn_params, splits)
+                      : GatedDelta(*state.delta, in, real, layer.gdn_params, splits);
   cache.Put(real, std::move(conv.states), std::move(gdn.states));
   layer.ref.Write(tokens);
 }

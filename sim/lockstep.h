@@ -19,6 +19,7 @@
 #include "sim/stack.h"
 #include "sim/synthetic.h"
 #include "src/cache.h"
+#include "src/kernels.h"
 
 namespace kvtwin::sim {
 
@@ -63,6 +64,9 @@ class LockstepDriver {
     model::RefCache ref;
     std::unique_ptr<LayerOracle> oracle;
     std::vector<PoolEntry> pool;
+    // Recurrent layers: the synthetic kernel parameters, fixed for the run.
+    ConvWeights conv_weights;
+    GdnParams gdn_params;
   };
 
   Check ApplyToLayer(const Op& op, Layer& layer, int32_t index);
