@@ -219,6 +219,18 @@ bool RefCache::RestoreRecurrent(const RefSnapshot* snap, int64_t target) {
   return true;
 }
 
+void RefCache::CommitSpeculation(const TokenLog& forward, int64_t accepted) {
+  KV_CHECK(!forward.empty(), "a speculative forward writes at least one token");
+  const int64_t start = Offset();
+  const int64_t n = std::clamp<int64_t>(accepted, 0, static_cast<int64_t>(forward.size()));
+  if (kind_ == RefKind::kKv) {
+    Write(forward);
+    Truncate(log_, start + n);  // the commit is a pure cursor move
+    return;
+  }
+  if (n > 0) Write(Slice(forward, 0, n));
+}
+
 RefSnap RefCache::Merge(RefSnap parent, RefSnap child) const {
   if (parent) CheckSnapshotShape(*parent, kind_);
   if (child) CheckSnapshotShape(*child, kind_);

@@ -57,6 +57,13 @@ class RefCache {
   bool ScheduleActive() const { return schedule_active_; }
   bool Restore(const RefSnapshot* snap, int64_t target);
   RefSnap Merge(RefSnap parent, RefSnap child) const;
+  // A committed speculative forward of `forward` (spec §2.7): afterwards the log is the
+  // old log plus the first clamp(accepted, 0, |forward|) tokens of `forward`. How the
+  // capture schedule sees it depends on the kind: a full KV layer wrote every token
+  // through (captures included) and rewound; the others took only the accepted tokens,
+  // as one ordinary forward. An isolated speculation changes nothing and has no call
+  // here. REQUIRES: !forward.empty().
+  void CommitSpeculation(const TokenLog& forward, int64_t accepted);
   std::pair<RefSnap, RefSnap> Split(RefSnap snap, int64_t at) const;
   void Free();
 

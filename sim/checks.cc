@@ -256,7 +256,7 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
   return CheckRecurrentState(s.conv(), s.delta(), ref->tokens, s.offset(), "recurrent snapshot");
 }
 
-Check LayerOracle::CheckHistory(const History& history, const model::RefCache& ref_after,
+Check LayerOracle::CheckHistory(const History& history, const model::TokenLog& log_after,
                                 int64_t start, int64_t query_len, const Op& write) {
   const model::RefKind kind = ToRefKind(spec_.kind);
   const auto expected = model::ExpectedHistoryPositions(kind, spec_.window, start, query_len);
@@ -276,7 +276,7 @@ Check LayerOracle::CheckHistory(const History& history, const model::RefCache& r
   Tensor want(dtype_, 1, cols_);
   for (int64_t s = 0; s < k_len; ++s) {
     const int64_t p = row_positions[static_cast<size_t>(s)];
-    const model::Token& t = ref_after.log()[static_cast<size_t>(p)];
+    const model::Token& t = log_after[static_cast<size_t>(p)];
     for (int is_value = 0; is_value < 2; ++is_value) {
       const Tensor& actual = is_value ? *history.v : *history.k;
       FillRow(want, 0, p, t, is_value != 0);

@@ -49,8 +49,10 @@ class LayerOracle {
   Check CheckLive(const LayerCache& cache, const model::RefCache& ref);
   // A snapshot held by the driver against its reference.
   Check CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap& ref);
-  // The history a write returned: rows, order, and which positions each query attends.
-  Check CheckHistory(const History& history, const model::RefCache& ref_after, int64_t start,
+  // The history a forward returned: rows, order, and which positions each query attends.
+  // `log_after` is the log through the forward (a speculative forward is not in the
+  // reference log yet, and may never be).
+  Check CheckHistory(const History& history, const model::TokenLog& log_after, int64_t start,
                      int64_t query_len, const Op& write);
 
   // Expected K (or V) row for `token` at position p.

@@ -32,8 +32,8 @@ Op OpFor(OpKind kind, int32_t layer) {
 std::string OpWeights::ToString() const {
   return fmt::format(
       "write={} snapshot={} restore={} merge={} split={} free={} prepare={} "
-      "take={} close={} speculate={}",
-      write, snapshot, restore, merge, split, free, prepare, take, close, speculate);
+      "take={} close={} capture_spec={} speculate={}",
+      write, snapshot, restore, merge, split, free, prepare, take, close, capture_spec, speculate);
 }
 
 int64_t OpGenerator::Pick(std::initializer_list<int64_t> values) {
@@ -63,9 +63,10 @@ Op OpGenerator::Fresh(const LockstepDriver& driver) {
     op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.pool_size(layer))));
     return op;
   }
-  const std::array<uint32_t, 10> w = {
-      weights_.write, weights_.snapshot, weights_.restore, weights_.merge, weights_.split,
-      weights_.free,  weights_.prepare,  weights_.take,    weights_.close, weights_.speculate};
+  const std::array<uint32_t, 11> w = {
+      weights_.write, weights_.snapshot, weights_.restore, weights_.merge,
+      weights_.split, weights_.free,     weights_.prepare, weights_.take,
+      weights_.close, weights_.capture_spec, weights_.speculate};
   uint64_t total = 0;
   for (uint32_t x : w) total += x;
   if (total == 0) return MakeWrite(driver, 1);
@@ -100,11 +101,14 @@ Op OpGenerator::Fresh(const LockstepDriver& driver) {
       op.kind = OpKind::kClose;
       op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.pool_size(layer))));
       return op;
-    default:
+    case 9: {
       PlanSpeculation(driver);
       Pending first = pending_.front();
       pending_.pop_front();
       return Resolve(driver, first);
+    }
+    default:
+      return MakeSpeculate(driver);
   }
 }
 
@@ -233,6 +237,18 @@ Op OpGenerator::MakePrepare(const LockstepDriver& driver, int32_t layer) {
         break;
     }
   }
+  return op;
+}
+
+Op OpGenerator::MakeSpeculate(const LockstepDriver& driver) {
+  const int64_t w = SmallestWindow(driver.config());
+  // Draft counts around the window make windows smaller than the forward (D + 1) common.
+  const int64_t drafts = std::max<int64_t>(1, Pick({1, 1, 2, 3, 10, w - 1, w, w + 1}));
+  Op op = MakeWrite(driver, drafts + 1);
+  op.kind = OpKind::kSpeculate;
+  op.isolated = rng_.Chance(1, 6);
+  // Mostly a real acceptance count; sometimes one the commit must clamp.
+  op.value = rng_.Chance(7, 8) ? rng_.Range(0, drafts) : Pick({-2, -1, drafts + 1, drafts + 5});
   return op;
 }
 

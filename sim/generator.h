@@ -1,8 +1,10 @@
 // OpGenerator: seeded adversarial op sequences for a LockstepDriver. It reads the reference
 // state (offsets, pool ranges) to aim arguments at boundaries (W-1, W, W+1, snapshot ends,
-// one past the offset, negative targets), mixes in malformed capture schedules, and runs
-// speculation-shaped macros (schedule before+1..before+D, one batched write of D+1 tokens,
-// take, restore the accepted prefix) across every layer. Weights are options so swarm runs
+// one past the offset, negative targets), mixes in malformed capture schedules, runs
+// speculation through the capture protocol of spec §2.6 as a macro (schedule
+// before+1..before+D, one batched write of D+1 tokens, take, restore the accepted prefix)
+// across every layer, and speculation transactions (kSpeculate: D drafts around the
+// window size, accepted counts in and out of range, isolated ones). Weights are options so swarm runs
 // can switch whole op kinds off. Single-threaded.
 #pragma once
 
@@ -20,7 +22,7 @@ namespace kvtwin::sim {
 // Relative weights per op family; 0 switches a family off.
 struct OpWeights {
   uint32_t write = 30, snapshot = 10, restore = 18, merge = 6, split = 6, free = 2, prepare = 7,
-           take = 7, close = 5, speculate = 6;
+           take = 7, close = 5, capture_spec = 5, speculate = 6;
   std::string ToString() const;
 };
 
@@ -41,6 +43,7 @@ class OpGenerator {
   Op MakeMerge(const LockstepDriver& driver, int32_t layer);
   Op MakeSplit(const LockstepDriver& driver, int32_t layer);
   Op MakePrepare(const LockstepDriver& driver, int32_t layer);
+  Op MakeSpeculate(const LockstepDriver& driver);
   void PlanSpeculation(const LockstepDriver& driver);
   Op Resolve(const LockstepDriver& driver, Pending pending);
   int64_t WriteLength(const LockstepDriver& driver);

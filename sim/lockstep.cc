@@ -7,6 +7,7 @@
 
 #include "src/core/check.h"
 #include "src/kernels.h"
+#include "src/recurrent_forward.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -51,7 +52,7 @@ const model::RefSnap& LockstepDriver::pool_ref(int32_t layer, int32_t slot) cons
 }
 
 bool LockstepDriver::Valid(const Op& op) const {
-  if (op.kind == OpKind::kWrite) {
+  if (op.kind == OpKind::kWrite || op.kind == OpKind::kSpeculate) {
     if (op.tokens.empty() || op.pad < 0 || op.pad > 64) return false;
     for (const Layer& l : layers_) {
       if (l.ref.Offset() + static_cast<int64_t>(op.tokens.size()) > kMaxPosition) return false;
@@ -92,7 +93,15 @@ std::optional<Divergence> LockstepDriver::Apply(const Op& op) {
   KV_CHECK(Valid(op), "invalid op: " + op.ToString());
   ++steps_;
   Fold(static_cast<uint64_t>(op.kind));
+  if (op.kind == OpKind::kSpeculate) {
+    int32_t at = -1;
+    if (Check c = Speculate(op, &at)) {
+      divergence_ = Divergence{steps_ - 1, at, op.ToString(), *c};
+      return divergence_;
+    }
+  }
   for (int32_t i = 0; i < num_layers(); ++i) {
+    if (op.kind == OpKind::kSpeculate) break;
     if (op.kind != OpKind::kWrite && i != op.layer) continue;
     Check c = ApplyToLayer(op, layers_[static_cast<size_t>(i)], i);
     if (c) {
@@ -173,6 +182,8 @@ Check LockstepDriver::ApplyToLayer(const Op& op, Layer& layer, int32_t index) {
     case OpKind::kClose:
       take_entry(op.slot);
       return std::nullopt;
+    case OpKind::kSpeculate:
+      break;  // spans every layer: Apply runs it through Speculate
   }
   return std::nullopt;
 }
@@ -205,21 +216,30 @@ Check LockstepDriver::AddToPool(Layer& layer, SnapshotPtr prod, model::RefSnap r
   return std::nullopt;
 }
 
-Check LockstepDriver::Write(const Op& op, Layer& layer, int32_t index) {
+model::TokenLog LockstepDriver::TokensFor(const Layer& layer, const Op& op) const {
   model::TokenLog tokens;
   uint64_t h = layer.ref.log().empty() ? synth_.seed() : layer.ref.log().back().h;
   for (int32_t id : op.tokens) {
     h = NextHash(h, id);
     tokens.push_back(model::Token{id, h});
   }
-  if (layer.cache->kind() == CacheKind::kRecurrent) {
-    WriteRecurrent(op, layer, index, tokens);
-    return std::nullopt;
-  }
-  return WriteAttention(op, layer, tokens);
+  return tokens;
 }
 
-Check LockstepDriver::WriteAttention(const Op& op, Layer& layer, const model::TokenLog& tokens) {
+Check LockstepDriver::Write(const Op& op, Layer& layer, int32_t index) {
+  const model::TokenLog tokens = TokensFor(layer, op);
+  Check c;
+  if (layer.cache->kind() == CacheKind::kRecurrent) {
+    ForwardRecurrent(static_cast<RecurrentLayer&>(*layer.cache), op, layer, index, tokens);
+  } else {
+    c = ForwardAttention(static_cast<AttentionCache&>(*layer.cache), op, layer, tokens);
+  }
+  layer.ref.Write(tokens);
+  return c;
+}
+
+Check LockstepDriver::ForwardAttention(AttentionCache& target, const Op& op, Layer& layer,
+                                       const model::TokenLog& tokens) {
   const int64_t start = layer.ref.Offset();
   const auto n = static_cast<int64_t>(tokens.size());
   Tensor k(config_.dtype, n, config_.kv_cols());
@@ -228,37 +248,32 @@ Check LockstepDriver::WriteAttention(const Op& op, Layer& layer, const model::To
     layer.oracle->FillRow(k, i, start + i, tokens[static_cast<size_t>(i)], false);
     layer.oracle->FillRow(v, i, start + i, tokens[static_cast<size_t>(i)], true);
   }
-  auto& cache = static_cast<AttentionCache&>(*layer.cache);
-  const History history = cache.Update(k, v);
-  layer.ref.Write(tokens);
+  const History history = target.Update(k, v);
   Fold(static_cast<uint64_t>(history.length));
-  return layer.oracle->CheckHistory(history, layer.ref, start, n, op);
+  model::TokenLog log_after = layer.ref.log();
+  log_after.insert(log_after.end(), tokens.begin(), tokens.end());
+  return layer.oracle->CheckHistory(history, log_after, start, n, op);
 }
 
-void LockstepDriver::WriteRecurrent(const Op& op, Layer& layer, int32_t index,
-                                    const model::TokenLog& tokens) {
-  auto& cache = static_cast<RecurrentCache&>(*layer.cache);
+void LockstepDriver::ForwardRecurrent(RecurrentLayer& target, const Op& op, const Layer& layer,
+                                      int32_t index, const model::TokenLog& tokens) {
   const RecurrentDims& d = config_.recurrent;
   const int64_t start = layer.ref.Offset();
   const auto real = static_cast<int64_t>(tokens.size());
   const int64_t rows = real + op.pad;
   MatF x = MatF::Constant(rows, d.conv_dim(), kPadValue);
-  GdnInputs in{MatF::Constant(rows, d.conv_dim(), kPadValue),
-               MatF::Constant(rows, 2 * d.num_v_heads, kPadValue)};
+  RecurrentForwardInputs in;
+  in.scan = GdnInputs{MatF::Constant(rows, d.conv_dim(), kPadValue),
+                      MatF::Constant(rows, 2 * d.num_v_heads, kPadValue)};
   for (int64_t i = 0; i < real; ++i) {
     const uint64_t h = tokens[static_cast<size_t>(i)].h;
     synth_.FillConvInput(x, i, config_.dtype, index, start + i, h, d.conv_dim());
-    synth_.FillGdnInput(in.qkv, in.ba, i, config_.dtype, index, start + i, h, d);
+    synth_.FillGdnInput(in.scan.qkv, in.scan.ba, i, config_.dtype, index, start + i, h, d);
   }
-  const RecurrentCache::StateView state = cache.Get(config_.dtype);
-  const std::vector<int64_t> splits = cache.SnapshotSplits(real);
-  ConvResult conv = CausalConv1D(*state.conv, Tensor::FromFloat(config_.dtype, x), real,
-                                 layer.conv_weights, splits);
-  GdnResult gdn = op.segmented
-                      ? GatedDeltaSegmented(*state.delta, in, real, layer.gdn_params, splits)
-                      : GatedDelta(*state.delta, in, real, layer.gdn_params, splits);
-  cache.Put(real, std::move(conv.states), std::move(gdn.states));
-  layer.ref.Write(tokens);
+  in.conv_inputs = Tensor::FromFloat(config_.dtype, x);
+  in.real_len = real;
+  in.segmented = op.segmented;
+  RunRecurrentForward(target, in, layer.conv_weights, layer.gdn_params);
 }
 
 Check LockstepDriver::CheckLayer(Layer& layer) {

@@ -25,14 +25,20 @@ const char* OpKindName(OpKind kind) {
       return "take";
     case OpKind::kClose:
       return "close";
+    case OpKind::kSpeculate:
+      return "speculate";
   }
   return "?";
 }
 
 std::string Op::ToString() const {
   switch (kind) {
-    case OpKind::kWrite: {
-      std::string s = fmt::format("write L={}", tokens.size());
+    case OpKind::kWrite:
+    case OpKind::kSpeculate: {
+      std::string s = kind == OpKind::kWrite ? fmt::format("write L={}", tokens.size())
+                      : isolated ? fmt::format("speculate isolated drafts={}", tokens.size() - 1)
+                                 : fmt::format("speculate drafts={} accept={}", tokens.size() - 1,
+                                               value);
       if (pad > 0) s += fmt::format(" pad={}", pad);
       if (segmented) s += " segmented";
       if (mask == MaskForm::kZero) s += " mask=zero";

@@ -1,6 +1,9 @@
-// Op: one operation of an op-level lock-step run on a layer stack. A write goes to every
-// layer (each at its own offset, with each layer's own history); every other op targets
-// one layer. Snapshots live in a per-layer pool and are named by their index in it; -1
+// Op: one operation of an op-level lock-step run on a layer stack. A write or a
+// speculation goes to every layer (each at its own offset, with each layer's own history);
+// every other op targets one layer. A speculation runs one forward of `tokens` ([current,
+// d1..dD]) through the wrappers of BeginSpeculation and commits current plus `value` accepted
+// drafts (value + 1 tokens; out-of-range values test the clamp), or through
+// BeginIsolatedSpeculation and commits nothing. Snapshots live in a per-layer pool and are named by their index in it; -1
 // names the null snapshot. Merge and Split consume their inputs (removed from the pool)
 // and append their non-null outputs; Take appends the non-null captures. Value type.
 #pragma once
@@ -20,7 +23,8 @@ enum class OpKind : uint8_t {
   kFree,
   kPrepare,
   kTake,
-  kClose
+  kClose,
+  kSpeculate
 };
 
 // Logical attention mask of a write (checked against what attention must see).
@@ -29,14 +33,15 @@ enum class MaskForm : uint8_t { kCausal, kZero, kRelax };
 struct Op {
   OpKind kind = OpKind::kWrite;
   int32_t layer = 0;
-  // kWrite
+  // kWrite, kSpeculate
   std::vector<int32_t> tokens;  // the real tokens, >= 1
   int64_t pad = 0;              // padding rows recurrent layers also receive
   bool segmented = false;       // recurrent: segmented gated-delta form
   MaskForm mask = MaskForm::kCausal;
   int64_t rect_q_lo = 0, rect_q_hi = 0, rect_k_lo = 0, rect_k_hi = 0;  // kRelax, absolute
-  // kSnapshot: from; kRestore: target; kSplit: at
+  // kSnapshot: from; kRestore: target; kSplit: at; kSpeculate: accepted drafts
   int64_t value = 0;
+  bool isolated = false;  // kSpeculate
   // kRestore / kSplit / kClose: slot; kMerge: slot (parent) and slot2 (child)
   int32_t slot = -1;
   int32_t slot2 = -1;

@@ -31,6 +31,11 @@ struct ConvResult {
 ConvResult CausalConv1D(const Tensor& tail, const Tensor& x, int64_t real_len,
                         const ConvWeights& weights, const std::vector<int64_t>& splits);
 
+// The conv tail after the first n rows of `x` followed a conv whose tail was `tail`: the
+// last conv_tail rows of [tail ; x[0, n)] (pure data movement, so exact).
+// REQUIRES: same dtype and columns; 0 <= n <= x.rows().
+Tensor ConvTailAfter(const Tensor& tail, const Tensor& x, int64_t n);
+
 struct GdnParams {
   RecurrentDims dims;
   VecF dt_bias;  // [Hv]

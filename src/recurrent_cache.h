@@ -43,7 +43,41 @@ class RecurrentSnapshot final : public CacheSnapshot {
   MatF delta_;
 };
 
-class RecurrentCache final : public LayerCache {
+struct GdnInputs;
+struct GdnParams;
+
+// What a recurrent layer's forward talks to (see RunRecurrentForward): the live cache, or a
+// speculation wrapper standing in for it. The forward reads the state with Get, segments
+// its kernels at SnapshotSplits, hands the real rows of its scan inputs to RecordScan and
+// installs the resulting states with Put.
+class RecurrentLayer : public LayerCache {
+ public:
+  struct StateView {
+    const Tensor* conv;
+    const MatF* delta;
+  };
+  // The state the forward starts from. REQUIRES: `activation` equals the dtype of the
+  // first Get (until Free).
+  virtual StateView Get(DType activation) = 0;
+  // Scheduled offsets strictly inside (offset, offset + forward_len), relative to offset.
+  virtual std::vector<int64_t> SnapshotSplits(int64_t forward_len) const = 0;
+  // The forward's inputs before Put: packed conv inputs [L x conv_dim] in the activation
+  // dtype and the gated-delta inputs, of which the first `real_len` rows are real. The live
+  // cache keeps nothing (it never rewinds, so it never replays); a speculation wrapper keeps
+  // the real rows to rebuild the state of an accepted prefix.
+  virtual void RecordScan(const Tensor& conv_inputs, const GdnInputs& scan, int64_t real_len,
+                          const GdnParams& params) {
+    (void)conv_inputs, (void)scan, (void)real_len, (void)params;
+  }
+  // Installs the state after a forward of `real_len` real tokens. The lists hold one state
+  // per interior split (SnapshotSplits(real_len)) then the end state.
+  // REQUIRES: Get was called; equal non-empty lists of size splits + 1; shapes match.
+  virtual void Put(int64_t real_len, std::vector<Tensor> conv_states,
+                   std::vector<MatF> delta_states) = 0;
+  virtual const RecurrentDims& dims() const = 0;
+};
+
+class RecurrentCache final : public RecurrentLayer {
  public:
   explicit RecurrentCache(RecurrentDims dims);
 
@@ -59,22 +93,15 @@ class RecurrentCache final : public LayerCache {
   SnapshotPtr Merge(SnapshotPtr parent, SnapshotPtr child) override;
   std::pair<SnapshotPtr, SnapshotPtr> Split(SnapshotPtr snap, int64_t at) override;
 
-  struct StateView {
-    const Tensor* conv;
-    const MatF* delta;
-  };
   // The live state, created as zeros (conv in `activation`, delta float32) on first use.
-  // Never changes the offset. REQUIRES: `activation` equals the dtype of the first Get.
-  StateView Get(DType activation);
-  // Scheduled offsets strictly inside (offset, offset + forward_len), relative to offset.
-  std::vector<int64_t> SnapshotSplits(int64_t forward_len) const;
-  // Installs the state after a forward of `real_len` real tokens. The lists hold one state
-  // per interior split (SnapshotSplits(real_len)) then the end state.
-  // REQUIRES: Get was called; equal non-empty lists of size splits + 1; shapes match.
-  void Put(int64_t real_len, std::vector<Tensor> conv_states, std::vector<MatF> delta_states);
+  // Never changes the offset.
+  StateView Get(DType activation) override;
+  std::vector<int64_t> SnapshotSplits(int64_t forward_len) const override;
+  void Put(int64_t real_len, std::vector<Tensor> conv_states,
+           std::vector<MatF> delta_states) override;
+  const RecurrentDims& dims() const override { return dims_; }
 
   // Inspection for checkers and tests.
-  const RecurrentDims& dims() const { return dims_; }
   bool HasState() const { return has_state_; }
   const Tensor& conv() const { return conv_; }
   const MatF& delta() const { return delta_; }

@@ -137,6 +137,31 @@ History RotatingCache::View() const {
   return h;
 }
 
+std::pair<Tensor, Tensor> RotatingCache::LogicalTail(int64_t count) const {
+  KV_CHECK(count >= 0 && count <= std::min(offset_, window_),
+           "logical tail of " + std::to_string(count) + " tokens at offset " +
+               std::to_string(offset_) + " W " + std::to_string(window_));
+  if (count == 0) return {Tensor(), Tensor()};
+  const int64_t rows = k_.rows();
+  if (offset_ <= window_ || idx_ == rows) {
+    // R1 (slot i holds position i, idx == offset) or R3 (oversize, logical order, idx ==
+    // Dim): the newest tokens end at the cursor.
+    return {k_.Rows(idx_ - count, count), v_.Rows(idx_ - count, count)};
+  }
+  // R2: logical j of the W tokens lives in slot (idx + j) mod W; the newest `count` start
+  // at j = W - count and may wrap past the end of the buffer.
+  KV_CHECK(rows == window_, "wrapped window buffer is not W rows");
+  const int64_t first = (idx_ + window_ - count) % window_;
+  const int64_t run = std::min(count, window_ - first);
+  Tensor k = k_.Rows(first, run);
+  Tensor v = v_.Rows(first, run);
+  if (run < count) {
+    k.AppendRows(k_.Rows(0, count - run));
+    v.AppendRows(v_.Rows(0, count - run));
+  }
+  return {std::move(k), std::move(v)};
+}
+
 History RotatingCache::UpdateSingle(const Tensor& k, const Tensor& v) {
   // Step 2: grow toward W while the linear buffer is full.
   if (!has_buffer_ || (offset_ >= k_.rows() && k_.rows() < window_)) {

@@ -60,6 +60,10 @@ class RotatingCache final : public AttentionCache {
   History Update(const Tensor& k, const Tensor& v) override;
   History View() const override;
 
+  // The newest `count` tokens of the window as K and V rows in logical order (oldest
+  // first), whatever the storage regime. REQUIRES: 0 <= count <= min(Offset(), W).
+  std::pair<Tensor, Tensor> LogicalTail(int64_t count) const;
+
   // Inspection for checkers and tests.
   int64_t window() const { return window_; }
   int64_t ring_idx() const { return idx_; }

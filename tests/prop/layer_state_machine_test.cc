@@ -212,6 +212,12 @@ struct OpCommand : rc::state::Command<Model, LockstepDriver> {
       case OpKind::kClose:
         TakeSlot(m, op.slot);
         break;
+      case OpKind::kSpeculate: {
+        model::TokenLog t;
+        for (int32_t id : op.tokens) t.push_back({id, 0});
+        if (!op.isolated) m.ref.CommitSpeculation(t, op.value + 1);
+        break;
+      }
     }
   }
 

@@ -1,0 +1,91 @@
+// LockstepDriver::Speculate: one speculative forward over the whole stack through the
+// wrappers of src/speculation.h, then (unless isolated) a commit of current plus the
+// accepted drafts. Checked on the way: the attention history each wrapper hands the
+// forward (rows, order and visible positions equal to an ordinary forward of the same
+// tokens), each wrapper's own offset and its answers to the rest of the cache contract
+// (spec §2.7); after the commit Apply checks every live layer against the reference, which
+// commits through RefCache::CommitSpeculation.
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "sim/lockstep.h"
+#include "src/core/check.h"
+#include "src/speculation.h"
+
+namespace kvtwin::sim {
+namespace {
+
+// The §2.7 answers every wrapper gives, whatever it wraps; `offset` is where it must be.
+Check CheckWrapperContract(LayerCache& w, int64_t offset) {
+  auto expect = [](bool ok, const char* what, const char* want, const char* got) -> Check {
+    if (ok) return std::nullopt;
+    return Mismatch{fmt::format("speculation wrapper {}", what), want, got};
+  };
+  if (w.Offset() != offset) {
+    return Mismatch{"speculation wrapper offset", std::to_string(offset),
+                    std::to_string(w.Offset())};
+  }
+  if (Check c = expect(w.Snapshot(0) == nullptr, "Snapshot", "null", "a snapshot")) return c;
+  if (Check c = expect(!w.Restore(nullptr, offset), "Restore", "false", "true")) return c;
+  if (Check c = expect(w.Merge(nullptr, nullptr) == nullptr, "Merge", "null", "a snapshot")) {
+    return c;
+  }
+  auto [parent, child] = w.Split(nullptr, offset);
+  if (Check c = expect(parent == nullptr && child == nullptr, "Split of null", "(null, null)",
+                       "a snapshot")) {
+    return c;
+  }
+  if (Check c = expect(!w.PrepareSnapshots({offset + 1}).ok(), "PrepareSnapshots",
+                       "FailedPrecondition", "ok")) {
+    return c;
+  }
+  if (Check c = expect(w.TakeSnapshots().empty() && !w.ScheduleActive(), "capture schedule",
+                       "none", "active")) {
+    return c;
+  }
+  w.Free();
+  if (w.Offset() != offset) {
+    return Mismatch{"speculation wrapper offset after Free (a no-op)", std::to_string(offset),
+                    std::to_string(w.Offset())};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
+  std::vector<LayerCache*> live;
+  for (Layer& l : layers_) live.push_back(l.cache.get());
+  Result<Speculation> spec = op.isolated ? BeginIsolatedSpeculation(live) : BeginSpeculation(live);
+  // Every kind a stack can hold is wrappable; a refusal here is a production bug.
+  if (!spec.ok()) {
+    *layer_index = 0;
+    return Mismatch{"BeginSpeculation outcome", "ok", spec.status().ToString()};
+  }
+  std::vector<model::TokenLog> forwards;
+  for (int32_t i = 0; i < num_layers(); ++i) {
+    Layer& layer = layers_[static_cast<size_t>(i)];
+    *layer_index = i;
+    forwards.push_back(TokensFor(layer, op));
+    const model::TokenLog& tokens = forwards.back();
+    LayerCache& w = spec->layer(static_cast<size_t>(i));
+    if (w.kind() == CacheKind::kRecurrent) {
+      ForwardRecurrent(static_cast<RecurrentLayer&>(w), op, layer, i, tokens);
+    } else if (Check c = ForwardAttention(static_cast<AttentionCache&>(w), op, layer, tokens)) {
+      c->what = "speculative " + c->what;
+      return c;
+    }
+    const int64_t end = layer.ref.Offset() + static_cast<int64_t>(tokens.size());
+    if (Check c = CheckWrapperContract(w, end)) return c;
+  }
+  if (op.isolated) return std::nullopt;
+  const int64_t keep = op.value + 1;  // current plus the accepted drafts
+  spec->Commit(keep);
+  for (int32_t i = 0; i < num_layers(); ++i) {
+    layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], keep);
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvtwin::sim
