@@ -18,7 +18,7 @@ using kvtwin::sim::OpKind;
 
 Op DecodeOp(FuzzedDataProvider& in, const LockstepDriver& d) {
   Op op;
-  op.kind = static_cast<OpKind>(in.ConsumeIntegralInRange<int>(0, 8));
+  op.kind = static_cast<OpKind>(in.ConsumeIntegralInRange<int>(0, 9));
   op.layer = in.ConsumeIntegralInRange<int32_t>(0, d.num_layers() - 1);
   const int64_t offset = d.ref(op.layer).Offset();
   const int32_t pool = d.pool_size(op.layer);
@@ -28,7 +28,10 @@ Op DecodeOp(FuzzedDataProvider& in, const LockstepDriver& d) {
   if (op.kind == OpKind::kSplit && op.slot >= 0) {
     op.value = d.pool_ref(op.layer, op.slot)->from + in.ConsumeIntegralInRange<int64_t>(-1, 12);
   }
-  if (op.kind == OpKind::kWrite) {
+  if (op.kind == OpKind::kWrite || op.kind == OpKind::kSpeculate) {
+    // A speculation forwards current + D drafts and accepts value drafts (clamped).
+    op.isolated = op.kind == OpKind::kSpeculate && in.ConsumeIntegralInRange<int>(0, 5) == 0;
+    op.value = in.ConsumeIntegralInRange<int64_t>(-2, 12);
     const auto n = in.ConsumeIntegralInRange<size_t>(1, 20);
     for (size_t i = 0; i < n; ++i) op.tokens.push_back(in.ConsumeIntegralInRange<int32_t>(0, 5));
     op.pad = in.ConsumeIntegralInRange<int64_t>(0, 2);

@@ -1,0 +1,449 @@
+// Goal: pin the attention wrappers of src/speculation.h (spec §2.7) to their contract: after
+// Commit(n) of a D + 1 token validation forward, a full KV or rotating live cache is exactly
+// the cache that got the ordinary writes "prefix, then the first n forward tokens"; the
+// history a wrapper hands the forward is the one an ordinary batched write would give
+// (spec §5.2); counts <= 0 commit nothing and counts past the forward never reach the bonus
+// token; isolated speculation never touches live state; wrappers answer the rest of the
+// cache contract as §2.7 says.
+// Method: rows are position-tagged (tagged_rows.h), so every row read back names its
+// position. Each live cache is compared with a twin built by ordinary writes of the same
+// tagged tokens (bit-exact rows, and for rotating caches the whole physical ring: offset,
+// cursor, buffer), and with positions derived from the spec alone (windows, visible sets).
+// Sweeps: D in {1, 3, 10} x every accept count; windows W in {2, 4, 32} (smaller than D + 1
+// too) x prefixes that leave the ring unwrapped, wrapped with the cursor mid-buffer, and
+// oversize right after a batched write. Deterministic; no randomness.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "src/attention_mask.h"
+#include "src/kv_cache.h"
+#include "src/rotating_cache.h"
+#include "src/speculation.h"
+#include "unit/speculation_fixtures.h"
+#include "unit/tagged_rows.h"
+
+namespace kvtwin {
+namespace {
+
+using specfx::Attn;
+using specfx::Begin;
+using specfx::BeginIsolated;
+using specfx::HistoryPositions;
+using specfx::kDrafts;
+using specfx::WriteTagged;
+
+std::vector<int64_t> Range(int64_t first, int64_t count) {
+  std::vector<int64_t> out;
+  for (int64_t p = first; p < first + count; ++p) out.push_back(p);
+  return out;
+}
+
+// Per query, the positions it attends: VisibleRows translated through the row tags.
+std::vector<std::vector<int64_t>> VisiblePositions(const History& h, const AttentionMask& mask,
+                                                   int64_t offset, int64_t query_len) {
+  const std::vector<int64_t> positions = HistoryPositions(h);
+  Result<std::vector<std::vector<int64_t>>> rows = VisibleRows(h, mask, offset, query_len);
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  std::vector<std::vector<int64_t>> out;
+  if (!rows.ok()) return out;
+  for (const std::vector<int64_t>& q : *rows) {
+    out.emplace_back();
+    for (const int64_t r : q) out.back().push_back(positions[static_cast<size_t>(r)]);
+  }
+  return out;
+}
+
+// Spec §5.2: query p attends max(0, p - W + 1)..p (W <= 0: no window, 0..p).
+std::vector<std::vector<int64_t>> ModelVisible(int64_t offset, int64_t query_len, int64_t w) {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t p = offset; p < offset + query_len; ++p) {
+    const int64_t oldest = w > 0 ? std::max<int64_t>(0, p - w + 1) : 0;
+    out.push_back(Range(oldest, p - oldest + 1));
+  }
+  return out;
+}
+
+// ---- full KV ------------------------------------------------------------------------
+
+// Positions [0, prefix) in two ordinary writes (a batch, then a decode token).
+void FillKv(KvCache& cache, int64_t prefix) {
+  if (prefix > 1) WriteTagged(cache, 0, prefix - 1);
+  if (prefix > 0) WriteTagged(cache, prefix - 1, 1);
+}
+
+void ExpectSameKv(const KvCache& live, const KvCache& twin) {
+  const int64_t off = twin.Offset();
+  ASSERT_EQ(live.Offset(), off);
+  if (off == 0) return;
+  EXPECT_TRUE(live.keys().Rows(0, off).Equals(twin.keys().Rows(0, off)));
+  EXPECT_TRUE(live.values().Rows(0, off).Equals(twin.values().Rows(0, off)));
+  EXPECT_EQ(tagged::Tags(live.keys(), live.values(), 0, off), tagged::Positions(0, off));
+}
+
+// 250 + 11 crosses the 256-slot grow step inside the forward.
+const std::vector<int64_t> kKvPrefixes = {0, 7, 250};
+
+TEST(KvSpeculation, CommitEqualsOrdinaryWritesOfTheAcceptedTokens) {
+  for (const int64_t prefix : kKvPrefixes) {
+    for (const int64_t d : kDrafts) {
+      for (int64_t a = 0; a <= d; ++a) {
+        SCOPED_TRACE(testing::Message() << "prefix " << prefix << " D " << d << " a " << a);
+        KvCache live;
+        FillKv(live, prefix);
+        Speculation spec = Begin({&live});
+        WriteTagged(Attn(spec, 0), prefix, d + 1);
+        EXPECT_EQ(Attn(spec, 0).Offset(), prefix + d + 1);
+        EXPECT_EQ(live.Offset(), prefix + d + 1);  // full KV writes through
+        spec.Commit(a + 1);
+
+        KvCache twin;
+        FillKv(twin, prefix);
+        WriteTagged(twin, prefix, a + 1);
+        ExpectSameKv(live, twin);
+        // The cursor really moved: the next ordinary token lands right after the commit.
+        WriteTagged(live, live.Offset(), 1);
+        WriteTagged(twin, twin.Offset(), 1);
+        ExpectSameKv(live, twin);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(KvSpeculation, ForwardSeesWhatABatchedForwardSees) {
+  for (const int64_t prefix : kKvPrefixes) {
+    for (const int64_t d : kDrafts) {
+      SCOPED_TRACE(testing::Message() << "prefix " << prefix << " D " << d);
+      const int64_t t = d + 1;
+      KvCache live;
+      FillKv(live, prefix);
+      Speculation spec = Begin({&live});
+      const History h = WriteTagged(Attn(spec, 0), prefix, t);
+      KvCache twin;
+      FillKv(twin, prefix);
+      const History th = WriteTagged(twin, prefix, t);
+      EXPECT_EQ(HistoryPositions(h), Range(0, prefix + t));
+      EXPECT_EQ(HistoryPositions(h), HistoryPositions(th));
+      EXPECT_FALSE(h.has_applier);
+      const AttentionMask causal = AttentionMask::Causal();
+      EXPECT_EQ(VisiblePositions(h, causal, prefix, t), ModelVisible(prefix, t, 0));
+      EXPECT_EQ(VisiblePositions(h, causal, prefix, t), VisiblePositions(th, causal, prefix, t));
+    }
+  }
+}
+
+// ---- rotating -------------------------------------------------------------------------
+
+enum class Regime { kPartial, kFull, kRing, kOversize };
+
+struct RotPrefix {
+  Regime regime;
+  std::vector<int64_t> writes;  // sizes of the ordinary prefix writes, in order
+};
+
+// Unwrapped (offset < W and == W), wrapped with the ring cursor mid-buffer (a batch of 2,
+// then single tokens up to offset 2W + 1), wrapped and oversize right after a batched write.
+std::vector<RotPrefix> RotPrefixes(int64_t w) {
+  std::vector<int64_t> ring(static_cast<size_t>(2 * w), 1);
+  ring[0] = 2;
+  return {{Regime::kPartial, {std::max<int64_t>(1, w / 2)}},
+          {Regime::kFull, {w - 1, 1}},
+          {Regime::kRing, ring},
+          {Regime::kOversize, {w + 1, 3}}};
+}
+
+const std::vector<int64_t> kWindows = {2, 4, 32};
+
+void FillRot(RotatingCache& cache, const RotPrefix& prefix) {
+  for (const int64_t n : prefix.writes) WriteTagged(cache, cache.Offset(), n);
+}
+
+// The prefix really produced the storage regime the case is named after.
+void ExpectRegime(const RotatingCache& c, Regime regime) {
+  const int64_t w = c.window();
+  switch (regime) {
+    case Regime::kPartial:
+      EXPECT_LT(c.Offset(), w);
+      break;
+    case Regime::kFull:
+      EXPECT_EQ(c.Offset(), w);
+      break;
+    case Regime::kRing:
+      EXPECT_GT(c.Offset(), w);
+      EXPECT_EQ(c.buffer_rows(), w);
+      EXPECT_TRUE(c.ring_idx() > 0 && c.ring_idx() < w) << "cursor " << c.ring_idx();
+      break;
+    case Regime::kOversize:
+      EXPECT_GT(c.Offset(), w);
+      EXPECT_GT(c.buffer_rows(), w);
+      break;
+  }
+}
+
+std::vector<int64_t> WindowPositions(const RotatingCache& c) {
+  auto [k, v] = c.LogicalTail(std::min(c.Offset(), c.window()));
+  std::vector<int64_t> out;
+  for (const float tag : tagged::Tags(k, v, 0, k.rows()))
+    out.push_back(static_cast<int64_t>(tag) - 1);
+  return out;
+}
+
+// Same logical window as the spec says, and the same physical ring as the twin.
+void ExpectSameRotating(const RotatingCache& live, const RotatingCache& twin) {
+  const int64_t off = twin.Offset();
+  ASSERT_EQ(live.Offset(), off);
+  const int64_t n = std::min(off, live.window());
+  EXPECT_EQ(WindowPositions(live), Range(off - n, n));
+  EXPECT_EQ(live.ring_idx(), twin.ring_idx());
+  EXPECT_EQ(live.HasBuffer(), twin.HasBuffer());
+  EXPECT_EQ(live.buffer_rows(), twin.buffer_rows());
+  EXPECT_TRUE(live.keys().Equals(twin.keys()));
+  EXPECT_TRUE(live.values().Equals(twin.values()));
+}
+
+TEST(RotatingSpeculation, CommitEqualsOrdinaryWritesOfTheAcceptedTokens) {
+  for (const int64_t w : kWindows) {
+    for (const RotPrefix& prefix : RotPrefixes(w)) {
+      for (const int64_t d : kDrafts) {
+        for (int64_t a = 0; a <= d; ++a) {
+          SCOPED_TRACE(testing::Message()
+                       << "W " << w << " regime " << static_cast<int>(prefix.regime) << " D " << d
+                       << " a " << a);
+          RotatingCache live(w);
+          FillRot(live, prefix);
+          ExpectRegime(live, prefix.regime);
+          const RotatingCache before = [&] {
+            RotatingCache c(w);
+            FillRot(c, prefix);
+            return c;
+          }();
+          const int64_t start = live.Offset();
+          Speculation spec = Begin({&live});
+          WriteTagged(Attn(spec, 0), start, d + 1);
+          EXPECT_EQ(Attn(spec, 0).Offset(), start + d + 1);
+          ExpectSameRotating(live, before);  // the forward never touches the live ring
+          spec.Commit(a + 1);
+
+          // One ordinary write of exactly the accepted tokens (n == 1: the ring path).
+          RotatingCache twin(w);
+          FillRot(twin, prefix);
+          WriteTagged(twin, start, a + 1);
+          ExpectSameRotating(live, twin);
+          WriteTagged(live, live.Offset(), 1);
+          WriteTagged(twin, twin.Offset(), 1);
+          ExpectSameRotating(live, twin);
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(RotatingSpeculation, ForwardSeesWhatABatchedForwardSees) {
+  for (const int64_t w : kWindows) {
+    for (const RotPrefix& prefix : RotPrefixes(w)) {
+      for (const int64_t d : kDrafts) {
+        SCOPED_TRACE(testing::Message()
+                     << "W " << w << " regime " << static_cast<int>(prefix.regime) << " D " << d);
+        const int64_t t = d + 1;
+        RotatingCache live(w);
+        FillRot(live, prefix);
+        const int64_t start = live.Offset();
+        for (const bool isolated : {false, true}) {
+          Speculation spec = isolated ? BeginIsolated({&live}) : Begin({&live});
+          const History h = WriteTagged(Attn(spec, 0), start, t);
+          RotatingCache twin(w);
+          FillRot(twin, prefix);
+          const History th = WriteTagged(twin, start, t);
+          // Spec §5.2: the newest min(live, W - 1) older tokens, then the forward's.
+          const int64_t keys = std::min(start, w - 1) + t;
+          EXPECT_EQ(HistoryPositions(h), Range(start + t - keys, keys));
+          EXPECT_EQ(HistoryPositions(h), HistoryPositions(th));
+          ASSERT_TRUE(h.has_applier);
+          EXPECT_EQ(h.applier.key_len, keys);
+          EXPECT_EQ(h.applier.query_len, t);
+          EXPECT_EQ(h.applier.window, w);
+          const AttentionMask causal = AttentionMask::Causal();
+          EXPECT_EQ(VisiblePositions(h, causal, start, t), ModelVisible(start, t, w));
+          EXPECT_EQ(VisiblePositions(h, causal, start, t), VisiblePositions(th, causal, start, t));
+          const AttentionMask zero = AttentionMask::Zero();
+          EXPECT_EQ(VisiblePositions(h, zero, start, t), VisiblePositions(th, zero, start, t));
+          // Read-only View afterwards (invalidates h): the newest W tokens, as the twin's.
+          EXPECT_EQ(HistoryPositions(Attn(spec, 0).View()), HistoryPositions(twin.View()));
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// ---- commit counts outside [1, D + 1] -----------------------------------------------
+
+TEST(SpeculationCommit, NonPositiveCountsCommitNothing) {
+  for (const int64_t d : kDrafts) {
+    for (const int64_t n : {int64_t{0}, int64_t{-1}}) {
+      SCOPED_TRACE(testing::Message() << "D " << d << " n " << n);
+      KvCache kv;
+      FillKv(kv, 7);
+      RotatingCache rot(4);
+      FillRot(rot, RotPrefixes(4)[2]);  // wrapped, cursor mid-ring
+      {
+        Speculation spec = Begin({&kv, &rot});
+        WriteTagged(Attn(spec, 0), 7, d + 1);
+        WriteTagged(Attn(spec, 1), rot.Offset(), d + 1);
+        spec.Commit(n);
+      }
+      KvCache kv_twin;
+      FillKv(kv_twin, 7);
+      RotatingCache rot_twin(4);
+      FillRot(rot_twin, RotPrefixes(4)[2]);
+      ExpectSameKv(kv, kv_twin);
+      ExpectSameRotating(rot, rot_twin);
+      WriteTagged(kv, kv.Offset(), 1);  // lands at 7, over the rejected row
+      WriteTagged(kv_twin, 7, 1);
+      ExpectSameKv(kv, kv_twin);
+    }
+  }
+}
+
+TEST(SpeculationCommit, TheBonusTokenIsNeverCommitted) {
+  for (const int64_t d : kDrafts) {
+    for (const int64_t n : {d + 1, d + 7}) {
+      SCOPED_TRACE(testing::Message() << "D " << d << " n " << n);
+      KvCache kv;
+      FillKv(kv, 7);
+      RotatingCache rot(4);
+      FillRot(rot, RotPrefixes(4)[3]);  // wrapped, oversize
+      const int64_t rot_start = rot.Offset();
+      {
+        Speculation spec = Begin({&kv, &rot});
+        WriteTagged(Attn(spec, 0), 7, d + 1);
+        WriteTagged(Attn(spec, 1), rot_start, d + 1);
+        spec.Commit(n);
+      }
+      EXPECT_EQ(kv.Offset(), 7 + d + 1);
+      EXPECT_EQ(rot.Offset(), rot_start + d + 1);
+      KvCache kv_twin;
+      FillKv(kv_twin, 7);
+      WriteTagged(kv_twin, 7, d + 1);
+      RotatingCache rot_twin(4);
+      FillRot(rot_twin, RotPrefixes(4)[3]);
+      WriteTagged(rot_twin, rot_start, d + 1);
+      ExpectSameKv(kv, kv_twin);
+      ExpectSameRotating(rot, rot_twin);
+    }
+  }
+}
+
+// ---- isolated speculation -------------------------------------------------------------
+
+TEST(IsolatedSpeculation, KvSeesLiveThenForwardAndLeavesLiveUntouched) {
+  for (const int64_t prefix : {int64_t{0}, int64_t{7}}) {
+    SCOPED_TRACE(testing::Message() << "prefix " << prefix);
+    KvCache live;
+    FillKv(live, prefix);
+    const bool had_buffer = live.HasBuffer();
+    const int64_t capacity = live.Capacity();
+    const Tensor keys = live.keys();
+    const Tensor values = live.values();
+    {
+      Speculation spec = BeginIsolated({&live});
+      EXPECT_TRUE(spec.isolated());
+      EXPECT_EQ(HistoryPositions(WriteTagged(Attn(spec, 0), prefix, 4)), Range(0, prefix + 4));
+      // A second write accumulates: [live ; both writes].
+      const History h = WriteTagged(Attn(spec, 0), prefix + 4, 1);
+      EXPECT_EQ(HistoryPositions(h), Range(0, prefix + 5));
+      EXPECT_EQ(Attn(spec, 0).Offset(), prefix + 5);
+      EXPECT_EQ(live.Offset(), prefix);
+    }
+    EXPECT_EQ(live.Offset(), prefix);
+    EXPECT_EQ(live.HasBuffer(), had_buffer);
+    EXPECT_EQ(live.Capacity(), capacity);
+    EXPECT_TRUE(live.keys().Equals(keys));
+    EXPECT_TRUE(live.values().Equals(values));
+  }
+}
+
+TEST(IsolatedSpeculation, RotatingLeavesLiveUntouched) {
+  for (const int64_t w : kWindows) {
+    for (const RotPrefix& prefix : RotPrefixes(w)) {
+      SCOPED_TRACE(testing::Message()
+                   << "W " << w << " regime " << static_cast<int>(prefix.regime));
+      RotatingCache live(w);
+      FillRot(live, prefix);
+      RotatingCache twin(w);
+      FillRot(twin, prefix);
+      {
+        Speculation spec = BeginIsolated({&live});
+        WriteTagged(Attn(spec, 0), live.Offset(), 11);
+        WriteTagged(Attn(spec, 0), live.Offset() + 11, 1);
+        EXPECT_EQ(Attn(spec, 0).Offset(), twin.Offset() + 12);
+        ExpectSameRotating(live, twin);
+      }
+      ExpectSameRotating(live, twin);
+    }
+  }
+}
+
+// ---- spec §2.7 contract answers -------------------------------------------------------
+
+TEST(SpeculationWrappers, AttentionWrappersAnswerTheRestOfTheContract) {
+  for (const bool isolated : {false, true}) {
+    SCOPED_TRACE(isolated ? "isolated" : "committing");
+    KvCache kv, kv_donor, kv_twin;
+    for (KvCache* c : {&kv, &kv_donor, &kv_twin}) FillKv(*c, 7);
+    RotatingCache rot(4), rot_donor(4), rot_twin(4);
+    for (RotatingCache* c : {&rot, &rot_donor, &rot_twin}) FillRot(*c, RotPrefixes(4)[2]);
+    const int64_t rot_start = rot.Offset();
+    Speculation spec = isolated ? BeginIsolated({&kv, &rot}) : Begin({&kv, &rot});
+    WriteTagged(Attn(spec, 0), 7, 4);
+    WriteTagged(Attn(spec, 1), rot_start, 4);
+    specfx::ExpectWrapperContract(
+        spec.layer(0), CacheKind::kFullKv, [&] { return kv_donor.Snapshot(0); }, 11);
+    specfx::ExpectWrapperContract(
+        spec.layer(1), CacheKind::kRotating, [&] { return rot_donor.Snapshot(0); }, rot_start + 4);
+    if (isolated) continue;
+    // Nothing above (Free included) changed what the commit keeps.
+    spec.Commit(2);
+    WriteTagged(kv_twin, 7, 2);
+    WriteTagged(rot_twin, rot_start, 2);
+    ExpectSameKv(kv, kv_twin);
+    ExpectSameRotating(rot, rot_twin);
+  }
+}
+
+// ---- programmer errors ----------------------------------------------------------------
+
+// The whole scenario runs inside the death statement: a parent-side open speculation over
+// a misused live cache would abort in its destructor.
+TEST(SpeculationDeathTest, LiveKvUsedDirectlyDuringSpeculationAbortsTheCommit) {
+  EXPECT_DEATH(
+      {
+        KvCache live;
+        FillKv(live, 3);
+        Speculation spec = Begin({&live});
+        WriteTagged(Attn(spec, 0), 3, 2);
+        WriteTagged(live, 5, 1);
+        spec.Commit(1);
+      },
+      "used directly during a speculation");
+}
+
+TEST(SpeculationDeathTest, LiveRotatingUsedDirectlyDuringSpeculationAbortsTheCommit) {
+  EXPECT_DEATH(
+      {
+        RotatingCache live(4);
+        FillRot(live, RotPrefixes(4)[2]);
+        Speculation spec = Begin({&live});
+        WriteTagged(Attn(spec, 0), live.Offset(), 2);
+        WriteTagged(live, live.Offset(), 1);
+        spec.Commit(1);
+      },
+      "used directly during a speculation");
+}
+
+}  // namespace
+}  // namespace kvtwin
