@@ -290,6 +290,20 @@ Check LayerOracle::CheckHistory(const History& history, const model::TokenLog& l
   return CheckVisible(history, row_positions, start, query_len, write, kind);
 }
 
+Check LayerOracle::CheckView(const History& view, const model::TokenLog& log) {
+  const auto offset = static_cast<int64_t>(log.size());
+  if (offset == 0) {
+    if (view.length == 0) return std::nullopt;
+    return Mismatch{"View() history length at offset 0", "0", std::to_string(view.length)};
+  }
+  // A view is what the decode of the last token saw: same rows, same visibility.
+  if (Check c = CheckHistory(view, log, offset - 1, 1, Op{})) {
+    c->what = "View(): " + c->what;
+    return c;
+  }
+  return std::nullopt;
+}
+
 Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                                 int64_t start, int64_t query_len, const Op& write,
                                 model::RefKind kind) {

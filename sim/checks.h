@@ -55,6 +55,11 @@ class LayerOracle {
   Check CheckHistory(const History& history, const model::TokenLog& log_after, int64_t start,
                      int64_t query_len, const Op& write);
 
+  // What View() returned with `log` (its size is the offset) in the cache: the history a
+  // decode query at the last position would see, i.e. all of it (full KV) or the newest
+  // min(offset, W) positions (rotating), in ring or logical order; nothing at offset 0.
+  Check CheckView(const History& view, const model::TokenLog& log);
+
   // Expected K (or V) row for `token` at position p.
   void FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token, bool is_value) const;
   const SyntheticForward& synth() const { return synth_; }

@@ -278,6 +278,10 @@ void LockstepDriver::ForwardRecurrent(RecurrentLayer& target, const Op& op, cons
 
 Check LockstepDriver::CheckLayer(Layer& layer) {
   if (Check m = layer.oracle->CheckLive(*layer.cache, layer.ref)) return m;
+  if (layer.cache->kind() != CacheKind::kRecurrent) {
+    const History view = static_cast<const AttentionCache&>(*layer.cache).View();
+    if (Check m = layer.oracle->CheckView(view, layer.ref.log())) return m;
+  }
   for (size_t i = 0; i < layer.pool.size(); ++i) {
     const PoolEntry& e = layer.pool[i];
     if (Check m = layer.oracle->CheckSnapshot(e.prod.get(), e.ref)) {

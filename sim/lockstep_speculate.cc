@@ -72,9 +72,20 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     LayerCache& w = spec->layer(static_cast<size_t>(i));
     if (w.kind() == CacheKind::kRecurrent) {
       ForwardRecurrent(static_cast<RecurrentLayer&>(w), op, layer, i, tokens);
-    } else if (Check c = ForwardAttention(static_cast<AttentionCache&>(w), op, layer, tokens)) {
-      c->what = "speculative " + c->what;
-      return c;
+    } else {
+      // A draft model reads the target through the wrapper's View, before and after.
+      auto& attention = static_cast<AttentionCache&>(w);
+      if (Check c = layer.oracle->CheckView(attention.View(), layer.ref.log())) return c;
+      if (Check c = ForwardAttention(attention, op, layer, tokens)) {
+        c->what = "speculative " + c->what;
+        return c;
+      }
+      model::TokenLog through = layer.ref.log();
+      through.insert(through.end(), tokens.begin(), tokens.end());
+      if (Check c = layer.oracle->CheckView(attention.View(), through)) {
+        c->what = "after the forward, " + c->what;
+        return c;
+      }
     }
     const int64_t end = layer.ref.Offset() + static_cast<int64_t>(tokens.size());
     if (Check c = CheckWrapperContract(w, end)) return c;

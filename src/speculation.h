@@ -24,6 +24,10 @@
 // schedule (PrepareSnapshots is FailedPrecondition, TakeSnapshots empty) and report their
 // own offset (the live offset at Begin plus the tokens forwarded through them).
 //
+// Commits use the live cache's ordinary write path, so an active capture schedule sees the
+// accepted tokens like any forward's; the full KV wrapper writes through, so its schedule
+// also captures rejected drafts before the rewind (as the Go wrapper did).
+//
 // The live caches must not be used directly while a speculation over them is open
 // (checked at Commit). An uncommitted speculation rolls back when destroyed.
 // Single-threaded.

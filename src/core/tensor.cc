@@ -111,6 +111,8 @@ void Tensor::ResizeRows(int64_t new_rows) {
 }
 
 void Tensor::AppendRows(const Tensor& tail) {
+  // Nothing to append, whatever shape the empty tail was default-built with.
+  if (tail.rows() == 0) return;
   if (rows() == 0 && cols() == 0) {
     *this = tail;
     return;

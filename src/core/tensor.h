@@ -56,7 +56,8 @@ class Tensor {
   void CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64_t count);
   // Keeps the first min(rows, new_rows) rows, zero-fills the rest.
   void ResizeRows(int64_t new_rows);
-  // Appends all rows of `tail`. REQUIRES: same dtype and column count (or this is empty).
+  // Appends all rows of `tail`. REQUIRES: same dtype and column count (or this or tail
+  // has no rows).
   void AppendRows(const Tensor& tail);
   // Drops the first `count` rows. REQUIRES: count <= rows().
   void DropFrontRows(int64_t count);

@@ -415,6 +415,27 @@ TEST(SpeculationWrappers, AttentionWrappersAnswerTheRestOfTheContract) {
   }
 }
 
+// Before the forward, View (a draft reading the target cache through the wrapper) shows
+// the live history: the whole window (in ring order on the live side, logical on the
+// wrapper's, so compared as sets) or all KV rows. This once aborted: appending the empty
+// accumulated rows to the live ones.
+TEST(SpeculationWrappers, ViewBeforeTheForwardShowsTheLiveHistory) {
+  for (const bool rotating : {false, true}) {
+    for (const bool isolated : {false, true}) {
+      KvCache kv;
+      FillKv(kv, 7);
+      RotatingCache rot(4);
+      FillRot(rot, RotPrefixes(4)[2]);  // wrapped, cursor mid-ring
+      AttentionCache& live = rotating ? static_cast<AttentionCache&>(rot) : kv;
+      std::vector<int64_t> want = HistoryPositions(live.View());
+      std::sort(want.begin(), want.end());
+      Speculation spec = isolated ? BeginIsolated({&live}) : Begin({&live});
+      EXPECT_EQ(HistoryPositions(Attn(spec, 0).View()), want)
+          << (rotating ? "rotating" : "KV") << (isolated ? ", isolated" : ", committing");
+    }
+  }
+}
+
 // ---- programmer errors ----------------------------------------------------------------
 
 // The whole scenario runs inside the death statement: a parent-side open speculation over
