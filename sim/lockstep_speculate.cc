@@ -40,8 +40,8 @@ Check CheckWrapperContract(LayerCache& w, int64_t offset) {
                        "FailedPrecondition", "ok")) {
     return c;
   }
-  if (Check c = expect(w.TakeSnapshots().empty() && !w.ScheduleActive(), "capture schedule",
-                       "none", "active")) {
+  if (Check c = expect(w.TakeSnapshots().empty() && !w.ScheduleActive(), "capture schedule", "none",
+                       "active")) {
     return c;
   }
   w.Free();

@@ -12,9 +12,9 @@
 namespace kvtwin {
 
 struct RecurrentForwardInputs {
-  Tensor conv_inputs;  // [L x conv_dim] packed conv inputs, activation dtype
-  GdnInputs scan;      // [L x ...] gated-delta inputs
-  int64_t real_len = 0;  // rows >= real_len are padding (identity steps)
+  Tensor conv_inputs;      // [L x conv_dim] packed conv inputs, activation dtype
+  GdnInputs scan;          // [L x ...] gated-delta inputs
+  int64_t real_len = 0;    // rows >= real_len are padding (identity steps)
   bool segmented = false;  // run the gated delta segment by segment between splits
 };
 

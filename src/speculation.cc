@@ -36,9 +36,10 @@ Result<Wrappers> Wrap(std::span<LayerCache* const> layers, bool isolated) {
     if (auto* kv = dynamic_cast<KvCache*>(layer)) {
       if (isolated) {
         const int64_t o = kv->Offset();
-        wrappers.push_back(std::make_unique<AccumulatingAttention>(
-            *kv, o > 0 ? kv->keys().Rows(0, o) : Tensor(), o > 0 ? kv->values().Rows(0, o) : Tensor(),
-            /*window=*/0, /*committing=*/false));
+        wrappers.push_back(
+            std::make_unique<AccumulatingAttention>(*kv, o > 0 ? kv->keys().Rows(0, o) : Tensor(),
+                                                    o > 0 ? kv->values().Rows(0, o) : Tensor(),
+                                                    /*window=*/0, /*committing=*/false));
       } else {
         wrappers.push_back(std::make_unique<KvSpeculation>(*kv));
       }

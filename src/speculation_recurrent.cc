@@ -23,8 +23,8 @@ int64_t RecurrentSpeculation::LiveBytes() const {
   const auto delta_bytes = [](const MatF& m) {
     return static_cast<int64_t>(m.size()) * static_cast<int64_t>(sizeof(float));
   };
-  return initial_conv_.Bytes() + delta_bytes(initial_delta_) + conv_.Bytes() +
-         delta_bytes(delta_) + rec_conv_.Bytes() + delta_bytes(rec_qkv_) + delta_bytes(rec_ba_);
+  return initial_conv_.Bytes() + delta_bytes(initial_delta_) + conv_.Bytes() + delta_bytes(delta_) +
+         rec_conv_.Bytes() + delta_bytes(rec_qkv_) + delta_bytes(rec_ba_);
 }
 
 RecurrentLayer::StateView RecurrentSpeculation::Get(DType activation) {

@@ -113,8 +113,8 @@ class RecurrentSpeculation final : public WrapperContract<RecurrentLayer> {
   // from the initial state: conv tail = last conv_tail rows of [initial conv ; recorded
   // conv inputs [0, n)], delta = the gated-delta scan of the first n recorded steps.
   // REQUIRES: a forward ran; 0 < n <= recorded(); splits strictly inside (0, n).
-  std::pair<std::vector<Tensor>, std::vector<MatF>> Replay(int64_t n,
-                                                           const std::vector<int64_t>& splits) const;
+  std::pair<std::vector<Tensor>, std::vector<MatF>> Replay(
+      int64_t n, const std::vector<int64_t>& splits) const;
   // The state the forward ended in (the full-acceptance path). REQUIRES: a forward ran.
   const Tensor& final_conv() const { return conv_; }
   const MatF& final_delta() const { return delta_; }

@@ -62,8 +62,8 @@ TEST_P(SpeculationSweep, FindsNoDivergenceAndReachesTheHardCases) {
         const Op op = gen.Next(driver);
         Note(driver, op, c);
         auto d = driver.Apply(op);
-        ASSERT_FALSE(d.has_value()) << d->ToString() << "\n(seed " << seed << ", W " << window
-                                    << ")";
+        ASSERT_FALSE(d.has_value())
+            << d->ToString() << "\n(seed " << seed << ", W " << window << ")";
       }
     }
   }

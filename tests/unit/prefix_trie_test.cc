@@ -1,0 +1,484 @@
+// Goal: pin PrefixTrie (spec §3.1–§3.3) to the contract: every scenario of ollama's
+// cache_trie_test.go (spec §6.9) under its Go name, the per-kind effect of SplitNode and
+// MergeWithChild on real KV, rotating and recurrent snapshots side by side with a stateless
+// hole, the byte counter, the structural aborts, and destruction of a very deep chain.
+// Method: K/V rows are position-tagged (tagged_rows.h), so a snapshot's rows say which
+// positions it holds; the recurrent state is filled with the offset it was taken at.
+// After every mutation TrieIsSound re-derives the §4.2 invariants and the counter from a
+// Walk instead of trusting the trie's own bookkeeping. No randomness.
+#include "src/prefix_trie.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/kv_cache.h"
+#include "src/recurrent_cache.h"
+#include "src/rotating_cache.h"
+#include "unit/tagged_rows.h"
+
+namespace kvtwin {
+namespace {
+
+using Keys = std::vector<TrieKey>;
+using Nodes = std::vector<TrieNode*>;
+using Found = std::pair<int64_t, Nodes>;  // (matched, path)
+
+Keys Seq(TrieKey first, TrieKey last) {
+  Keys keys;
+  for (TrieKey k = first; k <= last; ++k) keys.push_back(k);
+  return keys;
+}
+
+int64_t Len(const Keys& keys) { return static_cast<int64_t>(keys.size()); }
+
+Nodes Children(const TrieNode* node) {
+  Nodes out;
+  for (size_t i = 0; i < node->num_children(); ++i) out.push_back(node->child(i));
+  return out;
+}
+
+// Spec §4.2 structure, sibling and counter invariants, recomputed from scratch.
+::testing::AssertionResult TrieIsSound(const PrefixTrie& trie) {
+  std::string error;
+  auto fail = [&error](const TrieNode* n, const std::string& what) {
+    if (error.empty()) error = what + " (node ending at " + std::to_string(n->end_offset()) + ")";
+  };
+  const TrieNode* root = trie.root();
+  if (!root->edge().empty() || root->end_offset() != 0 || !root->is_root()) {
+    fail(root, "root is not an empty edge at 0");
+  }
+  int64_t bytes = 0;
+  std::set<const TrieNode*> seen;  // membership only; never ordered output
+  trie.Walk([&](TrieNode* n) {
+    if (!seen.insert(n).second) fail(n, "node reached twice");
+    const std::vector<SnapshotPtr>& slots = n->snapshots();
+    if (!slots.empty() && slots.size() != trie.num_layers()) fail(n, "wrong slot count");
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] == nullptr) continue;
+      bytes += slots[i]->SizeBytes();
+      if (trie.cache(i) == nullptr) fail(n, "snapshot in a stateless slot");
+      if (trie.cache(i) != nullptr && slots[i]->kind() != trie.cache(i)->kind()) {
+        fail(n, "snapshot kind differs from its cache");
+      }
+    }
+    std::set<TrieKey> first_keys;
+    for (const TrieNode* c : Children(n)) {
+      if (c->parent() != n) fail(c, "child's parent link is wrong");
+      if (c->edge().empty()) fail(c, "empty non-root edge");
+      if (c->end_offset() - n->end_offset() != Len(c->edge())) fail(c, "start != parent end");
+      if (!c->edge().empty() && !first_keys.insert(c->edge().front()).second) {
+        fail(c, "siblings share a first key");
+      }
+    }
+  });
+  if (bytes != trie.paged_out_bytes()) {
+    fail(root,
+         "counter " + std::to_string(trie.paged_out_bytes()) + " != sum " + std::to_string(bytes));
+  }
+  if (!error.empty()) return ::testing::AssertionFailure() << error;
+  return ::testing::AssertionSuccess();
+}
+
+// A tagged KV snapshot of positions [from, to).
+SnapshotPtr KvSnap(int64_t from, int64_t to) {
+  const std::vector<float> tags = tagged::Positions(from, to - from);
+  return std::make_unique<KvSnapshot>(from, to, tagged::Keys(tags), tagged::Values(tags));
+}
+
+std::vector<SnapshotPtr> KvSet(int64_t from, int64_t to) {
+  std::vector<SnapshotPtr> set;
+  set.push_back(KvSnap(from, to));
+  return set;
+}
+
+// Whether slot `layer` holds a KV snapshot of exactly positions [from, to), row by row.
+::testing::AssertionResult HoldsKv(const TrieNode* node, int64_t from, int64_t to,
+                                   size_t layer = 0) {
+  const auto* s = dynamic_cast<const KvSnapshot*>(node->snapshot(layer));
+  if (s == nullptr) return ::testing::AssertionFailure() << "no KV snapshot";
+  const std::vector<float> tags = tagged::Tags(s->k(), s->v(), 0, s->k().rows());
+  if (s->from() == from && s->to() == to && tags == tagged::Positions(from, to - from)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "KV snapshot [" << s->from() << "," << s->to()
+                                       << ") with rows " << ::testing::PrintToString(tags);
+}
+
+// The single-KV-layer environment of the Go tests.
+struct KvEnv {
+  KvCache kv;
+  PrefixTrie trie{{&kv}, Tick{0}};
+  TrieNode* root() const { return trie.root(); }
+  // FindBestMatch from the root as one comparable value (matched, path).
+  Found Match(const Keys& keys) const {
+    PrefixTrie::Match m = trie.FindBestMatch(trie.root(), keys);
+    return {m.matched, std::move(m.path)};
+  }
+};
+
+// The advancePath shape (spec §3.4) from the root: match, split a partially matched edge,
+// append what is left. Returns the node ending after the last key.
+TrieNode* Insert(PrefixTrie& trie, const Keys& keys) {
+  const PrefixTrie::Match m = trie.FindBestMatch(trie.root(), keys);
+  TrieNode* last = m.path.back();
+  if (m.matched < last->end_offset()) {
+    last = trie.SplitNode(last, m.matched - last->start_offset());
+  }
+  if (m.matched < Len(keys)) {
+    last = trie.AppendChild(last, std::span(keys).subspan(m.matched), Len(keys));
+  }
+  return last;
+}
+
+// --- spec §6.9: cache_trie_test.go -----------------------------------------------------
+
+TEST(PrefixTrie, FindBestMatchMultipleBranches) {
+  KvEnv e;
+  TrieNode* a = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+  TrieNode* b = e.trie.AppendChild(e.root(), Seq(4, 6), 3);
+  ASSERT_TRUE(TrieIsSound(e.trie));
+  EXPECT_EQ(e.Match(Seq(1, 3)), (Found{3, {e.root(), a}}));
+  EXPECT_EQ(e.Match(Seq(4, 6)), (Found{3, {e.root(), b}}));
+  EXPECT_EQ(e.Match(Seq(7, 9)), (Found{0, {e.root()}}));
+  EXPECT_TRUE(e.trie.FindBestMatch(nullptr, Seq(1, 3)).path.empty());
+}
+
+TEST(PrefixTrie, FindBestMatchPrefersFullEdge) {
+  // Deliberately breaks the sibling invariant; the longer sibling comes first so neither
+  // "earlier child" nor "longer prefix" alone picks the right one.
+  KvEnv e;
+  TrieNode* p = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+  e.trie.AppendChild(p, Seq(10, 14), 8);
+  TrieNode* shorter = e.trie.AppendChild(p, Seq(10, 12), 6);
+  EXPECT_EQ(e.Match(Keys{1, 2, 3, 10, 11, 12, 99}), (Found{6, {e.root(), p, shorter}}));
+}
+
+TEST(PrefixTrie, FindBestMatchPrefersLongerPartial) {
+  KvEnv e;
+  e.trie.AppendChild(e.root(), Keys{1, 2, 9}, 3);
+  TrieNode* longer = e.trie.AppendChild(e.root(), Seq(1, 5), 5);
+  EXPECT_EQ(e.Match(Keys{1, 2, 3, 7}), (Found{3, {e.root(), longer}}));
+}
+
+TEST(PrefixTrie, SplitNodeWithSnapshots) {
+  KvEnv e;
+  TrieNode* left = e.trie.AppendChild(e.root(), Keys{7}, 1);
+  TrieNode* node = e.trie.AppendChild(e.root(), Seq(1, 5), 5);
+  TrieNode* right = e.trie.AppendChild(e.root(), Keys{9}, 1);
+  node->set_user(true);
+  node->set_last_used(Tick{7});
+  e.trie.SetSnapshots(node, KvSet(0, 5));
+  ASSERT_TRUE(TrieIsSound(e.trie));
+
+  TrieNode* p = e.trie.SplitNode(node, 3);
+  EXPECT_TRUE(TrieIsSound(e.trie));
+  EXPECT_EQ(Children(e.root()), (Nodes{left, p, right}));  // same index
+  EXPECT_EQ(Children(p), Nodes{node});
+  EXPECT_EQ(p->edge(), Seq(1, 3));
+  EXPECT_EQ(p->end_offset(), 3);
+  EXPECT_EQ(node->edge(), Seq(4, 5));
+  EXPECT_EQ(node->start_offset(), 3);
+  EXPECT_EQ(node->end_offset(), 5);
+  EXPECT_FALSE(p->user());
+  EXPECT_TRUE(node->user());
+  EXPECT_EQ(p->last_used(), Tick{7});
+  EXPECT_TRUE(HoldsKv(p, 0, 3));
+  EXPECT_TRUE(HoldsKv(node, 3, 5));
+}
+
+TEST(PrefixTrie, FindSplitAppendSequence) {
+  KvEnv e;
+  TrieNode* n = e.trie.AppendChild(e.root(), Seq(1, 5), 5);
+  const Keys second{1, 2, 3, 6, 7};
+  EXPECT_EQ(e.Match(second), (Found{3, {e.root(), n}}));
+  TrieNode* p = e.trie.SplitNode(n, 3);
+  EXPECT_TRUE(p->snapshots().empty());  // nothing to split, nothing invented
+  EXPECT_TRUE(n->snapshots().empty());
+  TrieNode* branch = e.trie.AppendChild(p, Keys{6, 7}, 5);
+  EXPECT_TRUE(TrieIsSound(e.trie));
+
+  EXPECT_EQ(Children(e.root()), Nodes{p});
+  EXPECT_EQ(p->edge(), Seq(1, 3));
+  EXPECT_EQ(Children(p), (Nodes{n, branch}));
+  EXPECT_EQ(e.Match(Seq(1, 5)), (Found{5, {e.root(), p, n}}));
+  EXPECT_EQ(e.Match(second), (Found{5, {e.root(), p, branch}}));
+  EXPECT_EQ(e.Match(Keys{1, 2, 3, 9, 9}), (Found{3, {e.root(), p}}));
+}
+
+TEST(PrefixTrie, RepeatedBranching) {
+  KvEnv e;
+  const std::vector<Keys> prompts = {Seq(1, 6), Keys{1, 2, 3, 4, 7, 8}, Keys{1, 2, 9, 9, 9}};
+  for (const Keys& keys : prompts) {
+    Insert(e.trie, keys);
+    ASSERT_TRUE(TrieIsSound(e.trie));
+  }
+  for (const Keys& keys : prompts) {
+    const PrefixTrie::Match m = e.trie.FindBestMatch(e.root(), keys);
+    EXPECT_EQ(m.matched, Len(keys));
+    EXPECT_EQ(m.path.back()->end_offset(), Len(keys));
+  }
+  // root -> [1,2] -> {[3,4] -> {[5,6], [7,8]}, [9,9,9]}: two splits, three leaves.
+  ASSERT_EQ(e.root()->num_children(), 1u);
+  const TrieNode* top = e.root()->child(0);
+  EXPECT_EQ(top->edge(), Seq(1, 2));
+  ASSERT_EQ(top->num_children(), 2u);
+  EXPECT_EQ(top->child(0)->edge(), Seq(3, 4));
+  EXPECT_EQ(top->child(1)->edge(), (Keys{9, 9, 9}));
+  ASSERT_EQ(top->child(0)->num_children(), 2u);
+  EXPECT_EQ(top->child(0)->child(0)->edge(), Seq(5, 6));
+  EXPECT_EQ(top->child(0)->child(1)->edge(), Seq(7, 8));
+}
+
+TEST(MergeWithChild, Basic) {
+  KvEnv e;
+  TrieNode* a = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+  TrieNode* b = e.trie.AppendChild(a, Seq(4, 5), 5);
+  TrieNode* c = e.trie.AppendChild(b, Keys{6}, 6);
+  TrieNode* d = e.trie.AppendChild(b, Keys{7}, 6);
+  e.trie.SetSnapshots(a, KvSet(0, 3));
+  e.trie.SetSnapshots(b, KvSet(3, 5));
+  ASSERT_TRUE(TrieIsSound(e.trie));
+
+  e.trie.MergeWithChild(a);
+  EXPECT_TRUE(TrieIsSound(e.trie));
+  EXPECT_EQ(a->edge(), Seq(1, 5));
+  EXPECT_EQ(a->end_offset(), 5);
+  EXPECT_EQ(Children(a), (Nodes{c, d}));
+  EXPECT_EQ(c->parent(), a);
+  EXPECT_EQ(d->parent(), a);
+  Nodes all;
+  e.trie.Walk([&all](TrieNode* n) { all.push_back(n); });
+  EXPECT_EQ(all, (Nodes{e.root(), a, c, d}));  // B is gone
+  EXPECT_TRUE(HoldsKv(a, 0, 5));
+}
+
+TEST(MergeWithChild, UserFlag) {
+  // The child's flag wins both ways: a user parent merged into a plain child is plain.
+  for (const bool child_user : {true, false}) {
+    KvEnv e;
+    TrieNode* a = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+    TrieNode* b = e.trie.AppendChild(a, Seq(4, 5), 5);
+    a->set_user(!child_user);
+    b->set_user(child_user);
+    e.trie.MergeWithChild(a);
+    EXPECT_EQ(a->user(), child_user);
+  }
+}
+
+TEST(MergeWithChild, LastUsed) {
+  for (const auto& [parent_tick, child_tick] : {std::pair{5, 9}, std::pair{9, 5}}) {
+    KvEnv e;
+    TrieNode* a = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+    TrieNode* b = e.trie.AppendChild(a, Seq(4, 5), 5);
+    a->set_last_used(Tick{static_cast<uint64_t>(parent_tick)});
+    b->set_last_used(Tick{static_cast<uint64_t>(child_tick)});
+    e.trie.MergeWithChild(a);
+    EXPECT_EQ(a->last_used(), Tick{9});
+  }
+}
+
+TEST(MergeWithChildDeathTest, PanicOnMultipleChildren) {
+  KvEnv e;
+  TrieNode* a = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+  EXPECT_DEATH(e.trie.MergeWithChild(a), "exactly one child");  // none
+  e.trie.AppendChild(a, Keys{4}, 4);
+  e.trie.AppendChild(a, Keys{5}, 4);
+  EXPECT_DEATH(e.trie.MergeWithChild(a), "exactly one child");
+  EXPECT_DEATH(e.trie.MergeWithChild(e.root()), "of the root");
+}
+
+TEST(PrefixTrie, SplitMergeRoundTrip) {
+  KvEnv e;
+  TrieNode* n = e.trie.AppendChild(e.root(), Seq(1, 5), 5);
+  e.trie.SetSnapshots(n, KvSet(0, 5));
+  const int64_t bytes = e.trie.paged_out_bytes();
+  TrieNode* p = e.trie.SplitNode(n, 3);
+  ASSERT_TRUE(TrieIsSound(e.trie));
+  e.trie.MergeWithChild(p);
+  EXPECT_TRUE(TrieIsSound(e.trie));
+  EXPECT_EQ(Children(e.root()), Nodes{p});
+  EXPECT_EQ(p->edge(), Seq(1, 5));
+  EXPECT_EQ(p->num_children(), 0u);
+  EXPECT_TRUE(HoldsKv(p, 0, 5));
+  EXPECT_EQ(e.trie.paged_out_bytes(), bytes);
+}
+
+TEST(RemoveNode, Leaf) {
+  KvEnv e;
+  TrieNode* a = e.trie.AppendChild(e.root(), Keys{1}, 1);
+  TrieNode* b = e.trie.AppendChild(e.root(), Keys{2}, 1);
+  TrieNode* c = e.trie.AppendChild(e.root(), Keys{3}, 1);
+  e.trie.SetSnapshots(a, KvSet(0, 1));
+  e.trie.SetSnapshots(b, KvSet(0, 1));
+  const int64_t kept = a->SnapshotBytes();
+  ASSERT_GT(kept, 0);
+  ASSERT_EQ(e.trie.paged_out_bytes(), 2 * kept);
+  e.trie.RemoveNode(b);
+  EXPECT_TRUE(TrieIsSound(e.trie));
+  EXPECT_EQ(Children(e.root()), (Nodes{a, c}));
+  EXPECT_EQ(e.trie.paged_out_bytes(), kept);
+}
+
+TEST(RemoveNodeDeathTest, PanicOnRoot) {
+  KvEnv e;
+  EXPECT_DEATH(e.trie.RemoveNode(e.root()), "of the root");
+}
+
+TEST(RemoveNodeDeathTest, PanicOnNonLeaf) {
+  KvEnv e;
+  TrieNode* a = e.trie.AppendChild(e.root(), Keys{1}, 1);
+  e.trie.AppendChild(a, Keys{2}, 2);
+  EXPECT_DEATH(e.trie.RemoveNode(a), "1 children");
+}
+
+// --- mixed stack: [kv, rotating, recurrent, stateless hole] -------------------------------
+
+struct MixedEnv {
+  KvCache kv;
+  RotatingCache rot{4};
+  RecurrentCache rec{RecurrentDims{}};
+  PrefixTrie trie{{&kv, &rot, &rec, nullptr}, Tick{0}};
+
+  // Forwards positions [offset, offset + n) through every cache; the recurrent state is
+  // filled with the offset it ends at, so a snapshot of it names its own end.
+  void Forward(int64_t n) {
+    const std::vector<float> tags = tagged::Positions(kv.Offset(), n);
+    kv.Update(tagged::Keys(tags), tagged::Values(tags));
+    rot.Update(tagged::Keys(tags), tagged::Values(tags));
+    const RecurrentDims& d = rec.dims();
+    rec.Get(DType::kFloat32);
+    const auto end = static_cast<float>(rec.Offset() + n);
+    rec.Put(n, {Tensor::FromFloat(DType::kFloat32, MatF::Constant(d.conv_tail, d.conv_dim(), end))},
+            {MatF::Constant(d.delta_rows(), d.head_k_dim, end)});
+  }
+  // What pageOut installs on a node starting at `from` (spec §3.4).
+  std::vector<SnapshotPtr> Capture(int64_t from) {
+    std::vector<SnapshotPtr> set;
+    set.push_back(kv.Snapshot(from));
+    set.push_back(rot.Snapshot(from));
+    set.push_back(rec.Snapshot(from));
+    set.push_back(nullptr);
+    return set;
+  }
+};
+
+float RecurrentTag(const CacheSnapshot* s) {
+  const auto* r = dynamic_cast<const RecurrentSnapshot*>(s);
+  return r == nullptr ? -1.0f : r->delta()(0, 0);
+}
+
+TEST(PrefixTrie, SplitGivesKvHalvesAndLeavesWholeStateOnTheNode) {
+  MixedEnv e;
+  e.Forward(5);
+  TrieNode* a = e.trie.AppendChild(e.trie.root(), Seq(1, 5), 5);
+  e.trie.SetSnapshots(a, e.Capture(0));
+  ASSERT_TRUE(TrieIsSound(e.trie));
+  ASSERT_GT(e.trie.paged_out_bytes(), 0);
+  const CacheSnapshot* window = a->snapshot(1);
+  const CacheSnapshot* state = a->snapshot(2);
+  ASSERT_NE(window, nullptr);
+  ASSERT_NE(state, nullptr);
+
+  TrieNode* p = e.trie.SplitNode(a, 2);
+  EXPECT_TRUE(TrieIsSound(e.trie));
+  EXPECT_TRUE(HoldsKv(p, 0, 2));
+  EXPECT_TRUE(HoldsKv(a, 2, 5));
+  for (size_t layer : {1u, 2u, 3u}) EXPECT_EQ(p->snapshot(layer), nullptr) << layer;
+  ASSERT_EQ(a->snapshot(1), window);  // the very same end-state snapshots, untouched
+  EXPECT_EQ(a->snapshot(2), state);
+  EXPECT_EQ(a->snapshot(1)->to(), 5);
+  EXPECT_EQ(RecurrentTag(a->snapshot(2)), 5.0f);
+  EXPECT_EQ(a->snapshot(3), nullptr);
+}
+
+TEST(PrefixTrie, MergeConcatenatesKvAndKeepsTheChildsWholeState) {
+  MixedEnv e;
+  e.Forward(5);
+  TrieNode* a = e.trie.AppendChild(e.trie.root(), Seq(1, 5), 5);
+  e.trie.SetSnapshots(a, e.Capture(0));
+  TrieNode* p = e.trie.SplitNode(a, 2);
+  e.Forward(3);
+  TrieNode* b = e.trie.AppendChild(a, Seq(6, 8), 8);
+  e.trie.SetSnapshots(b, e.Capture(5));
+  ASSERT_TRUE(TrieIsSound(e.trie));
+  const CacheSnapshot* window = b->snapshot(1);
+  const CacheSnapshot* state = b->snapshot(2);
+  ASSERT_NE(window, nullptr);
+  ASSERT_NE(state, nullptr);
+
+  e.trie.MergeWithChild(a);  // a's own end state (at 5) is closed, b's (at 8) kept
+  EXPECT_TRUE(TrieIsSound(e.trie));
+  EXPECT_EQ(a->edge(), Seq(3, 8));
+  EXPECT_TRUE(HoldsKv(a, 2, 8));
+  EXPECT_EQ(a->snapshot(1), window);
+  EXPECT_EQ(a->snapshot(2), state);
+  EXPECT_EQ(RecurrentTag(a->snapshot(2)), 8.0f);
+
+  e.trie.MergeWithChild(p);  // p has no end state: the child's passes through
+  EXPECT_TRUE(TrieIsSound(e.trie));
+  EXPECT_EQ(p->edge(), Seq(1, 8));
+  EXPECT_EQ(p->num_children(), 0u);
+  EXPECT_TRUE(HoldsKv(p, 0, 8));
+  ASSERT_EQ(p->snapshot(1), window);
+  EXPECT_EQ(p->snapshot(1)->to(), 8);
+  EXPECT_EQ(p->snapshot(2), state);
+  EXPECT_EQ(p->snapshot(3), nullptr);
+  EXPECT_EQ(e.trie.paged_out_bytes(), p->SnapshotBytes());
+}
+
+TEST(PrefixTrie, SetSnapshotsReplacesTheSetAndRecounts) {
+  MixedEnv e;
+  e.Forward(3);
+  TrieNode* a = e.trie.AppendChild(e.trie.root(), Seq(1, 3), 3);
+  e.trie.SetSnapshots(a, e.Capture(0));
+  const int64_t full = e.trie.paged_out_bytes();
+  std::vector<SnapshotPtr> kv_only(4);
+  kv_only[0] = e.kv.Snapshot(0);
+  const int64_t kv_bytes = kv_only[0]->SizeBytes();
+  ASSERT_LT(kv_bytes, full);
+  e.trie.SetSnapshots(a, std::move(kv_only));
+  EXPECT_TRUE(TrieIsSound(e.trie));
+  EXPECT_EQ(e.trie.paged_out_bytes(), kv_bytes);
+  e.trie.SetSnapshots(a, {});
+  EXPECT_FALSE(a->HasSnapshots());
+  EXPECT_EQ(e.trie.paged_out_bytes(), 0);
+}
+
+TEST(PrefixTrieDeathTest, MisplacedSnapshotsAndBadEdgesAbort) {
+  MixedEnv e;
+  e.Forward(3);
+  TrieNode* a = e.trie.AppendChild(e.trie.root(), Seq(1, 3), 3);
+  auto set_with = [&](size_t slot, SnapshotPtr snap) {
+    std::vector<SnapshotPtr> set(4);
+    set[slot] = std::move(snap);
+    e.trie.SetSnapshots(a, std::move(set));
+  };
+  EXPECT_DEATH(set_with(0, e.rot.Snapshot(0)), "rotating snapshot for a kv cache");
+  EXPECT_DEATH(set_with(3, e.kv.Snapshot(0)), "stateless");
+  EXPECT_DEATH(e.trie.SetSnapshots(a, KvSet(0, 3)), "1 slots for 4 layers");
+  EXPECT_DEATH(e.trie.AppendChild(a, Keys{4}, 5), "end offset");
+  EXPECT_DEATH(e.trie.AppendChild(a, Keys{}, 3), "empty edge");
+  EXPECT_DEATH(e.trie.SplitNode(a, 0), "outside");
+  EXPECT_DEATH(e.trie.SplitNode(a, 3), "outside");
+}
+
+TEST(PrefixTrie, DeepChainWalksAndDestroysWithoutOverflowingTheStack) {
+  constexpr int64_t kDepth = 100'000;
+  auto trie = std::make_unique<PrefixTrie>(std::vector<LayerCache*>{}, Tick{0});
+  TrieNode* node = trie->root();
+  const Keys key{7};
+  for (int64_t i = 0; i < kDepth; ++i) node = trie->AppendChild(node, key, i + 1);
+  int64_t visited = 0;
+  trie->Walk([&visited](TrieNode*) { ++visited; });
+  EXPECT_EQ(visited, kDepth + 1);
+  trie.reset();  // a recursive teardown would need one stack frame per node
+}
+
+}  // namespace
+}  // namespace kvtwin
