@@ -23,8 +23,7 @@ std::string Keys(const TrieNode& n) {
   return s;
 }
 
-// "[a,b)". Built by appending: gcc 12 warns (-Wrestrict, a known false positive) on
-// "literal" + std::string chains here.
+// "[a,b)".
 std::string Span(int64_t a, int64_t b) {
   std::string s = "[";
   s += std::to_string(a);

@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "src/recurrent_cache.h"
 #include "src/rotating_cache.h"
 #include "unit/tagged_rows.h"
+#include "unit/trie_soundness.h"
 
 namespace kvtwin {
 namespace {
@@ -41,48 +41,6 @@ Nodes Children(const TrieNode* node) {
   Nodes out;
   for (size_t i = 0; i < node->num_children(); ++i) out.push_back(node->child(i));
   return out;
-}
-
-// Spec §4.2 structure, sibling and counter invariants, recomputed from scratch.
-::testing::AssertionResult TrieIsSound(const PrefixTrie& trie) {
-  std::string error;
-  auto fail = [&error](const TrieNode* n, const std::string& what) {
-    if (error.empty()) error = what + " (node ending at " + std::to_string(n->end_offset()) + ")";
-  };
-  const TrieNode* root = trie.root();
-  if (!root->edge().empty() || root->end_offset() != 0 || !root->is_root()) {
-    fail(root, "root is not an empty edge at 0");
-  }
-  int64_t bytes = 0;
-  std::set<const TrieNode*> seen;  // membership only; never ordered output
-  trie.Walk([&](TrieNode* n) {
-    if (!seen.insert(n).second) fail(n, "node reached twice");
-    const std::vector<SnapshotPtr>& slots = n->snapshots();
-    if (!slots.empty() && slots.size() != trie.num_layers()) fail(n, "wrong slot count");
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i] == nullptr) continue;
-      bytes += slots[i]->SizeBytes();
-      if (trie.cache(i) == nullptr) fail(n, "snapshot in a stateless slot");
-      if (trie.cache(i) != nullptr && slots[i]->kind() != trie.cache(i)->kind()) {
-        fail(n, "snapshot kind differs from its cache");
-      }
-    }
-    std::set<TrieKey> first_keys;
-    for (const TrieNode* c : Children(n)) {
-      if (c->parent() != n) fail(c, "child's parent link is wrong");
-      if (c->edge().empty()) fail(c, "empty non-root edge");
-      if (c->end_offset() - n->end_offset() != Len(c->edge())) fail(c, "start != parent end");
-      if (!c->edge().empty() && !first_keys.insert(c->edge().front()).second) {
-        fail(c, "siblings share a first key");
-      }
-    }
-  });
-  if (bytes != trie.paged_out_bytes()) {
-    fail(root,
-         "counter " + std::to_string(trie.paged_out_bytes()) + " != sum " + std::to_string(bytes));
-  }
-  if (!error.empty()) return ::testing::AssertionFailure() << error;
-  return ::testing::AssertionSuccess();
 }
 
 // A tagged KV snapshot of positions [from, to).
