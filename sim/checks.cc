@@ -154,19 +154,45 @@ Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref
   return std::nullopt;
 }
 
+Check LayerOracle::CheckLiveContent(const LayerCache& cache, const model::TokenLog& log) {
+  const auto offset = static_cast<int64_t>(log.size());
+  if (cache.Offset() != offset) {
+    return Mismatch{"offset", std::to_string(offset), std::to_string(cache.Offset())};
+  }
+  if (offset == 0) return std::nullopt;  // nothing to hold, whatever was allocated
+  switch (cache.kind()) {
+    case CacheKind::kFullKv:
+      return CheckKvContent(static_cast<const KvCache&>(cache), log);
+    case CacheKind::kRotating:
+      return CheckRotatingContent(static_cast<const RotatingCache&>(cache), log);
+    case CacheKind::kRecurrent: {
+      const auto& rec = static_cast<const RecurrentCache&>(cache);
+      if (!rec.HasState()) return Mismatch{"recurrent state exists", "yes", "no"};
+      return CheckRecurrentState(rec.conv(), rec.delta(), log, offset, "live");
+    }
+  }
+  return std::nullopt;
+}
+
 Check LayerOracle::CheckKvLive(const KvCache& cache, const model::RefCache& ref) {
   if (cache.HasBuffer() != ref.HasState()) {
     return Mismatch{"kv buffer exists", ref.HasState() ? "yes" : "no",
                     cache.HasBuffer() ? "yes" : "no"};
   }
+  return CheckKvContent(cache, ref.log());
+}
+
+Check LayerOracle::CheckKvContent(const KvCache& cache, const model::TokenLog& log) {
+  const auto offset = static_cast<int64_t>(log.size());
+  if (offset > 0 && !cache.HasBuffer()) return Mismatch{"kv buffer exists", "yes", "no"};
   // Growth truncates to the offset before adding a step, so only Cap >= offset holds.
   if (cache.Capacity() < cache.Offset()) {
     return Mismatch{"kv capacity", fmt::format(">= {}", cache.Offset()),
                     std::to_string(cache.Capacity())};
   }
-  std::vector<int64_t> slots(static_cast<size_t>(ref.Offset()));
+  std::vector<int64_t> slots(static_cast<size_t>(offset));
   for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int64_t>(i);
-  return CheckKvRows(cache.keys(), cache.values(), slots, ref.log(), 0, "live kv");
+  return CheckKvRows(cache.keys(), cache.values(), slots, log, 0, "live kv");
 }
 
 Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref) {
@@ -175,12 +201,19 @@ Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::Re
                     cache.HasBuffer() ? "yes" : "no"};
   }
   if (!cache.HasBuffer()) return std::nullopt;
+  return CheckRotatingContent(cache, ref.log());
+}
+
+Check LayerOracle::CheckRotatingContent(const RotatingCache& cache, const model::TokenLog& log) {
+  if (!cache.HasBuffer()) {
+    return log.empty() ? std::nullopt : Check(Mismatch{"window buffer exists", "yes", "no"});
+  }
   auto slots =
       RotatingWindowSlots(cache.Offset(), cache.ring_idx(), cache.buffer_rows(), cache.window());
   if (!slots.ok())
     return Mismatch{"window storage regime", "R1, R2 or R3", slots.status().message()};
-  const int64_t first = ref.Offset() - static_cast<int64_t>(slots->size());
-  return CheckKvRows(cache.keys(), cache.values(), *slots, ref.log(), first, "live window");
+  const int64_t first = static_cast<int64_t>(log.size()) - static_cast<int64_t>(slots->size());
+  return CheckKvRows(cache.keys(), cache.values(), *slots, log, first, "live window");
 }
 
 Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,

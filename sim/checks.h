@@ -47,6 +47,12 @@ class LayerOracle {
 
   // Live state after any step.
   Check CheckLive(const LayerCache& cache, const model::RefCache& ref);
+  // Live contents only: the offset is log.size() and the cache holds exactly `log` (KV rows
+  // [0, offset), the rotating window, the recurrent conv tail and delta state). Unlike
+  // CheckLive it ignores whether a buffer / state exists at offset 0 and the schedule
+  // flag: a cache that a prefix manager freed and then rewound or restored legitimately
+  // differs from a token log on both.
+  Check CheckLiveContent(const LayerCache& cache, const model::TokenLog& log);
   // A snapshot held by the driver against its reference.
   Check CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap& ref);
   // The history a forward returned: rows, order, and which positions each query attends.
@@ -69,6 +75,10 @@ class LayerOracle {
                     const model::TokenLog& log, int64_t first_position, const std::string& where);
   Check CheckKvLive(const KvCache& cache, const model::RefCache& ref);
   Check CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref);
+  // The rows of a KV / rotating buffer against `log` (its size is the offset); the buffer
+  // exists whenever the offset is positive.
+  Check CheckKvContent(const KvCache& cache, const model::TokenLog& log);
+  Check CheckRotatingContent(const RotatingCache& cache, const model::TokenLog& log);
   Check CheckRecurrentState(const Tensor& conv, const MatF& delta, const model::TokenLog& log,
                             int64_t length, const std::string& where);
   Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,

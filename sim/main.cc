@@ -1,14 +1,20 @@
 // The kvtwin CLI. `run` replays the bundled lock-step sweep (every preset, both dtypes,
 // plus swarm seeds) and prints the verdict; `sweep` runs a seed range with explicit
-// options. Exit codes (STYLE §5.7): 0 pass, 1 divergence, 2 usage or input error, 134 a
-// KV_CHECK abort. Every failure ends with a one-line reproduce command.
+// options; `requests` runs seeded request streams through the prefix-cache manager
+// (sim/requests.h). Exit codes (STYLE §5.7): 0 pass, 1 divergence, 2 usage or input
+// error, 134 a KV_CHECK abort. Every failure ends with a one-line reproduce command.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <string>
 
+#include "sim/requests.h"
 #include "sim/run.h"
 
 namespace {
@@ -107,6 +113,101 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   return 0;
 }
 
+// Writes `text` to `path` through a temporary name and a rename, so a reader never sees
+// half a file.
+bool WriteWhole(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  bool written = false;
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    written = out && (out << text) && out.flush();
+  }
+  if (written && std::rename(tmp.c_str(), path.c_str()) == 0) return true;
+  std::remove(tmp.c_str());
+  return false;
+}
+
+// A KV_CHECK abort (exit 134) inside a request run still ends with the reproduce line:
+// the handler writes the current seed's command, prepared before the run, with the only
+// async-signal-safe calls it needs, then lets the default action end the process.
+char g_abort_reproduce[2048];
+
+extern "C" void PrintReproduceOnAbort(int sig) {
+  const ssize_t ignored = write(STDERR_FILENO, g_abort_reproduce, std::strlen(g_abort_reproduce));
+  (void)ignored;
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void ArmAbortReproduce(const std::string& command) {
+  std::snprintf(g_abort_reproduce, sizeof(g_abort_reproduce), "reproduce: %s\n", command.c_str());
+  std::signal(SIGABRT, PrintReproduceOnAbort);
+}
+
+struct RequestsFlags {
+  std::string seeds = "1..20";
+  std::string dot;
+  bool dump = false;
+};
+
+int Requests(kvtwin::sim::RequestOptions options, const RequestsFlags& flags) {
+  SeedRange seeds;
+  if (!ParseSeeds(flags.seeds, seeds))
+    return Usage("--seeds: expected A..B with A <= B, got '" + flags.seeds + "'");
+  options.seed = seeds.first;
+  if (kvtwin::Status s = kvtwin::sim::ValidateRequestOptions(options); !s.ok())
+    return Usage(s.message());
+  fmt::print("kvtwin requests: seeds {}..{}\n", seeds.first, seeds.last);
+  std::fflush(stdout);  // before a possible KV_CHECK abort
+  uint64_t runs = 0, requests = 0, digest = 0;
+  kvtwin::sim::RequestCoverage coverage;
+  kvtwin::sim::RequestResult r;
+  for (uint64_t seed = seeds.first;; ++seed) {
+    options.seed = seed;
+    ArmAbortReproduce(kvtwin::sim::RequestsReproduceCommand(options));
+    r = kvtwin::sim::RunRequests(options);
+    ++runs;
+    requests += static_cast<uint64_t>(r.requests);
+    coverage += r.coverage;
+    digest = (digest ^ r.digest) * 0x100000001b3u;  // FNV-style fold, order-sensitive
+    if (r.divergence || seed == seeds.last) break;
+  }
+  if (flags.dump) fmt::print("final trie (seed {}):\n{}", r.seed, r.trie_dump);
+  if (!flags.dot.empty() && !WriteWhole(flags.dot, r.trie_dot)) {
+    return Usage("--dot: cannot write '" + flags.dot + "'");
+  }
+  if (r.divergence) {
+    fmt::print("FAIL seed {}: {}\n  mix: {}\n{}\n  last requests:\n", r.seed, r.stack, r.mix,
+               r.divergence->ToString());
+    for (const std::string& line : r.recent) fmt::print("    {}\n", line);
+    fmt::print("  trie:\n{}reproduce: {}\n", r.trie_dump, r.reproduce);
+    return 1;
+  }
+  fmt::print("coverage: {}\ndigest: {:016x}\n", coverage.ToString(), digest);
+  fmt::print("PASS: {} runs, {} requests, no divergence\n", runs, requests);
+  return 0;
+}
+
+CLI::App* AddRequestsCommand(CLI::App& app, kvtwin::sim::RequestOptions& o, RequestsFlags& f) {
+  CLI::App* requests =
+      app.add_subcommand("requests", "run seeded request streams through the prefix-cache manager");
+  requests->add_option("--seeds", f.seeds, "seed range A..B");
+  requests->add_option("--preset", o.preset, "dense | sliding | recurrent | mixed");
+  requests->add_option("--layers", o.layers, "layers in the stack");
+  requests->add_option("--window", o.window, "W of rotating layers");
+  requests->add_option("--dtype", o.dtype, "f32 | bf16");
+  requests->add_option("--conversations", o.conversations, "conversations in the pool");
+  requests->add_option("--requests", o.requests, "requests per seed");
+  requests->add_option("--budget", o.budget_bytes, "eviction budget in bytes (0 = unlimited)");
+  requests->add_option("--chunk", o.chunk, "prefill chunk in tokens");
+  requests->add_option("--interval", o.capture_interval,
+                       "periodic prefill capture interval (0 = none)");
+  requests->add_option("--pre-thinking", o.pre_thinking, "capture at len - N (0 = none)");
+  requests->add_option("--dot", f.dot, "write the last seed's final trie as DOT");
+  requests->add_flag("--dump", f.dump, "print the last seed's final trie");
+  return requests;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -132,6 +233,9 @@ int main(int argc, char** argv) {
   sweep->add_option("--dtype", options.dtype, "f32 | bf16");
   sweep->add_option("--steps", options.steps, "operations per seed");
   sweep->add_flag("--swarm", options.swarm, "let each seed choose the stack and op mix");
+  kvtwin::sim::RequestOptions request_options;
+  RequestsFlags request_flags;
+  CLI::App* requests = AddRequestsCommand(app, request_options, request_flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -139,5 +243,6 @@ int main(int argc, char** argv) {
     return Usage(e.what());
   }
   if (*run) return RunBundled(root_seed, seeds_per_config, run_steps);
+  if (*requests) return Requests(request_options, request_flags);
   return Sweep(options, seeds, shard);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Goal: the kvtwin CLI keeps its contract: exit 0 on a passing sweep with the verdict line,
-# exit 2 with a one-line error on bad input, and the root seed printed first by `run`.
+# exit 2 with a one-line error on bad input, and the root seed printed first by `run`;
+# `requests` writes its --dot output whole, as DOT that Graphviz renders.
 # Method: run the built binary (first argument) on good and bad command lines.
 set -u
 kvtwin=$1
@@ -23,6 +24,31 @@ expect 2 'window must be >= 1'      -- sweep --seeds 1 --window 0
 expect 2 'dtype'                    -- sweep --seeds 1 --dtype f16
 expect 2 'steps'                    -- sweep --seeds 1 --steps 0
 expect 2 '.'                        -- frobnicate
+expect 0 '^PASS: 3 runs, 180 requests' -- requests --seeds 1..3 --preset mixed
+expect 0 '^PASS: 2 runs, 80 requests'  -- requests --seeds 4..5 --preset sliding --dtype bf16 --budget 3000 --requests 40
+expect 2 'seeds'                    -- requests --seeds 5..1
+expect 2 '^kvtwin: --conversations' -- requests --seeds 1 --conversations 0
+expect 2 '^kvtwin: --requests'      -- requests --seeds 1 --requests 0
+expect 2 '^kvtwin: --budget'        -- requests --seeds 1 --budget -5
+expect 2 '^kvtwin: --chunk'         -- requests --seeds 1 --chunk 0
+expect 2 '^kvtwin: --window'        -- requests --seeds 1 --window 0
+expect 2 'unknown preset'           -- requests --seeds 1 --preset nope
+expect 2 '^kvtwin: --dtype'         -- requests --seeds 1 --dtype f16
+expect 2 '^kvtwin: --dot'           -- requests --seeds 1 --requests 2 --dot /nonexistent-dir/trie.dot
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=$("$kvtwin" requests --seeds 1..2 --conversations 20 --requests 80 --dump --dot "$tmp/trie.dot" 2>&1)
+if [ $? -ne 0 ] || ! grep -q '^final trie (seed 2):' <<<"$out" || ! grep -q '^root last=' <<<"$out"; then
+  echo "FAIL: requests --dump/--dot run:"; echo "$out" | tail -5; fail=1
+fi
+if ! head -1 "$tmp/trie.dot" 2>/dev/null | grep -q '^digraph trie {$' || [ -e "$tmp/trie.dot.tmp" ]; then
+  echo "FAIL: --dot did not leave a whole DOT file"; fail=1
+fi
+if command -v dot >/dev/null; then
+  if ! dot -Tsvg "$tmp/trie.dot" -o "$tmp/trie.svg" || ! grep -q '<svg' "$tmp/trie.svg"; then
+    echo "FAIL: dot -Tsvg cannot render the --dot output"; fail=1
+  fi
+fi
 out=$("$kvtwin" run --seeds-per-config 1 --steps 50 2>&1)
 head -1 <<<"$out" | grep -q '^kvtwin run: root seed 1$' || { echo "FAIL: run does not print the seed first"; fail=1; }
 tail -1 <<<"$out" | grep -q '^PASS: ' || { echo "FAIL: run has no verdict line"; fail=1; }

@@ -1,0 +1,171 @@
+// RequestDriver: the stack, the reference side (oracles, shadows) and the bookkeeping
+// between requests. One request's session lives in request_session.cc.
+#include "sim/request_driver.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <array>
+#include <limits>
+#include <unordered_map>
+#include <utility>
+
+#include "sim/trie_checks.h"
+#include "src/core/check.h"
+#include "src/recurrent_forward.h"
+
+namespace kvtwin::sim {
+
+History ForwardSynthetic(LayerCache& target, const StackConfig& config,
+                         const SyntheticForward& synth, int32_t layer, int64_t start,
+                         std::span<const model::Token> tokens, const ConvWeights* conv,
+                         const GdnParams* gdn) {
+  const auto rows = static_cast<int64_t>(tokens.size());
+  if (target.kind() != CacheKind::kRecurrent) {
+    Tensor k(config.dtype, rows, config.kv_cols());
+    Tensor v(config.dtype, rows, config.kv_cols());
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint64_t h = tokens[static_cast<size_t>(r)].h;
+      synth.FillKvRow(k, r, layer, start + r, h, false);
+      synth.FillKvRow(v, r, layer, start + r, h, true);
+    }
+    return static_cast<AttentionCache&>(target).Update(k, v);
+  }
+  const RecurrentDims& dims = config.recurrent;
+  MatF x(rows, dims.conv_dim());
+  RecurrentForwardInputs in;
+  in.scan = GdnInputs{MatF(rows, dims.conv_dim()), MatF(rows, 2 * dims.num_v_heads)};
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t h = tokens[static_cast<size_t>(r)].h;
+    synth.FillConvInput(x, r, config.dtype, layer, start + r, h, dims.conv_dim());
+    synth.FillGdnInput(in.scan.qkv, in.scan.ba, r, config.dtype, layer, start + r, h, dims);
+  }
+  in.conv_inputs = Tensor::FromFloat(config.dtype, x);
+  in.real_len = rows;
+  RunRecurrentForward(static_cast<RecurrentLayer&>(target), in,
+                      conv != nullptr ? *conv : synth.ConvParams(layer, dims),
+                      gdn != nullptr ? *gdn : synth.GdnParamsFor(layer, dims));
+  return History{};
+}
+
+std::string RequestDivergence::ToString() const {
+  return fmt::format(
+      "divergence at step {}, request #{} ({}):\n  request:  {}\n  {}\n  expected: {}\n"
+      "  actual:   {}",
+      step, request, phase, request_summary, mismatch.what, mismatch.expected, mismatch.actual);
+}
+
+std::string RequestCoverage::ToString() const {
+  return fmt::format(
+      "completed {}, cancelled {}, cache hits {}, extensions {} (dropped tails {}), "
+      "continuations {} (resumed exactly {}), divergent {}, new {}, repeats {}, retries {}, "
+      "user offsets {}, unscheduled {}, speculative {}, branch points {}, splits {}, "
+      "evictions {}, free-all {}, kv gaps {}",
+      completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
+      divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
+      branch_points, splits, evictions, free_all, kv_gaps);
+}
+
+namespace {
+
+// Every counter of a coverage record (const or not), in one list.
+template <typename Coverage>
+auto Counters(Coverage& c) {
+  return std::array{&c.completed,     &c.cancelled,       &c.cache_hits,        &c.extensions,
+                    &c.dropped_tails, &c.divergent,       &c.new_conversations, &c.repeats,
+                    &c.retries,       &c.user_offsets,    &c.unscheduled,       &c.speculative,
+                    &c.continuations, &c.resumed_exactly, &c.branch_points,     &c.free_all,
+                    &c.kv_gaps,       &c.splits,          &c.evictions};
+}
+
+}  // namespace
+
+RequestCoverage& RequestCoverage::operator+=(const RequestCoverage& o) {
+  const auto mine = Counters(*this);
+  const auto theirs = Counters(o);
+  for (size_t i = 0; i < mine.size(); ++i) *mine[i] += *theirs[i];
+  return *this;
+}
+
+RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, uint64_t value_seed)
+    : config_(std::move(config)), options_(options), synth_(value_seed) {
+  const Status valid = config_.Validate();
+  KV_CHECK(valid.ok(), valid.ToString());
+  KV_CHECK(options_.chunk >= 1, "prefill chunks hold at least one token");
+  caches_ = BuildCaches(config_);
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    const auto layer = static_cast<int32_t>(i);
+    oracles_.push_back(std::make_unique<LayerOracle>(synth_, config_, layer));
+    oracle_ptrs_.push_back(oracles_.back().get());
+    const bool recurrent = config_.layers[i].kind == CacheKind::kRecurrent;
+    conv_weights_.push_back(recurrent ? synth_.ConvParams(layer, config_.recurrent)
+                                      : ConvWeights{});
+    gdn_params_.push_back(recurrent ? synth_.GdnParamsFor(layer, config_.recurrent) : GdnParams{});
+  }
+  manager_ = std::make_unique<PrefixCache>(Caches());
+  // 0 = unlimited: the counter can never exceed the largest int64.
+  manager_->set_max_paged_out_bytes(
+      options_.budget_bytes > 0 ? options_.budget_bytes : std::numeric_limits<int64_t>::max());
+}
+
+// The manager holds raw pointers into caches_, so it goes first.
+RequestDriver::~RequestDriver() { manager_.reset(); }
+
+std::vector<LayerCache*> RequestDriver::Caches() const {
+  std::vector<LayerCache*> out;
+  for (const auto& c : caches_) out.push_back(c.get());
+  return out;
+}
+
+std::vector<std::optional<model::RefCache>> RequestDriver::Shadows() const {
+  std::vector<std::optional<model::RefCache>> out;
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    if (caches_[i] == nullptr) {
+      out.emplace_back();
+      continue;
+    }
+    const LayerSpec& spec = config_.layers[i];
+    model::RefCache ref = spec.kind == CacheKind::kFullKv ? model::RefCache::Kv()
+                          : spec.kind == CacheKind::kRotating
+                              ? model::RefCache::Rotating(spec.window)
+                              : model::RefCache::Recurrent();
+    if (!live_.empty()) ref.Write(live_);
+    out.emplace_back(std::move(ref));
+  }
+  return out;
+}
+
+RequestDriver::Census RequestDriver::TakeCensus() const {
+  Census census;
+  // Lookup only (parents are visited before their children); nothing is ordered by it.
+  std::unordered_map<const TrieNode*, uint64_t> hash_at_end;
+  manager_->trie().Walk([&](TrieNode* n) {
+    uint64_t h = n->is_root() ? synth_.seed() : hash_at_end.at(n->parent());
+    for (const TrieKey k : n->edge()) h = NextHash(h, static_cast<int32_t>(k));
+    hash_at_end[n] = h;
+    if (!n->is_root()) census.start_by_end[h] = n->start_offset();
+  });
+  // Every position of the active key path, not only node ends: a node compaction folded
+  // into the path ended at what is now an interior position of the merged node.
+  const model::TokenLog path = PathLog(*manager_->active_path().back(), synth_.seed());
+  for (const model::Token& t : path) census.active_key_path.insert(t.h);
+  return census;
+}
+
+void RequestDriver::CountChanges(const Census& before, const Census& after) {
+  for (const auto& [end_hash, start] : before.start_by_end) {
+    auto it = after.start_by_end.find(end_hash);
+    if (it == after.start_by_end.end()) {
+      // Compaction folds active nodes into the path; eviction never touches it.
+      if (after.active_key_path.count(end_hash) == 0) ++coverage_.evictions;
+    } else if (it->second > start) {
+      ++coverage_.splits;
+    }
+  }
+}
+
+void RequestDriver::Fold(uint64_t value) {
+  digest_ = XXH3_64bits_withSeed(&value, sizeof(value), digest_);
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,141 @@
+// RequestDriver: runs requests through a PrefixCache over a real layer stack, the way an
+// inference server drives it (spec §3.4): Begin -> SchedulePrefillSnapshots -> chunked
+// prefill of inputs[cached : len-1] -> AttachPrefillSnapshots -> decode (the seed, then
+// every sampled token but the last, optionally one speculative step through
+// BeginSpeculation) with AddOutputs -> Close; a cancelled request closes after part of
+// its prefill without the attach. Rows come from the synthetic forward (sim/synthetic.h),
+// so every row carries the provenance of the prefix that produced it.
+//
+// After every session call it checks (spec §4.2, §5.4):
+//   Begin   the report (cached <= matched <= len, cached <= len - 1, left == len - cached)
+//           against ExpectBegin (matched, cached, free-all and the active path, computed
+//           beforehand from the trie and reference caches); the caches aligned at cached
+//           and holding exactly inputs[0 : cached]; a continuation of the previous session
+//           resumes at least at its frontier (exactly at matched when the match ends there);
+//   Attach  and after Begin and Close: trie structure, soundness of every snapshot, and the
+//           eviction bound under a budget (every point where an eviction pass may have run);
+//   decode  the attention history of every forward (rows and visible positions);
+//   Close   the caches held exactly the stored tokens before it, and the active path ends at
+//           the offset afterwards.
+// The first failure is returned as a RequestDivergence; the driver then must not be used.
+// Every observable is folded into a digest. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/ref_cache.h"
+#include "sim/checks.h"
+#include "sim/request_workload.h"
+#include "sim/stack.h"
+#include "sim/synthetic.h"
+#include "src/kernels.h"
+#include "src/prefix_cache.h"
+
+namespace kvtwin::sim {
+
+// One synthetic forward of `tokens` (at positions start, start + 1, ...) through `target`,
+// which stands for layer `layer` of `config`: the live cache or a speculation wrapper. K/V
+// rows come from LayerOracle-compatible synthetic values; recurrent layers use `conv` and
+// `gdn` (derived from `synth` when null). Returns the attention history the forward saw
+// (empty for a recurrent layer).
+History ForwardSynthetic(LayerCache& target, const StackConfig& config,
+                         const SyntheticForward& synth, int32_t layer, int64_t start,
+                         std::span<const model::Token> tokens, const ConvWeights* conv = nullptr,
+                         const GdnParams* gdn = nullptr);
+
+struct RequestDivergence {
+  int64_t step = 0;     // session calls and forwards before the failing check
+  int64_t request = 0;  // index of the request in the run
+  std::string phase;    // "after Begin", "prefill chunk 2", ...
+  std::string request_summary;
+  Mismatch mismatch;
+  std::string ToString() const;  // multi-line human report
+};
+
+// How often the workload reached each mechanism (approximate where noted).
+struct RequestCoverage {
+  int64_t completed = 0, cancelled = 0, cache_hits = 0;
+  int64_t extensions = 0, dropped_tails = 0, divergent = 0, new_conversations = 0;
+  int64_t repeats = 0, retries = 0, user_offsets = 0, unscheduled = 0, speculative = 0;
+  // Continuations of the previous session (its stored tokens then more) under the
+  // property's condition, and those that resumed with cached == matched.
+  int64_t continuations = 0, resumed_exactly = 0;
+  int64_t branch_points = 0, free_all = 0;
+  // Begins whose matched path has a node without a KV snapshot in some KV layer (left by
+  // a caller that scheduled no captures while eviction removed the path): page-in can
+  // stop on a KV layer there.
+  int64_t kv_gaps = 0;
+  // From comparing the trie before and after each session call (node identity = the
+  // provenance hash of its key path at its end): a node whose start moved up was split;
+  // a vanished node off the active key path was evicted.
+  int64_t splits = 0, evictions = 0;
+  std::string ToString() const;
+  RequestCoverage& operator+=(const RequestCoverage& o);
+};
+
+struct RequestDriverOptions {
+  int64_t budget_bytes = 0;  // 0: unlimited
+  int64_t chunk = 5;
+  int64_t capture_interval = 8;  // 0: no periodic captures
+  int64_t pre_thinking = 4;      // 0: no capture at len - pre_thinking
+};
+
+class RequestDriver {
+ public:
+  // REQUIRES: config.Validate().ok(); chunk >= 1.
+  RequestDriver(StackConfig config, RequestDriverOptions options, uint64_t value_seed);
+  ~RequestDriver();
+
+  // Runs one request; returns the first divergence. REQUIRES: no divergence before.
+  std::optional<RequestDivergence> Run(const RequestPlan& plan);
+
+  uint64_t digest() const { return digest_; }
+  int64_t steps() const { return steps_; }
+  const RequestCoverage& coverage() const { return coverage_; }
+  const PrefixCache& manager() const { return *manager_; }
+  // "cached 12/40 matched 15" of the last Begin, for the recent-request list.
+  const std::string& last_outcome() const { return last_outcome_; }
+
+ private:
+  class Session;  // one request's run (request_session.cc)
+  // The trie reduced to what survives a structural change: each node named by the
+  // provenance hash of its key path at its end (unique per path), with its start; plus the
+  // hashes at every position of the active key path.
+  struct Census {
+    std::map<uint64_t, int64_t> start_by_end;
+    std::set<uint64_t> active_key_path;
+  };
+
+  std::vector<LayerCache*> Caches() const;
+  std::vector<std::optional<model::RefCache>> Shadows() const;
+  Census TakeCensus() const;
+  void CountChanges(const Census& before, const Census& after);
+  void Fold(uint64_t value);
+
+  StackConfig config_;
+  RequestDriverOptions options_;
+  SyntheticForward synth_;
+  std::vector<std::unique_ptr<LayerCache>> caches_;
+  std::vector<std::unique_ptr<LayerOracle>> oracles_;
+  std::vector<LayerOracle*> oracle_ptrs_;
+  std::vector<ConvWeights> conv_weights_;
+  std::vector<GdnParams> gdn_params_;
+  std::unique_ptr<PrefixCache> manager_;
+  model::TokenLog live_;  // what every cache holds: positions [0, offset)
+  // The previous session: the tokens it stored and the offset it closed at.
+  std::vector<int32_t> previous_stored_;
+  int64_t previous_offset_ = 0;
+  int64_t steps_ = 0;
+  uint64_t digest_ = 0;
+  RequestCoverage coverage_;
+  std::string last_outcome_;
+};
+
+}  // namespace kvtwin::sim

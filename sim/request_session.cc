@@ -1,0 +1,339 @@
+// RequestDriver::Session: one request through the manager, in the order of spec §3.4, with
+// the checks of request_driver.h after every call. Forwards write synthetic rows whose
+// provenance hashes continue the request's stored tokens (inputs then outputs); the
+// rejected drafts of a speculative step continue the chain of the drafts before them.
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "sim/request_driver.h"
+#include "sim/switch_reference.h"
+#include "sim/trie_checks.h"
+#include "src/core/check.h"
+#include "src/speculation.h"
+#include "src/trie_export.h"
+
+namespace kvtwin::sim {
+namespace {
+
+std::string DescribePath(std::span<const TrieNode* const> path) {
+  std::string s;
+  for (const TrieNode* n : path) s += (s.empty() ? "" : " -> ") + DescribeNode(*n);
+  return s;
+}
+
+Check StatusIsOk(const Status& s, const char* call) {
+  if (s.ok()) return std::nullopt;
+  return Mismatch{std::string(call) + " status", "OK", s.ToString()};
+}
+
+}  // namespace
+
+class RequestDriver::Session {
+ public:
+  Session(RequestDriver& driver, const RequestPlan& plan) : d_(driver), plan_(plan) {
+    std::vector<int32_t> stored = plan.inputs;
+    stored.insert(stored.end(), plan.outputs.begin(), plan.outputs.end());
+    stored_ = WithHashes(stored, d_.synth_.seed());
+  }
+
+  std::optional<RequestDivergence> Run() {
+    Check c = Begin();
+    if (!c) c = Prefill();
+    if (!c && !cancelled_) c = Attach();
+    if (!c && !cancelled_) c = Decode();
+    if (!c) c = Close();
+    if (!c) return std::nullopt;
+    return RequestDivergence{d_.steps_, plan_.index, phase_, plan_.ToString(), *c};
+  }
+
+ private:
+  int64_t len() const { return static_cast<int64_t>(plan_.inputs.size()); }
+  const PrefixCache& pc() const { return *d_.manager_; }
+
+  Check Begin() {
+    phase_ = "Begin";
+    // Memory pressure takes effect at the manager's next eviction pass (end of the switch).
+    if (d_.options_.budget_bytes > 0) {
+      budget_bytes_ = std::max<int64_t>(1, d_.options_.budget_bytes * plan_.budget_pct / 100);
+      d_.manager_->set_max_paged_out_bytes(budget_bytes_);
+    }
+    const BeginExpectation want =
+        ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(), plan_.inputs, d_.synth_.seed());
+    // Described now: a faulty eviction inside Begin may free these nodes.
+    const std::string want_path = DescribePath(want.active_path);
+    const Census before = d_.TakeCensus();
+    d_.last_outcome_ = "(no Begin report)";
+    ++d_.steps_;
+    Result<BeginReport> begun = d_.manager_->Begin(plan_.inputs);
+    if (!begun.ok()) return StatusIsOk(begun.status(), "Begin");
+    report_ = *begun;
+    for (int64_t v : {report_.total, report_.matched, report_.cached, report_.left}) d_.Fold(v);
+    d_.Fold(report_.free_all);
+    d_.last_outcome_ = fmt::format("cached {}/{} matched {}{}", report_.cached, report_.total,
+                                   report_.matched, report_.free_all ? " FREE-ALL" : "");
+    phase_ = "after Begin";
+    if (Check c = CheckReport()) return c;
+    if (Check c = AfterEvictionPoint()) return c;
+    if (Check c = CheckExpectation(want, want_path)) return c;
+    d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
+    if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
+    if (Check c = CheckContinuation(want)) return c;
+    d_.CountChanges(before, d_.TakeCensus());
+    Count();
+    d_.coverage_.kv_gaps += !want.kv_chain;
+    return std::nullopt;
+  }
+
+  Check CheckReport() const {
+    const BeginReport& r = report_;
+    const bool ok = r.total == len() && 0 <= r.cached && r.cached <= r.matched &&
+                    r.matched <= r.total && r.cached <= r.total - 1 && r.left == r.total - r.cached;
+    if (ok) return std::nullopt;
+    return Mismatch{
+        "Begin report",
+        fmt::format("total {}, 0 <= cached <= matched <= total, cached <= total - 1, "
+                    "left == total - cached",
+                    len()),
+        fmt::format("total {} matched {} cached {} left {}", r.total, r.matched, r.cached, r.left)};
+  }
+
+  Check CheckExpectation(const BeginExpectation& want, const std::string& want_path) const {
+    auto differs = [](const char* what, int64_t expected, int64_t actual) -> Check {
+      if (expected == actual) return std::nullopt;
+      return Mismatch{what, std::to_string(expected), std::to_string(actual)};
+    };
+    if (Check c = differs("Begin matched (keys found in the trie)", want.matched, report_.matched))
+      return c;
+    if (want.free_all != report_.free_all || want.cached != report_.cached) {
+      auto outcome = [](int64_t cached, bool free_all) {
+        return fmt::format("cached {}{}", cached, free_all ? " after free-all" : "");
+      };
+      return Mismatch{"Begin outcome (the greedy switch of spec §3.4)",
+                      outcome(want.cached, want.free_all),
+                      outcome(report_.cached, report_.free_all)};
+    }
+    const std::vector<TrieNode*>& got = pc().active_path();
+    if (!std::equal(got.begin(), got.end(), want.active_path.begin(), want.active_path.end())) {
+      const std::vector<const TrieNode*> shown(got.begin(), got.end());
+      return Mismatch{"active path after Begin", want_path, DescribePath(shown)};
+    }
+    return std::nullopt;
+  }
+
+  // Spec §5.4: a request whose prompt continues what the previous session stored resumes
+  // at least at that session's frontier, exactly at the match when it ends there. Holds
+  // when the KV chain of the matched path is whole (else a page-in may stop early).
+  Check CheckContinuation(const BeginExpectation& want) {
+    const int64_t o = d_.previous_offset_;
+    const std::vector<int32_t>& prev = d_.previous_stored_;
+    if (o == 0 || len() <= o || !want.kv_chain ||
+        !std::equal(prev.begin(), prev.begin() + o, plan_.inputs.begin())) {
+      return std::nullopt;
+    }
+    ++d_.coverage_.continuations;
+    if (report_.cached < o || (report_.matched == o && report_.cached != o)) {
+      return Mismatch{
+          fmt::format("continuation of the previous session (it closed at {}), matched {}", o,
+                      report_.matched),
+          fmt::format("cached >= {}{}", o, report_.matched == o ? " and == matched" : ""),
+          fmt::format("cached {}", report_.cached)};
+    }
+    if (report_.cached == report_.matched) ++d_.coverage_.resumed_exactly;
+    return std::nullopt;
+  }
+
+  // Structure, soundness and the eviction bound: after every call that may have evicted.
+  Check AfterEvictionPoint() const {
+    int64_t min_offset = -1;
+    for (const auto& c : d_.caches_) {
+      if (c != nullptr && (min_offset < 0 || c->Offset() < min_offset)) min_offset = c->Offset();
+    }
+    if (Check c = CheckTrieStructure(pc().trie(), pc().active_path(), min_offset)) return c;
+    if (Check c = CheckTrieSoundness(pc().trie(), d_.oracle_ptrs_, d_.synth_.seed())) return c;
+    return CheckEvictionBound(pc().trie(), pc().active_path(), budget_bytes_);
+  }
+
+  void Count() {
+    RequestCoverage& cov = d_.coverage_;
+    cov.cache_hits += report_.cached > 0;
+    cov.free_all += report_.free_all;
+    cov.extensions += plan_.kind == RequestKind::kExtend;
+    cov.dropped_tails += plan_.dropped > 0;
+    cov.divergent += plan_.kind == RequestKind::kDiverge;
+    cov.new_conversations += plan_.kind == RequestKind::kNew;
+    cov.repeats += plan_.kind == RequestKind::kRepeat;
+    cov.retries += plan_.kind == RequestKind::kRetry;
+    cov.user_offsets += !plan_.user_offsets.empty();
+    cov.unscheduled += !plan_.schedule;
+    cov.speculative += plan_.speculation.step >= 0 && plan_.cancel_after_chunks < 0;
+    cov.branch_points += !pc().pending().empty();
+  }
+
+  Check Prefill() {
+    if (plan_.schedule) {
+      std::vector<int64_t> requested = plan_.user_offsets;
+      const RequestDriverOptions& o = d_.options_;
+      for (int64_t p = o.capture_interval; o.capture_interval > 0 && p <= len();
+           p += o.capture_interval) {
+        requested.push_back(p);
+      }
+      if (o.pre_thinking > 0 && len() - o.pre_thinking > 0) {
+        requested.push_back(len() - o.pre_thinking);
+      }
+      phase_ = "SchedulePrefillSnapshots";
+      ++d_.steps_;
+      if (Check c = StatusIsOk(d_.manager_->SchedulePrefillSnapshots(requested),
+                               "SchedulePrefillSnapshots")) {
+        return c;
+      }
+      d_.Fold(pc().pending().size());
+    }
+    cancelled_ = plan_.cancel_after_chunks >= 0;
+    int64_t chunks = 0;
+    for (int64_t pos = report_.cached; pos < len() - 1; ++chunks) {
+      if (cancelled_ && chunks == plan_.cancel_after_chunks) break;
+      const int64_t n = std::min(d_.options_.chunk, len() - 1 - pos);
+      phase_ = fmt::format("prefill chunk {} [{},{})", chunks, pos, pos + n);
+      if (Check c = ForwardLive(pos, n)) return c;
+      pos += n;
+    }
+    return std::nullopt;
+  }
+
+  Check Attach() {
+    phase_ = "AttachPrefillSnapshots";
+    const Census before = d_.TakeCensus();
+    ++d_.steps_;
+    if (Check c = StatusIsOk(d_.manager_->AttachPrefillSnapshots(), "AttachPrefillSnapshots")) {
+      return c;
+    }
+    phase_ = "after AttachPrefillSnapshots";
+    if (Check c = AfterEvictionPoint()) return c;
+    if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
+    d_.CountChanges(before, d_.TakeCensus());
+    return std::nullopt;
+  }
+
+  // Forwards the seed and every sampled token but the last; reports each sampled token.
+  Check Decode() {
+    const int64_t n = static_cast<int64_t>(plan_.outputs.size());
+    const SpeculativeStep& spec = plan_.speculation;
+    for (int64_t i = 0; i < n;) {
+      const int64_t pos = len() - 1 + i;  // the forward's current token
+      int64_t sampled = 1;
+      if (i == spec.step) {
+        phase_ = fmt::format("speculative decode at {} (accept {})", pos, spec.accepted);
+        if (Check c = ForwardSpeculative(pos)) return c;
+        sampled = spec.accepted + 1;  // the accepted drafts and the bonus token
+      } else {
+        phase_ = fmt::format("decode at {}", pos);
+        if (Check c = ForwardLive(pos, 1)) return c;
+      }
+      phase_ = "AddOutputs";
+      ++d_.steps_;
+      const auto first = plan_.outputs.begin() + i;
+      const std::vector<int32_t> tokens(first, first + sampled);
+      if (Check c = StatusIsOk(d_.manager_->AddOutputs(tokens), "AddOutputs")) return c;
+      i += sampled;
+    }
+    return std::nullopt;
+  }
+
+  Check Close() {
+    phase_ = "before Close";
+    if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
+    const Census before = d_.TakeCensus();
+    phase_ = "Close";
+    ++d_.steps_;
+    if (Check c = StatusIsOk(d_.manager_->Close(), "Close")) return c;
+    phase_ = "after Close";
+    if (Check c = AfterEvictionPoint()) return c;
+    const auto offset = static_cast<int64_t>(d_.live_.size());
+    const int64_t end = pc().active_path().back()->end_offset();
+    if (offset > 0 && end != offset) {
+      return Mismatch{"active path end after Close", std::to_string(offset), std::to_string(end)};
+    }
+    d_.CountChanges(before, d_.TakeCensus());
+    d_.coverage_.completed += !cancelled_;
+    d_.coverage_.cancelled += cancelled_;
+    d_.previous_stored_ = plan_.inputs;
+    if (!cancelled_) {
+      d_.previous_stored_.insert(d_.previous_stored_.end(), plan_.outputs.begin(),
+                                 plan_.outputs.end());
+    }
+    d_.previous_offset_ = offset;
+    const std::string dump = DumpTrie(pc().trie(), pc().active_path());
+    d_.Fold(XXH3_64bits(dump.data(), dump.size()));
+    return std::nullopt;
+  }
+
+  // An ordinary forward of stored tokens [pos, pos + n) through the live caches.
+  Check ForwardLive(int64_t pos, int64_t n) {
+    KV_CHECK(pos == static_cast<int64_t>(d_.live_.size()), "forward away from the live offset");
+    const std::span<const model::Token> tokens(stored_.data() + pos, static_cast<size_t>(n));
+    if (Check c = Forward(tokens, nullptr)) return c;
+    d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.end());
+    return std::nullopt;
+  }
+
+  // [current, accepted drafts, rejected drafts] through BeginSpeculation, commit a + 1.
+  Check ForwardSpeculative(int64_t pos) {
+    const SpeculativeStep& spec = plan_.speculation;
+    model::TokenLog tokens(stored_.begin() + pos, stored_.begin() + pos + 1 + spec.accepted);
+    for (const int32_t t : spec.rejected) tokens.push_back({t, NextHash(tokens.back().h, t)});
+    std::vector<LayerCache*> live;
+    for (LayerCache* c : d_.Caches()) {
+      if (c != nullptr) live.push_back(c);
+    }
+    ++d_.steps_;
+    Result<Speculation> s = BeginSpeculation(live);
+    if (!s.ok()) return StatusIsOk(s.status(), "BeginSpeculation");
+    if (Check c = Forward(tokens, &*s)) return c;
+    s->Commit(spec.accepted + 1);
+    d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.begin() + 1 + spec.accepted);
+    return std::nullopt;
+  }
+
+  // One forward of `tokens` at the live offset through every stateful layer, or through
+  // the speculation's wrappers; the attention history of each is checked.
+  Check Forward(std::span<const model::Token> tokens, Speculation* spec) {
+    ++d_.steps_;
+    const auto start = static_cast<int64_t>(d_.live_.size());
+    const auto n = static_cast<int64_t>(tokens.size());
+    model::TokenLog after = d_.live_;
+    after.insert(after.end(), tokens.begin(), tokens.end());
+    size_t wrapper = 0;
+    for (size_t i = 0; i < d_.caches_.size(); ++i) {
+      if (d_.caches_[i] == nullptr) continue;
+      LayerCache& target = spec != nullptr ? spec->layer(wrapper++) : *d_.caches_[i];
+      const History history =
+          ForwardSynthetic(target, d_.config_, d_.synth_, static_cast<int32_t>(i), start, tokens,
+                           &d_.conv_weights_[i], &d_.gdn_params_[i]);
+      if (target.kind() == CacheKind::kRecurrent) continue;
+      d_.Fold(static_cast<uint64_t>(history.length));
+      if (Check c = d_.oracles_[i]->CheckHistory(history, after, start, n, Op{})) {
+        c->what = fmt::format("layer {} history: {}", i, c->what);
+        return c;
+      }
+    }
+    return std::nullopt;
+  }
+
+  RequestDriver& d_;
+  const RequestPlan& plan_;
+  model::TokenLog stored_;  // inputs then outputs, with provenance hashes
+  std::string phase_;
+  BeginReport report_;
+  bool cancelled_ = false;
+  int64_t budget_bytes_ = 0;  // this request's budget; 0 = unlimited
+};
+
+std::optional<RequestDivergence> RequestDriver::Run(const RequestPlan& plan) {
+  Session session(*this, plan);
+  return session.Run();
+}
+
+}  // namespace kvtwin::sim

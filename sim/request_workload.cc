@@ -1,0 +1,176 @@
+#include "sim/request_workload.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+constexpr int64_t kUserTurnMax = 8;
+constexpr int64_t kOutputsMax = 6;
+constexpr int64_t kSpeculativeRejectedMax = 3;
+
+}  // namespace
+
+const char* RequestKindName(RequestKind kind) {
+  switch (kind) {
+    case RequestKind::kNew:
+      return "new";
+    case RequestKind::kExtend:
+      return "extend";
+    case RequestKind::kDiverge:
+      return "diverge";
+    case RequestKind::kRepeat:
+      return "repeat";
+    case RequestKind::kRetry:
+      return "retry";
+  }
+  return "?";
+}
+
+WorkloadOptions WorkloadOptions::Swarm(Rng& rng, int32_t conversations) {
+  auto pick = [&rng](std::initializer_list<uint32_t> values) {
+    return *(values.begin() + rng.Below(values.size()));
+  };
+  WorkloadOptions o;
+  o.conversations = conversations;
+  // Small on purpose: different branches often hold equal tokens at equal positions, which
+  // is what makes a snapshot from the wrong branch look plausible.
+  o.vocab = static_cast<int32_t>(pick({3, 5, 8}));
+  o.user_pct = pick({0, 25, 50});
+  o.unscheduled_pct = pick({0, 10, 50});
+  o.cancel_pct = pick({0, 12, 33});
+  o.speculate_pct = pick({0, 33, 67});
+  o.pressure_pct = pick({0, 25, 50});
+  return o;
+}
+
+std::string WorkloadOptions::ToString() const {
+  return fmt::format("vocab {}, user {}%, unscheduled {}%, cancel {}%, speculate {}%, pressure {}%",
+                     vocab, user_pct, unscheduled_pct, cancel_pct, speculate_pct, pressure_pct);
+}
+
+std::string RequestPlan::ToString() const {
+  std::string s = fmt::format("#{} {} conv {} len {} gen {}", index, RequestKindName(kind),
+                              conversation, inputs.size(), outputs.size());
+  if (dropped > 0) s += fmt::format(" dropped {}", dropped);
+  if (!user_offsets.empty()) s += fmt::format(" user {}", fmt::join(user_offsets, ","));
+  if (!schedule) s += " unscheduled";
+  if (cancel_after_chunks >= 0) s += fmt::format(" cancel after {} chunks", cancel_after_chunks);
+  if (speculation.step >= 0) {
+    s += fmt::format(" spec(step {} accept {} reject {})", speculation.step, speculation.accepted,
+                     speculation.rejected.size());
+  }
+  return s;
+}
+
+RequestWorkload::RequestWorkload(Rng rng, WorkloadOptions options) : rng_(rng), options_(options) {
+  KV_CHECK(options_.conversations >= 1 && options_.vocab >= 2,
+           "a workload needs a conversation and two tokens");
+  system_ = Tokens(rng_.Range(4, 10));
+  conversations_.resize(static_cast<size_t>(options_.conversations));
+}
+
+int32_t RequestWorkload::Token() { return static_cast<int32_t>(rng_.Range(1, options_.vocab)); }
+
+std::vector<int32_t> RequestWorkload::Tokens(int64_t count) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < count; ++i) out.push_back(Token());
+  return out;
+}
+
+RequestPlan RequestWorkload::Next() {
+  RequestPlan plan;
+  plan.index = next_index_++;
+  // The most recent conversation often goes on: continuations with no session between.
+  plan.conversation =
+      rng_.Chance(3, 5) ? recent_ : static_cast<int32_t>(rng_.Below(conversations_.size()));
+  Conversation& c = conversations_[static_cast<size_t>(plan.conversation)];
+  plan.kind = ChooseKind(c);
+  FillInputs(plan, c);
+  plan.outputs = Tokens(rng_.Range(1, kOutputsMax));
+  AddDecoration(plan);
+  const bool cancelled = plan.cancel_after_chunks >= 0;
+  c.started = true;
+  c.cancelled = cancelled;
+  c.inputs = plan.inputs;
+  c.outputs = cancelled ? std::vector<int32_t>{} : plan.outputs;
+  recent_ = plan.conversation;
+  return plan;
+}
+
+RequestKind RequestWorkload::ChooseKind(const Conversation& c) {
+  if (!c.started) return RequestKind::kNew;
+  if (c.cancelled && rng_.Chance(3, 4)) return RequestKind::kRetry;
+  const int64_t history = static_cast<int64_t>(c.inputs.size() + c.outputs.size());
+  if (history + kUserTurnMax + kOutputsMax > options_.max_prompt_tokens) return RequestKind::kNew;
+  const uint64_t roll = rng_.Below(100);
+  if (roll < 50) return RequestKind::kExtend;
+  if (roll < 72) return RequestKind::kDiverge;
+  if (roll < 86) return RequestKind::kNew;
+  return RequestKind::kRepeat;
+}
+
+void RequestWorkload::FillInputs(RequestPlan& plan, const Conversation& c) {
+  std::vector<int32_t> history = c.inputs;
+  switch (plan.kind) {
+    case RequestKind::kNew:
+      plan.inputs = system_;
+      break;
+    case RequestKind::kExtend: {
+      const auto n = static_cast<int64_t>(c.outputs.size());
+      plan.dropped = n > 0 && rng_.Chance(1, 3) ? rng_.Range(1, n) : 0;
+      history.insert(history.end(), c.outputs.begin(), c.outputs.end() - plan.dropped);
+      plan.inputs = history;
+      break;
+    }
+    case RequestKind::kDiverge: {
+      history.insert(history.end(), c.outputs.begin(), c.outputs.end());
+      const auto n = static_cast<int64_t>(history.size());
+      const int64_t cut = n >= 2 ? rng_.Range(1, n - 1) : 0;
+      plan.inputs.assign(history.begin(), history.begin() + cut);
+      break;
+    }
+    case RequestKind::kRepeat:
+    case RequestKind::kRetry:
+      plan.inputs = c.inputs;
+      return;  // exactly the same prompt
+  }
+  const std::vector<int32_t> turn = Tokens(rng_.Range(1, kUserTurnMax));
+  plan.inputs.insert(plan.inputs.end(), turn.begin(), turn.end());
+}
+
+void RequestWorkload::AddDecoration(RequestPlan& plan) {
+  const auto len = static_cast<int64_t>(plan.inputs.size());
+  if (rng_.Chance(options_.user_pct, 100)) {
+    const int64_t a = rng_.Range(1, len);
+    const int64_t b = rng_.Range(1, len);
+    plan.user_offsets = a == b ? std::vector<int64_t>{a} : std::vector<int64_t>{a, b};
+  }
+  plan.schedule = !rng_.Chance(options_.unscheduled_pct, 100);
+  if (rng_.Chance(options_.pressure_pct, 100)) {
+    const int64_t scales[] = {10, 25, 200, 400};
+    plan.budget_pct = scales[rng_.Below(4)];
+  }
+  if (rng_.Chance(options_.cancel_pct, 100)) {
+    plan.cancel_after_chunks = rng_.Range(0, 3);
+    return;  // no decode, so no speculation
+  }
+  // Decode forwards F = [seed, g1 .. g(n-1)]; a step at i may accept up to n-1-i drafts.
+  const auto n = static_cast<int64_t>(plan.outputs.size());
+  if (n < 2 || !rng_.Chance(options_.speculate_pct, 100)) return;
+  SpeculativeStep& spec = plan.speculation;
+  spec.step = rng_.Range(0, n - 1);
+  spec.accepted = rng_.Range(0, n - 1 - spec.step);
+  const int64_t rejected = rng_.Range(spec.accepted == 0 ? 1 : 0, kSpeculativeRejectedMax);
+  spec.rejected = Tokens(rejected);
+  // The first rejected draft differs from the token the target samples instead (the bonus).
+  const int32_t bonus = plan.outputs[static_cast<size_t>(spec.step + spec.accepted)];
+  if (!spec.rejected.empty() && spec.rejected.front() == bonus) {
+    spec.rejected.front() = bonus % options_.vocab + 1;
+  }
+}
+
+}  // namespace kvtwin::sim

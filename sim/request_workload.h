@@ -1,0 +1,100 @@
+// RequestWorkload: seeded request streams for the request-level simulator (sim/requests.h).
+// A small pool of conversations shares one system prompt. Each request picks a
+// conversation (the most recent one more often, so exact continuations with no other
+// session in between are common) and either
+//   extends its last request exactly (inputs + all outputs, or with a dropped tail of the
+//     last response) with a new user turn,
+//   diverges from its history at a random earlier point,
+//   starts a new conversation that shares only the system prompt,
+//   repeats its last prompt exactly, or
+//   retries a prefill that was cancelled.
+// On top, at per-seed rates (WorkloadOptions): a cancel after a random number of prefill
+// chunks, extra user restore points, a caller that asks for no captures at all, one
+// speculative decode step, and a budget above or below the run's for one request. Tokens come from
+// a small vocabulary so equal tokens at equal positions on different branches are common (partial
+// edge matches, splits, look-alike branches). Outputs are planned here: the driver replays them as
+// the sampled tokens. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/core/rng.h"
+
+namespace kvtwin::sim {
+
+enum class RequestKind : uint8_t { kNew, kExtend, kDiverge, kRepeat, kRetry };
+const char* RequestKindName(RequestKind kind);
+
+// One speculative decode step: at decode forward `step` (0 = the seed) forward the current
+// token, `accepted` drafts equal to the next planned tokens, then `rejected` other drafts,
+// and commit accepted + 1.
+struct SpeculativeStep {
+  int64_t step = -1;  // -1: no speculation
+  int64_t accepted = 0;
+  std::vector<int32_t> rejected;
+};
+
+struct RequestPlan {
+  int64_t index = 0;
+  RequestKind kind = RequestKind::kNew;
+  int32_t conversation = 0;
+  std::vector<int32_t> inputs;
+  std::vector<int32_t> outputs;  // every sampled token (>= 1); the last is never forwarded
+  int64_t dropped = 0;           // kExtend: tokens of the last response left out
+  std::vector<int64_t> user_offsets;
+  bool schedule = true;              // call SchedulePrefillSnapshots at all
+  int64_t cancel_after_chunks = -1;  // >= 0: close after that many prefill chunks
+  SpeculativeStep speculation;
+  // Memory pressure: the eviction budget for this request, in percent of the run's budget
+  // (a server whose headroom changes between requests).
+  int64_t budget_pct = 100;
+  std::string ToString() const;  // one summary line
+};
+
+// Per-request rates (percent) and the vocabulary. Swarm testing: each seed draws its own
+// mix, so some runs hammer one mechanism (many cancels, callers that never schedule
+// captures, ...) without the others diluting it.
+struct WorkloadOptions {
+  int32_t conversations = 6;
+  int64_t max_prompt_tokens = 160;  // longer histories restart the conversation
+  int32_t vocab = 5;                // tokens are 1..vocab
+  uint32_t user_pct = 25;           // extra user restore points
+  uint32_t unscheduled_pct = 10;    // no SchedulePrefillSnapshots at all
+  uint32_t cancel_pct = 12;         // close after part of the prefill
+  uint32_t speculate_pct = 33;      // one speculative decode step
+  uint32_t pressure_pct = 0;        // a budget other than the run's for one request
+  // A mix drawn from `rng` (the conversation count is kept).
+  static WorkloadOptions Swarm(Rng& rng, int32_t conversations);
+  // "vocab 5, user 25%, unscheduled 10%, cancel 12%, speculate 33%, pressure 0%"
+  std::string ToString() const;
+};
+
+class RequestWorkload {
+ public:
+  RequestWorkload(Rng rng, WorkloadOptions options);
+  RequestPlan Next();
+
+ private:
+  struct Conversation {
+    bool started = false;
+    bool cancelled = false;  // the last request was cancelled (no outputs)
+    std::vector<int32_t> inputs;
+    std::vector<int32_t> outputs;
+  };
+  RequestKind ChooseKind(const Conversation& c);
+  void FillInputs(RequestPlan& plan, const Conversation& c);
+  void AddDecoration(RequestPlan& plan);
+  std::vector<int32_t> Tokens(int64_t count);
+  int32_t Token();
+
+  Rng rng_;
+  WorkloadOptions options_;
+  std::vector<int32_t> system_;
+  std::vector<Conversation> conversations_;
+  int32_t recent_ = 0;
+  int64_t next_index_ = 0;
+};
+
+}  // namespace kvtwin::sim

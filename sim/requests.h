@@ -1,0 +1,52 @@
+// Seeded request-level runs of the prefix-cache manager: one seed -> one stack, one request
+// stream (sim/request_workload.h), one verdict from the checks of sim/request_driver.h.
+// RunRequests is what `kvtwin requests` calls per seed, what the determinism test calls
+// twice and what the reproduce command re-runs. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+
+#include "sim/request_driver.h"
+
+namespace kvtwin::sim {
+
+struct RequestOptions {
+  std::string preset = "mixed";
+  int32_t layers = 4;
+  int64_t window = 4;
+  std::string dtype = "f32";
+  int32_t conversations = 6;
+  int64_t requests = 60;
+  int64_t budget_bytes = 0;      // manager eviction budget; 0 = unlimited
+  int64_t chunk = 5;             // prefill chunk, tokens
+  int64_t capture_interval = 8;  // periodic prefill captures; 0 = none
+  int64_t pre_thinking = 4;      // a capture at len - pre_thinking; 0 = none
+  uint64_t seed = 1;
+};
+
+struct RequestResult {
+  uint64_t seed = 0;
+  std::string stack;     // StackConfig::Describe()
+  std::string mix;       // the seed's workload mix (WorkloadOptions::ToString())
+  int64_t requests = 0;  // requests run (the failing one included)
+  int64_t steps = 0;     // session calls and forwards
+  uint64_t digest = 0;
+  std::optional<RequestDivergence> divergence;
+  std::deque<std::string> recent;  // the last few requests: plan and Begin outcome
+  std::string reproduce;           // one-line command that re-runs this seed
+  std::string trie_dump;           // DumpTrie of the final (or diverged) trie
+  std::string trie_dot;            // TrieToDot of the same
+  RequestCoverage coverage;
+};
+
+// InvalidArgument naming the field (its CLI flag) for an impossible option.
+Status ValidateRequestOptions(const RequestOptions& options);
+// REQUIRES: ValidateRequestOptions(options).ok().
+RequestResult RunRequests(const RequestOptions& options);
+// The `kvtwin requests` command line that reproduces RunRequests(options).
+std::string RequestsReproduceCommand(const RequestOptions& options);
+
+}  // namespace kvtwin::sim

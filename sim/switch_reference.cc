@@ -1,0 +1,118 @@
+#include "sim/switch_reference.h"
+
+#include <algorithm>
+
+#include "sim/trie_checks.h"
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+using RefCaches = std::vector<std::optional<model::RefCache>>;
+
+struct Match {
+  std::vector<const TrieNode*> path;  // root first
+  int64_t matched = 0;
+};
+
+// Spec §3.2 findBestMatch from the root. Under the sibling invariant (checked by the
+// caller) at most one child starts with the next key, so no tie-break is needed.
+Match MatchKeys(const PrefixTrie& trie, std::span<const int32_t> tokens) {
+  Match m;
+  const TrieNode* node = trie.root();
+  m.path.push_back(node);
+  size_t pos = 0;
+  while (pos < tokens.size()) {
+    const TrieNode* next = nullptr;
+    for (size_t i = 0; i < node->num_children() && next == nullptr; ++i) {
+      const TrieNode* c = node->child(i);
+      if (c->edge().front() == TrieKey{static_cast<uint32_t>(tokens[pos])}) next = c;
+    }
+    if (next == nullptr) break;
+    size_t j = 0;
+    while (j < next->edge().size() && pos + j < tokens.size() &&
+           next->edge()[j] == TrieKey{static_cast<uint32_t>(tokens[pos + j])}) {
+      ++j;
+    }
+    m.path.push_back(next);
+    pos += j;
+    if (j < next->edge().size()) break;  // a partial edge ends the walk
+    node = next;
+  }
+  m.matched = static_cast<int64_t>(pos);
+  return m;
+}
+
+int64_t MinOffset(const RefCaches& caches) {
+  int64_t min_off = -1;
+  for (const auto& c : caches) {
+    if (c && (min_off < 0 || c->Offset() < min_off)) min_off = c->Offset();
+  }
+  return min_off;
+}
+
+// Greedy page-in: node by node, cache by cache; the first refusal ends all of it.
+void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches& caches,
+            uint64_t hash_seed) {
+  for (const TrieNode* node : path) {
+    if (!node->HasSnapshots()) continue;
+    const int64_t target = std::min(node->end_offset(), matched);
+    const model::TokenLog node_path = PathLog(*node, hash_seed);
+    for (size_t j = 0; j < caches.size(); ++j) {
+      const CacheSnapshot* s = node->snapshot(j);
+      if (!caches[j] || s == nullptr || caches[j]->Offset() >= target) continue;
+      const model::RefSnapshot ref = NodeReference(*node, s->kind(), node_path);
+      if (!caches[j]->Restore(&ref, target)) return;
+    }
+  }
+}
+
+}  // namespace
+
+BeginExpectation ExpectBegin(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
+                             RefCaches caches, std::span<const int32_t> inputs,
+                             uint64_t hash_seed) {
+  KV_CHECK(!inputs.empty(), "Begin needs a prompt");
+  KV_CHECK(caches.size() == trie.num_layers(), "one reference cache per manager cache");
+  BeginExpectation out;
+  Match m = MatchKeys(trie, inputs);
+  out.matched = m.matched;
+  // Hold-back: the last prompt token always seeds generation.
+  if (m.matched == static_cast<int64_t>(inputs.size())) {
+    m = MatchKeys(trie, inputs.first(inputs.size() - 1));
+  }
+  for (const TrieNode* node : m.path) {
+    for (size_t j = 0; j < caches.size() && !node->is_root(); ++j) {
+      if (caches[j] && caches[j]->kind() == model::RefKind::kKv && node->snapshot(j) == nullptr) {
+        out.kv_chain = false;
+      }
+    }
+  }
+  size_t common = 0;
+  while (common < active_path.size() && common < m.path.size() &&
+         active_path[common] == m.path[common]) {
+    ++common;
+  }
+  const int64_t ancestor = common > 0 ? active_path[common - 1]->end_offset() : 0;
+  const int64_t rewind_target = std::min(ancestor, m.matched);
+  for (auto& c : caches) {
+    if (c && !c->Restore(nullptr, rewind_target)) c->Free();
+  }
+  PageIn(m.path, m.matched, caches, hash_seed);
+  const int64_t min_off = MinOffset(caches);
+  for (auto& c : caches) {
+    if (!c || c->Offset() == min_off || c->Restore(nullptr, min_off)) continue;
+    out.free_all = true;
+    break;
+  }
+  out.active_path = m.path;
+  if (out.free_all) {
+    out.active_path = {trie.root()};
+  } else {
+    while (out.active_path.back()->end_offset() > min_off) out.active_path.pop_back();
+  }
+  out.cached = out.free_all ? 0 : min_off;
+  return out;
+}
+
+}  // namespace kvtwin::sim

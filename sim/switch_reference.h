@@ -1,0 +1,40 @@
+// ExpectBegin: the reference outcome of PrefixCache::Begin (spec §3.4 begin and
+// switchToPath, λ = 0, no media; spec §5.4 "matched, prefix from the exact greedy
+// switchToPath algorithm"). It re-runs the algorithm on reference caches (model::RefCache,
+// the token logs the live caches hold) and on reference snapshots derived from each node's
+// key path, reading the trie and the active path as they are before Begin and changing
+// neither. The match is recomputed from the keys, not asked of the trie.
+//
+// Eviction runs at the end of the switch and never touches the active path, so the
+// expected active path after Begin is the switched path (pointers into the pre-Begin trie,
+// compared, never dereferenced, by the caller). Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "model/ref_cache.h"
+#include "src/prefix_trie.h"
+
+namespace kvtwin::sim {
+
+struct BeginExpectation {
+  int64_t matched = 0;  // keys matched before the hold-back
+  int64_t cached = 0;   // the aligned prefix
+  bool free_all = false;
+  std::vector<const TrieNode*> active_path;
+  // Every non-root node of the matched path holds a snapshot in every full KV layer (the
+  // scenario's coverage invariant, spec §4.2): then no page-in can stop on a KV layer.
+  bool kv_chain = true;
+};
+
+// `caches`: one reference cache per manager cache holding what it holds now (nullopt for
+// a stateless hole); consumed. `hash_seed`: h_{-1} of the driver's provenance hashes.
+// REQUIRES: the trie passes CheckTrieStructure and CheckTrieSoundness; non-empty inputs.
+BeginExpectation ExpectBegin(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
+                             std::vector<std::optional<model::RefCache>> caches,
+                             std::span<const int32_t> inputs, uint64_t hash_seed);
+
+}  // namespace kvtwin::sim

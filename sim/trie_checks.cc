@@ -1,0 +1,244 @@
+#include "sim/trie_checks.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "sim/synthetic.h"
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+constexpr size_t kShownKeys = 4;
+
+model::RefKind RefKindOf(CacheKind kind) {
+  switch (kind) {
+    case CacheKind::kFullKv:
+      return model::RefKind::kKv;
+    case CacheKind::kRotating:
+      return model::RefKind::kRotating;
+    case CacheKind::kRecurrent:
+      return model::RefKind::kRecurrent;
+  }
+  return model::RefKind::kKv;
+}
+
+// λ = 0 without media: a key is a token id read as uint32, so it converts back exactly.
+int32_t TokenOf(TrieKey key) {
+  KV_CHECK(key <= 0x7FFFFFFFu, "trie key " + std::to_string(key) + " is not a text token");
+  return static_cast<int32_t>(key);
+}
+
+Mismatch AtNode(const TrieNode& node, const std::string& what, std::string expected,
+                std::string actual) {
+  return Mismatch{DescribeNode(node) + ": " + what, std::move(expected), std::move(actual)};
+}
+
+// The slot checks of one node: count, stateless holes, kinds; adds the bytes it holds.
+Check CheckSlots(const PrefixTrie& trie, const TrieNode& n, int64_t& bytes) {
+  const std::vector<SnapshotPtr>& slots = n.snapshots();
+  if (!slots.empty() && slots.size() != trie.num_layers()) {
+    return AtNode(n, "snapshot slots", std::to_string(trie.num_layers()),
+                  std::to_string(slots.size()));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] == nullptr) continue;
+    bytes += slots[i]->SizeBytes();
+    const LayerCache* cache = trie.cache(i);
+    if (cache == nullptr) {
+      return AtNode(n, fmt::format("layer {} is stateless", i), "no snapshot",
+                    CacheKindName(slots[i]->kind()));
+    }
+    if (slots[i]->kind() != cache->kind()) {
+      return AtNode(n, fmt::format("layer {} snapshot kind", i), CacheKindName(cache->kind()),
+                    CacheKindName(slots[i]->kind()));
+    }
+  }
+  return std::nullopt;
+}
+
+// Links, edge lengths and first keys of one node's children.
+Check CheckChildren(const TrieNode& n) {
+  std::set<TrieKey> first_keys;
+  for (size_t i = 0; i < n.num_children(); ++i) {
+    const TrieNode* c = n.child(i);
+    if (c->parent() != &n) {
+      return AtNode(*c, "parent link", DescribeNode(n),
+                    c->parent() == nullptr ? "null" : DescribeNode(*c->parent()));
+    }
+    if (c->edge().empty()) return AtNode(*c, "edge of a non-root node", "non-empty", "empty");
+    if (c->start_offset() != n.end_offset()) {
+      return AtNode(*c, "start offset", fmt::format("{} (the parent's end)", n.end_offset()),
+                    std::to_string(c->start_offset()));
+    }
+    if (!first_keys.insert(c->edge().front()).second) {
+      return AtNode(
+          *c,
+          fmt::format("first key {} among the children of {}", c->edge().front(), DescribeNode(n)),
+          "unique", "shared with an earlier sibling");
+    }
+  }
+  return std::nullopt;
+}
+
+Check CheckNodeSnapshots(const PrefixTrie& trie, const TrieNode& n,
+                         std::span<LayerOracle* const> oracles, uint64_t hash_seed) {
+  if (n.is_root()) {
+    return n.HasSnapshots() ? Check(AtNode(n, "snapshots", "none", "some")) : std::nullopt;
+  }
+  if (!n.HasSnapshots()) return std::nullopt;
+  const model::TokenLog path = PathLog(n, hash_seed);
+  for (size_t i = 0; i < trie.num_layers(); ++i) {
+    const CacheSnapshot* s = n.snapshot(i);
+    if (s == nullptr) continue;
+    const std::string layer = fmt::format("layer {} {} snapshot", i, CacheKindName(s->kind()));
+    // Scenario invariant: KV spans exactly the edge, a whole state sits at the node's end.
+    const bool kv = s->kind() == CacheKind::kFullKv;
+    if (s->to() != n.end_offset() || (kv && s->from() != n.start_offset())) {
+      return AtNode(n, layer + " range",
+                    kv ? fmt::format("[{},{})", n.start_offset(), n.end_offset())
+                       : fmt::format("@{}", n.end_offset()),
+                    kv ? fmt::format("[{},{})", s->from(), s->to()) : fmt::format("@{}", s->to()));
+    }
+    KV_CHECK(i < oracles.size() && oracles[i] != nullptr, "no oracle for a stateful layer");
+    const model::RefSnap ref = NodeReference(n, s->kind(), path);
+    if (Check c = oracles[i]->CheckSnapshot(s, ref)) {
+      c->what = DescribeNode(n) + ": " + layer + ": " + c->what;
+      return c;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string DescribeNode(const TrieNode& node) {
+  if (node.is_root()) return "root";
+  std::string s = fmt::format("node [{},{}) keys", node.start_offset(), node.end_offset());
+  const size_t shown = std::min(node.edge().size(), kShownKeys);
+  for (size_t i = 0; i < shown; ++i) s += fmt::format(" {}", node.edge()[i]);
+  if (node.edge().size() > shown) s += " ...";
+  return s;
+}
+
+model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind,
+                                 const model::TokenLog& path) {
+  const int64_t end = node.end_offset();
+  if (kind == CacheKind::kFullKv) {
+    return {model::RefKind::kKv, node.start_offset(), end,
+            model::TokenLog(path.begin() + node.start_offset(), path.end())};
+  }
+  return {RefKindOf(kind), 0, end, path};
+}
+
+model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed) {
+  model::TokenLog log;
+  log.reserve(tokens.size());
+  uint64_t h = hash_seed;
+  for (const int32_t t : tokens) {
+    h = NextHash(h, t);
+    log.push_back({t, h});
+  }
+  return log;
+}
+
+model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed) {
+  std::vector<const TrieNode*> chain;
+  for (const TrieNode* n = &node; n != nullptr; n = n->parent()) chain.push_back(n);
+  std::vector<int32_t> tokens;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    for (const TrieKey k : (*it)->edge()) tokens.push_back(TokenOf(k));
+  }
+  return WithHashes(tokens, hash_seed);
+}
+
+Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
+                         int64_t min_offset) {
+  const TrieNode& root = *trie.root();
+  if (!root.is_root() || !root.edge().empty() || root.end_offset() != 0) {
+    return AtNode(root, "root", "an empty edge ending at 0",
+                  fmt::format("{} keys ending at {}", root.edge().size(), root.end_offset()));
+  }
+  std::set<const TrieNode*> members;  // membership only: nothing is ordered by address
+  int64_t bytes = 0;
+  Check found;
+  trie.Walk([&](TrieNode* n) {
+    if (found) return;
+    if (!members.insert(n).second) {
+      found = AtNode(*n, "reached by the walk", "once", "twice");
+    } else if (Check c = CheckSlots(trie, *n, bytes)) {
+      found = c;
+    } else {
+      found = CheckChildren(*n);
+    }
+  });
+  if (found) return found;
+  if (bytes != trie.paged_out_bytes()) {
+    return Mismatch{"paged-out byte counter", fmt::format("{} (sum over the walk)", bytes),
+                    std::to_string(trie.paged_out_bytes())};
+  }
+  if (active_path.empty() || active_path.front() != trie.root()) {
+    return Mismatch{"active path start", "the root",
+                    active_path.empty() ? "an empty path" : "another node"};
+  }
+  for (size_t i = 1; i < active_path.size(); ++i) {
+    // A node evicted or merged away is a dangling pointer: test membership before use.
+    if (members.count(active_path[i]) == 0) {
+      return Mismatch{fmt::format("active path entry {} of {}", i, active_path.size()),
+                      "a node of the trie", "a node no longer in the trie (evicted or merged)"};
+    }
+    if (active_path[i]->parent() != active_path[i - 1]) {
+      return Mismatch{fmt::format("active path entry {} ({})", i, DescribeNode(*active_path[i])),
+                      "the child of entry " + std::to_string(i - 1), "not its child"};
+    }
+  }
+  if (active_path.back()->end_offset() > min_offset) {
+    return Mismatch{"active path end (" + DescribeNode(*active_path.back()) + ")",
+                    fmt::format("<= {} (the minimum cache offset)", min_offset),
+                    std::to_string(active_path.back()->end_offset())};
+  }
+  return std::nullopt;
+}
+
+Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
+                         uint64_t hash_seed) {
+  Check found;
+  trie.Walk([&](TrieNode* n) {
+    if (!found) found = CheckNodeSnapshots(trie, *n, oracles, hash_seed);
+  });
+  return found;
+}
+
+Check CheckLiveSoundness(std::span<LayerCache* const> caches, std::span<LayerOracle* const> oracles,
+                         const model::TokenLog& log) {
+  KV_CHECK(caches.size() == oracles.size(), "caches and oracles must be parallel");
+  for (size_t i = 0; i < caches.size(); ++i) {
+    if (caches[i] == nullptr) continue;
+    if (Check c = oracles[i]->CheckLiveContent(*caches[i], log)) {
+      c->what = fmt::format("layer {} live {}: {}", i, CacheKindName(caches[i]->kind()), c->what);
+      return c;
+    }
+  }
+  return std::nullopt;
+}
+
+Check CheckEvictionBound(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
+                         int64_t budget_bytes) {
+  if (budget_bytes <= 0 || trie.paged_out_bytes() <= budget_bytes) return std::nullopt;
+  const std::set<const TrieNode*> active(active_path.begin(), active_path.end());
+  const TrieNode* eligible = nullptr;
+  trie.Walk([&](TrieNode* n) {
+    if (eligible == nullptr && !n->is_root() && n->num_children() <= 1 && active.count(n) == 0) {
+      eligible = n;
+    }
+  });
+  if (eligible == nullptr) return std::nullopt;
+  return Mismatch{
+      "paged-out bytes after an eviction pass",
+      fmt::format("<= {} (budget) or no evictable node", budget_bytes),
+      fmt::format("{} with {} evictable", trie.paged_out_bytes(), DescribeNode(*eligible))};
+}
+
+}  // namespace kvtwin::sim

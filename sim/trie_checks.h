@@ -1,0 +1,69 @@
+// Checks of a prefix manager's trie and of the live caches it aligned (spec §4.2), for the
+// request-level simulator. Each returns a Check (sim/checks.h): nullopt, or one Mismatch
+// whose `what` names the node (its range and first keys) and the layer, so a report is one
+// clear line.
+//
+// Soundness is the key oracle: a snapshot on node N must equal the reference state derived
+// only from N's key path root -> N (the edges concatenated, with the same rolling hash h_p
+// the driver used for the values), never from what the manager or the caches believe. A
+// snapshot taken on another branch that shares tokens at the same positions therefore
+// still shows, through the provenance tags its rows carry.
+//
+// Keys are token ids (λ = 0, no media). The checks only read the trie and the caches; a
+// LayerOracle memoizes recurrent folds, so the oracles are passed mutable. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/ref_cache.h"
+#include "sim/checks.h"
+#include "src/cache.h"
+#include "src/prefix_trie.h"
+
+namespace kvtwin::sim {
+
+// "node [5,9) keys 10 11 12 ..." (the root is "root").
+std::string DescribeNode(const TrieNode& node);
+
+// The token ids of `tokens` with their rolling provenance hashes, h_{-1} = `hash_seed`.
+model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed);
+// The key path root -> node as a token log with hashes.
+model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed);
+
+// The reference snapshot a node holds for a layer of `kind`, given its key path `path`
+// (PathLog): KV the tokens of its edge [start, end); whole-state kinds the tokens [0, end)
+// at to == end (`from` is informational for them).
+model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind, const model::TokenLog& path);
+
+// Spec §4.2 structure: the root is an empty edge at 0; parent / children links agree;
+// every non-root edge is non-empty with start == parent end and length == end - start; no
+// two siblings share a first key; every slot set has 0 or num_layers slots, a stateless
+// cache's slot is null, and a snapshot's kind is its cache's; the byte counter equals the
+// sum of SizeBytes over a Walk. The active path starts at the root, holds only nodes of
+// the trie (checked before any of them is dereferenced), runs parent -> child and ends at
+// or below `min_offset` (the minimum cache offset).
+Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
+                         int64_t min_offset);
+
+// Soundness of every snapshot of every node: the reference state of the node's key path
+// (KV: tokens [start, end); whole-state kinds: tokens [0, end) at `to == end`) compared by
+// `oracles[layer]` (null for a stateless layer). Also the scenario invariant: a KV
+// snapshot spans exactly its node's edge and a whole-state snapshot ends at its node's
+// end; the root holds no snapshot. REQUIRES: CheckTrieStructure passed.
+Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
+                         uint64_t hash_seed);
+
+// Live soundness: every non-null cache is at log.size() and holds exactly `log` (content
+// only, LayerOracle::CheckLiveContent). `caches` and `oracles` are parallel.
+Check CheckLiveSoundness(std::span<LayerCache* const> caches, std::span<LayerOracle* const> oracles,
+                         const model::TokenLog& log);
+
+// With a byte budget: after an eviction pass the counter is within the budget, or no node
+// is eligible (not the root, not on the active path, at most one child).
+Check CheckEvictionBound(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
+                         int64_t budget_bytes);
+
+}  // namespace kvtwin::sim

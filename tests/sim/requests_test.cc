@@ -1,0 +1,347 @@
+// Goal: the request-level simulator passes on the correct prefix manager across every
+// preset and dtype, with and without an eviction budget; it is deterministic; its
+// workload reaches the mechanisms it exists for; and its trie and live checks fire on a
+// snapshot or live cache that holds another branch's state. Method: pinned seeds through
+// RunRequests (no divergence, counters above zero, equal digests twice); hand-built tries
+// whose snapshots were captured on a look-alike branch (same tokens except one), and a
+// live cache rewritten from such a branch right after Begin, must be reported with the
+// decoded provenance of the wrong rows.
+#include "sim/requests.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "sim/switch_reference.h"
+#include "sim/trie_checks.h"
+#include "src/prefix_cache.h"
+
+namespace kvtwin::sim {
+namespace {
+
+RequestOptions Options(const std::string& preset, const std::string& dtype, int64_t budget,
+                       uint64_t seed) {
+  RequestOptions o;
+  o.preset = preset;
+  o.dtype = dtype;
+  o.budget_bytes = budget;
+  o.seed = seed;
+  return o;
+}
+
+std::string Report(const RequestResult& r) {
+  if (!r.divergence) return "";
+  std::string s = r.divergence->ToString() + "\nmix: " + r.mix + "\n";
+  for (const std::string& line : r.recent) s += "  " + line + "\n";
+  return s + r.trie_dump + "reproduce: " + r.reproduce;
+}
+
+// 3000 bytes hold about a dozen tokens of a 4-layer stack: eviction runs on most calls
+// and little survives. 20000 bytes keep a few conversations' branches.
+constexpr int64_t kTinyBudget = 3000;
+constexpr int64_t kModerateBudget = 20000;
+
+class RequestSweep
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, int64_t>> {};
+
+TEST_P(RequestSweep, FindsNoDivergenceOnTheCorrectManager) {
+  const auto& [preset, dtype, budget] = GetParam();
+  RequestCoverage total;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    const RequestResult r = RunRequests(Options(preset, dtype, budget, seed));
+    ASSERT_FALSE(r.divergence.has_value()) << Report(r);
+    EXPECT_EQ(r.requests, 60);
+    total += r.coverage;
+  }
+  EXPECT_GT(total.completed, 0);
+  EXPECT_GT(total.cache_hits, 0);
+  EXPECT_GT(total.continuations, 0);
+  // A tiny budget evicts most nodes before a later prompt can split them.
+  if (budget != kTinyBudget) {
+    EXPECT_GT(total.splits, 0);
+  }
+  if (budget > 0) {
+    EXPECT_GT(total.evictions, 0);
+  } else {
+    EXPECT_EQ(total.evictions, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PresetsDtypesBudgets, RequestSweep,
+                         ::testing::Combine(::testing::Values("dense", "sliding", "recurrent",
+                                                              "mixed"),
+                                            ::testing::Values("f32", "bf16"),
+                                            ::testing::Values(0, kTinyBudget, kModerateBudget)),
+                         [](const ::testing::TestParamInfo<RequestSweep::ParamType>& p) {
+                           const int64_t budget = std::get<2>(p.param);
+                           return std::get<0>(p.param) + "_" + std::get<1>(p.param) +
+                                  (budget == 0             ? "_unlimited"
+                                   : budget == kTinyBudget ? "_tiny_budget"
+                                                           : "_budget");
+                         });
+
+TEST(RequestCoverage, TheWorkloadReachesEveryMechanism) {
+  RequestCoverage c;
+  int64_t hits_budgeted = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    c += RunRequests(Options("mixed", "f32", 0, seed)).coverage;
+    const RequestResult budgeted = RunRequests(Options("mixed", "f32", kTinyBudget, seed));
+    c += budgeted.coverage;
+    hits_budgeted += budgeted.coverage.evictions;
+  }
+  SCOPED_TRACE(c.ToString());
+  for (int64_t counter :
+       {c.completed, c.cancelled, c.cache_hits, c.extensions, c.dropped_tails, c.divergent,
+        c.new_conversations, c.repeats, c.retries, c.user_offsets, c.unscheduled, c.speculative,
+        c.continuations, c.resumed_exactly, c.branch_points, c.splits, c.kv_gaps}) {
+    EXPECT_GT(counter, 0);
+  }
+  EXPECT_GT(hits_budgeted, 0);
+  // Free-all is legitimate only where a KV chain is broken (kv gaps); it is counted, and
+  // ExpectBegin decides per request whether it had to happen.
+  EXPECT_GE(c.free_all, 0);
+}
+
+TEST(RequestDeterminism, SameSeedGivesTheSameRunTwice) {
+  for (uint64_t seed : {3u, 11u}) {
+    const RequestResult a = RunRequests(Options("mixed", "bf16", kTinyBudget, seed));
+    const RequestResult b = RunRequests(Options("mixed", "bf16", kTinyBudget, seed));
+    EXPECT_EQ(a.digest, b.digest);
+    EXPECT_EQ(a.trie_dump, b.trie_dump);
+    EXPECT_EQ(a.mix, b.mix);
+    EXPECT_EQ(a.coverage.ToString(), b.coverage.ToString());
+  }
+  EXPECT_NE(RunRequests(Options("mixed", "f32", 0, 1)).digest,
+            RunRequests(Options("mixed", "f32", 0, 2)).digest);
+}
+
+TEST(RequestOptionsTest, ValidationNamesTheField) {
+  auto error = [](auto change) {
+    RequestOptions o;
+    change(o);
+    return ValidateRequestOptions(o).message();
+  };
+  EXPECT_TRUE(ValidateRequestOptions(RequestOptions{}).ok());
+  EXPECT_NE(error([](RequestOptions& o) { o.conversations = 0; }).find("--conversations"),
+            std::string::npos);
+  EXPECT_NE(error([](RequestOptions& o) { o.requests = 0; }).find("--requests"), std::string::npos);
+  EXPECT_NE(error([](RequestOptions& o) { o.budget_bytes = -1; }).find("--budget"),
+            std::string::npos);
+  EXPECT_NE(error([](RequestOptions& o) { o.chunk = 0; }).find("--chunk"), std::string::npos);
+  EXPECT_NE(error([](RequestOptions& o) { o.window = 0; }).find("--window"), std::string::npos);
+  EXPECT_NE(error([](RequestOptions& o) { o.preset = "nope"; }).find("--preset"),
+            std::string::npos);
+  EXPECT_NE(error([](RequestOptions& o) { o.dtype = "f16"; }).find("--dtype"), std::string::npos);
+  EXPECT_NE(error([](RequestOptions& o) { o.layers = 0; }).find("--layers"), std::string::npos);
+}
+
+// ---- the checks fire ---------------------------------------------------------------------
+
+// A mixed stack [kv, rotating(W=4), recurrent] with its oracles, written like the driver
+// writes it.
+struct Rig {
+  StackConfig config = StackFromPreset("mixed", 3, 4, DType::kFloat32).value();
+  SyntheticForward synth{77};
+  std::vector<std::unique_ptr<LayerCache>> caches = BuildCaches(config);
+  std::vector<std::unique_ptr<LayerOracle>> oracles;
+  std::vector<LayerOracle*> oracle_ptrs;
+
+  Rig() {
+    for (int32_t i = 0; i < 3; ++i) {
+      oracles.push_back(std::make_unique<LayerOracle>(synth, config, i));
+      oracle_ptrs.push_back(oracles.back().get());
+    }
+  }
+  std::vector<LayerCache*> Raw() const {
+    return {caches[0].get(), caches[1].get(), caches[2].get()};
+  }
+  model::TokenLog Log(const std::vector<int32_t>& tokens) const {
+    return WithHashes(tokens, synth.seed());
+  }
+  // Writes log[from, to) into every cache (each must be at `from`).
+  void Write(const model::TokenLog& log, int64_t from, int64_t to) {
+    const std::span<const model::Token> part(log.data() + from, static_cast<size_t>(to - from));
+    for (int32_t i = 0; i < 3; ++i) {
+      ForwardSynthetic(*caches[static_cast<size_t>(i)], config, synth, i, from, part);
+    }
+  }
+  // Every cache's snapshot of its whole state (KV: [0, offset)).
+  std::vector<SnapshotPtr> SnapshotAll() {
+    std::vector<SnapshotPtr> out;
+    for (auto& c : caches) out.push_back(c->Snapshot(0));
+    return out;
+  }
+};
+
+const std::vector<int32_t> kBranchA = {1, 2, 3, 4};
+const std::vector<int32_t> kLookAlike = {1, 2, 9, 4};  // differs at position 2 only
+
+std::vector<TrieKey> Keys(const std::vector<int32_t>& tokens) {
+  return {tokens.begin(), tokens.end()};
+}
+
+TEST(TrieSoundness, AcceptsSnapshotsOfTheNodesOwnKeyPath) {
+  Rig rig;
+  rig.Write(rig.Log(kBranchA), 0, 4);
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
+  trie.SetSnapshots(node, rig.SnapshotAll());
+  EXPECT_FALSE(CheckTrieStructure(trie, std::vector<TrieNode*>{trie.root()}, 4).has_value());
+  const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed());
+  EXPECT_FALSE(c.has_value()) << c->what << "\n" << c->expected << "\n" << c->actual;
+}
+
+TEST(TrieSoundness, ReportsEverySnapshotKindTakenOnALookAlikeBranch) {
+  for (size_t layer = 0; layer < 3; ++layer) {
+    SCOPED_TRACE(layer);
+    Rig rig;
+    rig.Write(rig.Log(kLookAlike), 0, 4);
+    std::vector<SnapshotPtr> wrong = rig.SnapshotAll();
+    std::vector<SnapshotPtr> set(3);
+    set[layer] = std::move(wrong[layer]);  // the other layers stay empty
+    PrefixTrie trie(rig.Raw(), Tick{0});
+    TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
+    trie.SetSnapshots(node, std::move(set));
+    ASSERT_FALSE(CheckTrieStructure(trie, std::vector<TrieNode*>{trie.root()}, 4).has_value());
+    const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed());
+    ASSERT_TRUE(c.has_value());
+    EXPECT_NE(c->what.find("node [0,4) keys 1 2 3 4: layer " + std::to_string(layer)),
+              std::string::npos)
+        << c->what;
+    if (layer < 2) {
+      // K/V rows decode: the right position, the hash of the other branch's prefix.
+      EXPECT_NE(c->what.find("(logical position 2)"), std::string::npos) << c->what;
+      EXPECT_EQ(c->expected.rfind("pos 2 h=0x", 0), 0u) << c->expected;
+      EXPECT_EQ(c->actual.rfind("pos 2 h=0x", 0), 0u) << c->actual;
+      EXPECT_NE(c->expected, c->actual);
+    } else {
+      EXPECT_NE(c->what.find("recurrent snapshot"), std::string::npos) << c->what;
+    }
+  }
+}
+
+TEST(TrieSoundness, ReportsAKvSnapshotThatDoesNotSpanItsEdge) {
+  Rig rig;
+  rig.Write(rig.Log(kBranchA), 0, 4);
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
+  std::vector<SnapshotPtr> set(3);
+  set[0] = rig.caches[0]->Snapshot(2);  // [2,4) on the node [0,4)
+  trie.SetSnapshots(node, std::move(set));
+  const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed());
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(c->what.find("layer 0 kv snapshot range"), std::string::npos) << c->what;
+  EXPECT_EQ(c->expected, "[0,4)");
+  EXPECT_EQ(c->actual, "[2,4)");
+}
+
+TEST(LiveSoundness, ReportsALiveCacheRewrittenFromALookAlikeBranchAfterBegin) {
+  Rig rig;
+  PrefixCache pc(rig.Raw());
+  // Request 1: prompt A + 5, one sampled token; the caches end at 5 and page out.
+  const std::vector<int32_t> first = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(pc.Begin(first).ok());
+  ASSERT_TRUE(pc.SchedulePrefillSnapshots({}).ok());
+  const model::TokenLog log = rig.Log({1, 2, 3, 4, 5, 6});
+  rig.Write(log, 0, 4);
+  ASSERT_TRUE(pc.AttachPrefillSnapshots().ok());
+  ASSERT_TRUE(pc.AddOutputs(std::vector<int32_t>{6}).ok());
+  rig.Write(log, 4, 5);
+  ASSERT_TRUE(pc.Close().ok());
+  // Request 2 extends it: Begin resumes at 5 with sound live caches.
+  const std::vector<int32_t> second = {1, 2, 3, 4, 5, 6, 7};
+  Result<BeginReport> begun = pc.Begin(second);
+  ASSERT_TRUE(begun.ok());
+  ASSERT_EQ(begun->cached, 5);
+  const model::TokenLog want(log.begin(), log.begin() + 5);
+  EXPECT_FALSE(CheckLiveSoundness(rig.Raw(), rig.oracle_ptrs, want).has_value());
+  // Corrupt the KV layer: rewind to 2 and write the look-alike branch's rows back to 5.
+  const model::TokenLog other = rig.Log({1, 2, 9, 4, 5});
+  ASSERT_TRUE(rig.caches[0]->Restore(nullptr, 2));
+  ForwardSynthetic(*rig.caches[0], rig.config, rig.synth, 0, 2,
+                   std::span<const model::Token>(other.data() + 2, 3));
+  const Check c = CheckLiveSoundness(rig.Raw(), rig.oracle_ptrs, want);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(c->what.find("layer 0 live kv"), std::string::npos) << c->what;
+  EXPECT_NE(c->what.find("(logical position 2)"), std::string::npos) << c->what;
+  EXPECT_EQ(c->expected.rfind("pos 2 h=0x", 0), 0u) << c->expected;
+  EXPECT_EQ(c->actual.rfind("pos 2 h=0x", 0), 0u) << c->actual;
+  EXPECT_NE(c->expected, c->actual);
+}
+
+TEST(TrieStructure, ReportsSiblingsSharingAFirstKeyAndABadActivePath) {
+  Rig rig;
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* a = trie.AppendChild(trie.root(), Keys({1, 2}), 2);
+  const std::vector<TrieNode*> root_only{trie.root()};
+  EXPECT_FALSE(CheckTrieStructure(trie, root_only, 0).has_value());
+  // An active path ending beyond the caches.
+  const Check beyond = CheckTrieStructure(trie, std::vector<TrieNode*>{trie.root(), a}, 1);
+  ASSERT_TRUE(beyond.has_value());
+  EXPECT_NE(beyond->what.find("active path end"), std::string::npos) << beyond->what;
+  // A node that is not in this trie (as after an eviction of an active node).
+  PrefixTrie other(rig.Raw(), Tick{0});
+  TrieNode* stranger = other.AppendChild(other.root(), Keys({1, 2}), 2);
+  const Check dangling = CheckTrieStructure(trie, std::vector<TrieNode*>{trie.root(), stranger}, 2);
+  ASSERT_TRUE(dangling.has_value());
+  EXPECT_NE(dangling->actual.find("no longer in the trie"), std::string::npos);
+  // AppendChild does not police siblings; the check does.
+  trie.AppendChild(trie.root(), Keys({1, 3}), 2);
+  const Check siblings = CheckTrieStructure(trie, root_only, 0);
+  ASSERT_TRUE(siblings.has_value());
+  EXPECT_NE(siblings->what.find("first key 1 among the children of root"), std::string::npos)
+      << siblings->what;
+}
+
+TEST(EvictionBound, ReportsAnEvictableNodeOverBudgetOnly) {
+  Rig rig;
+  rig.Write(rig.Log(kBranchA), 0, 4);
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
+  trie.SetSnapshots(node, rig.SnapshotAll());
+  const std::vector<TrieNode*> root_only{trie.root()};
+  EXPECT_TRUE(CheckEvictionBound(trie, root_only, 1).has_value());
+  EXPECT_FALSE(CheckEvictionBound(trie, root_only, 0).has_value());  // unlimited
+  EXPECT_FALSE(CheckEvictionBound(trie, root_only, trie.paged_out_bytes()).has_value());
+  // On the active path the node is protected: over budget with nothing evictable is fine.
+  EXPECT_FALSE(CheckEvictionBound(trie, std::vector<TrieNode*>{trie.root(), node}, 1).has_value());
+}
+
+std::vector<std::optional<model::RefCache>> EmptyRefs() {
+  std::vector<std::optional<model::RefCache>> refs;
+  refs.emplace_back(model::RefCache::Kv());
+  refs.emplace_back(model::RefCache::Rotating(4));
+  refs.emplace_back(model::RefCache::Recurrent());
+  return refs;
+}
+
+TEST(ExpectBeginTest, FollowsTheHoldBackAndTheGreedyPageIn) {
+  Rig rig;
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  rig.Write(rig.Log(kBranchA), 0, 4);
+  TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
+  trie.SetSnapshots(node, rig.SnapshotAll());
+  const std::vector<TrieNode*> root_only{trie.root()};
+  // An exact repeat matches 4 keys and is held back to 3: KV restores clamped to 3, the
+  // window too (its end 4 <= W), the recurrent state only to 4, so page-in stops there and
+  // alignment rewinds everything to 0.
+  BeginExpectation e = ExpectBegin(trie, root_only, EmptyRefs(), kBranchA, rig.synth.seed());
+  EXPECT_EQ(e.matched, 4);
+  EXPECT_EQ(e.cached, 0);
+  EXPECT_FALSE(e.free_all);
+  EXPECT_TRUE(e.kv_chain);
+  EXPECT_EQ(e.active_path.size(), 1u);
+  // An extension matches the whole node: every layer restores to its end.
+  e = ExpectBegin(trie, root_only, EmptyRefs(), std::vector<int32_t>{1, 2, 3, 4, 5},
+                  rig.synth.seed());
+  EXPECT_EQ(e.matched, 4);
+  EXPECT_EQ(e.cached, 4);
+  ASSERT_EQ(e.active_path.size(), 2u);
+  EXPECT_EQ(e.active_path[1], node);
+}
+
+}  // namespace
+}  // namespace kvtwin::sim
