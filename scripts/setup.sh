@@ -5,7 +5,8 @@
 set -euo pipefail
 pkgs=(cmake ninja-build make g++ clang libclang-rt-14-dev
       libeigen3-dev librapidcheck-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-      libbenchmark-dev libcli11-dev libfmt-dev libxxhash-dev pkg-config graphviz)
+      libbenchmark-dev libcli11-dev libfmt-dev libxxhash-dev pkg-config graphviz
+      clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -63,10 +63,10 @@ Op OpGenerator::Fresh(const LockstepDriver& driver) {
     op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.pool_size(layer))));
     return op;
   }
-  const std::array<uint32_t, 11> w = {
-      weights_.write, weights_.snapshot, weights_.restore, weights_.merge,
-      weights_.split, weights_.free,     weights_.prepare, weights_.take,
-      weights_.close, weights_.capture_spec, weights_.speculate};
+  const std::array<uint32_t, 11> w = {weights_.write,        weights_.snapshot, weights_.restore,
+                                      weights_.merge,        weights_.split,    weights_.free,
+                                      weights_.prepare,      weights_.take,     weights_.close,
+                                      weights_.capture_spec, weights_.speculate};
   uint64_t total = 0;
   for (uint32_t x : w) total += x;
   if (total == 0) return MakeWrite(driver, 1);

@@ -4,8 +4,8 @@
 // speculation through the capture protocol of spec §2.6 as a macro (schedule
 // before+1..before+D, one batched write of D+1 tokens, take, restore the accepted prefix)
 // across every layer, and speculation transactions (kSpeculate: D drafts around the
-// window size, accepted counts in and out of range, isolated ones). Weights are options so swarm runs
-// can switch whole op kinds off. Single-threaded.
+// window size, accepted counts in and out of range, isolated ones). Weights are options so swarm
+// runs can switch whole op kinds off. Single-threaded.
 #pragma once
 
 #include <array>

@@ -36,9 +36,9 @@ std::string Op::ToString() const {
     case OpKind::kWrite:
     case OpKind::kSpeculate: {
       std::string s = kind == OpKind::kWrite ? fmt::format("write L={}", tokens.size())
-                      : isolated ? fmt::format("speculate isolated drafts={}", tokens.size() - 1)
-                                 : fmt::format("speculate drafts={} accept={}", tokens.size() - 1,
-                                               value);
+                      : isolated
+                          ? fmt::format("speculate isolated drafts={}", tokens.size() - 1)
+                          : fmt::format("speculate drafts={} accept={}", tokens.size() - 1, value);
       if (pad > 0) s += fmt::format(" pad={}", pad);
       if (segmented) s += " segmented";
       if (mask == MaskForm::kZero) s += " mask=zero";

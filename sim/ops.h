@@ -3,9 +3,9 @@
 // every other op targets one layer. A speculation runs one forward of `tokens` ([current,
 // d1..dD]) through the wrappers of BeginSpeculation and commits current plus `value` accepted
 // drafts (value + 1 tokens; out-of-range values test the clamp), or through
-// BeginIsolatedSpeculation and commits nothing. Snapshots live in a per-layer pool and are named by their index in it; -1
-// names the null snapshot. Merge and Split consume their inputs (removed from the pool)
-// and append their non-null outputs; Take appends the non-null captures. Value type.
+// BeginIsolatedSpeculation and commits nothing. Snapshots live in a per-layer pool and are named by
+// their index in it; -1 names the null snapshot. Merge and Split consume their inputs (removed from
+// the pool) and append their non-null outputs; Take appends the non-null captures. Value type.
 #pragma once
 
 #include <cstdint>

@@ -18,10 +18,9 @@ void Swarm(Rng& rng, RunOptions& options, OpWeights& weights) {
   const int64_t windows[] = {1, 2, 3, 4, 5, 8, 16};
   options.window = windows[rng.Below(7)];
   options.dtype = rng.Chance(1, 2) ? "f32" : "bf16";
-  uint32_t* families[] = {&weights.snapshot, &weights.restore, &weights.merge,
-                          &weights.split,    &weights.free,    &weights.prepare,
-                          &weights.take,     &weights.close,   &weights.capture_spec,
-                          &weights.speculate};
+  uint32_t* families[] = {&weights.snapshot,     &weights.restore,  &weights.merge, &weights.split,
+                          &weights.free,         &weights.prepare,  &weights.take,  &weights.close,
+                          &weights.capture_spec, &weights.speculate};
   for (uint32_t* w : families) {
     if (rng.Chance(1, 4)) *w = 0;
   }

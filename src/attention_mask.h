@@ -49,8 +49,7 @@ class AttentionMask {
 
 // Blocks keys older than the W-key window of each query (zero mask if nothing is blocked
 // or window <= 0).
-AttentionMask SlidingWindowMask(int64_t offset, int64_t query_len, int64_t key_len,
-                                int64_t window);
+AttentionMask SlidingWindowMask(int64_t offset, int64_t query_len, int64_t key_len, int64_t window);
 
 // The rotating applier (spec §2.5): decode/View (query_len 1) rotates a materialized mask
 // into ring order; prefill intersects with the sliding window. Error: an array mask whose
@@ -62,8 +61,8 @@ Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const Attent
 // row order. Follows the SDPA dispatch: applier (if any) then zero / pure causal (bottom-
 // right aligned) / materialized array.
 Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
-                                                      const AttentionMask& logical,
-                                                      int64_t offset, int64_t query_len);
+                                                      const AttentionMask& logical, int64_t offset,
+                                                      int64_t query_len);
 
 // Plain scaled dot-product attention of q [L x D] over the history through the same
 // dispatch (float math), for parity tests.

@@ -169,8 +169,8 @@ void GatedDeltaStep(MatF& state, const float* qkv_row, const float* ba_row, cons
 }
 
 Tensor ConvTailAfter(const Tensor& tail, const Tensor& x, int64_t n) {
-  KV_CHECK(n >= 0 && n <= x.rows(), "conv tail after " + std::to_string(n) + " of " +
-                                        std::to_string(x.rows()) + " rows");
+  KV_CHECK(n >= 0 && n <= x.rows(),
+           "conv tail after " + std::to_string(n) + " of " + std::to_string(x.rows()) + " rows");
   const int64_t keep = tail.rows();
   if (n >= keep) return x.Rows(n - keep, keep);
   Tensor out = tail.Rows(n, keep - n);

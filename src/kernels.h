@@ -15,14 +15,14 @@
 namespace kvtwin {
 
 struct ConvWeights {
-  MatF w;        // [conv_dim x (conv_tail + 1)]; column j multiplies X[t + j]
-  VecF bias;     // [conv_dim] or empty
+  MatF w;     // [conv_dim x (conv_tail + 1)]; column j multiplies X[t + j]
+  VecF bias;  // [conv_dim] or empty
   bool silu = false;
 };
 
 struct ConvResult {
-  MatF out;                   // [L x conv_dim]; padded rows are zero
-  std::vector<Tensor> states; // tail at each interior split, then at real_len (tail dtype)
+  MatF out;                    // [L x conv_dim]; padded rows are zero
+  std::vector<Tensor> states;  // tail at each interior split, then at real_len (tail dtype)
 };
 
 // out[t] = b + sum_j w[:, j] * X[t + j] over X = [tail ; x] (x rows >= real_len zeroed).
@@ -54,8 +54,8 @@ struct GdnResult {
 
 // One token of the gated-delta rule applied to `state` ([(Hv*Dv) x Dk]); writes the
 // output row (Hv*Dv floats) to `y`.
-void GatedDeltaStep(MatF& state, const float* qkv_row, const float* ba_row,
-                    const GdnParams& params, float* y);
+void GatedDeltaStep(MatF& state, const float* qkv_row, const float* ba_row, const GdnParams& params,
+                    float* y);
 // Token by token over the whole forward, recording the state at every split.
 GdnResult GatedDelta(const MatF& state, const GdnInputs& inputs, int64_t real_len,
                      const GdnParams& params, const std::vector<int64_t>& splits);

@@ -16,7 +16,7 @@
 namespace kvtwin {
 
 struct RecurrentDims {
-  int64_t conv_tail = 3;   // kernel - 1
+  int64_t conv_tail = 3;    // kernel - 1
   int64_t num_k_heads = 1;  // Hk
   int64_t num_v_heads = 2;  // Hv (multiple of Hk)
   int64_t head_k_dim = 4;   // Dk

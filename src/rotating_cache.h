@@ -73,8 +73,8 @@ class RotatingCache final : public AttentionCache {
   const Tensor& values() const { return v_; }
 
  private:
-  History UpdateSingle(const Tensor& k, const Tensor& v);   // L == 1
-  History Concat(const Tensor& k, const Tensor& v);         // L > 1
+  History UpdateSingle(const Tensor& k, const Tensor& v);  // L == 1
+  History Concat(const Tensor& k, const Tensor& v);        // L > 1
   // Owned window snapshot at `o` sliced from the logical-order buffer right after a concat.
   SnapshotPtr WindowAt(int64_t o) const;
   // KV_CHECKs the REQUIRES of Update (row counts, column counts and dtype of the buffer).

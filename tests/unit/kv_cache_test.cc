@@ -21,9 +21,6 @@ namespace {
 
 using namespace kvtwin::tagged;  // NOLINT: shared tagged-row helpers
 
-
-
-
 History Write(KvCache& cache, const std::vector<float>& tags) {
   return cache.Update(Keys(tags), Values(tags));
 }
@@ -32,7 +29,6 @@ History Write(KvCache& cache, const std::vector<float>& tags) {
 void WriteSingles(KvCache& cache, int64_t count) {
   for (int64_t i = 0; i < count; ++i) Write(cache, Positions(cache.Offset(), 1));
 }
-
 
 std::vector<float> LiveTags(const KvCache& cache) {
   const History h = cache.View();

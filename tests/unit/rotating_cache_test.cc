@@ -24,13 +24,11 @@ namespace {
 
 using namespace kvtwin::tagged;  // NOLINT: shared tagged-row helpers
 
-
 // The last min(offset, W) positions: what the live window must hold, oldest first.
 std::vector<float> ExpectedWindow(int64_t offset, int64_t window) {
   const int64_t live = std::min(offset, window);
   return Positions(offset - live, live);
 }
-
 
 History Write(RotatingCache& cache, const std::vector<float>& tags, DType dtype = DType::kFloat32) {
   return cache.Update(Rows(tags, kKeyCols, 1.0f, dtype), Rows(tags, kValueCols, -1.0f, dtype));
@@ -45,7 +43,6 @@ void WriteSingles(RotatingCache& cache, int64_t count) {
 History WriteBatch(RotatingCache& cache, int64_t count) {
   return Write(cache, Positions(cache.Offset(), count));
 }
-
 
 // State() in slot order: slots [0, min(offset, Dim)).
 std::vector<float> StateTags(const RotatingCache& cache) {
