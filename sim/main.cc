@@ -88,7 +88,11 @@ int Sweep(const RunOptions& options, const std::string& seeds_text, const std::s
   return 0;
 }
 
-// The bundled job: every preset in both dtypes, then swarm seeds.
+bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& runs,
+                        uint64_t& requests);
+
+// The bundled job: every preset in both dtypes, then swarm seeds, then request streams
+// through the prefix-cache manager.
 int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   fmt::print("kvtwin run: root seed {}\n", root_seed);
   uint64_t runs = 0, total_steps = 0;
@@ -109,7 +113,10 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
     if (!RunOne(swarm, root_seed + 1000 + static_cast<uint64_t>(i), runs, total_steps)) return 1;
   }
   fmt::print("  swarm          {} seeds x {} steps: pass\n", 4 * seeds_per_config, steps);
-  fmt::print("PASS: {} runs, {} steps, no divergence\n", runs, total_steps);
+  uint64_t request_runs = 0, requests = 0;
+  if (!RunBundledRequests(root_seed, seeds_per_config, request_runs, requests)) return 1;
+  fmt::print("PASS: {} runs, {} steps, {} request runs, {} requests, no divergence\n", runs,
+             total_steps, request_runs, requests);
   return 0;
 }
 
@@ -142,6 +149,40 @@ extern "C" void PrintReproduceOnAbort(int sig) {
 void ArmAbortReproduce(const std::string& command) {
   std::snprintf(g_abort_reproduce, sizeof(g_abort_reproduce), "reproduce: %s\n", command.c_str());
   std::signal(SIGABRT, PrintReproduceOnAbort);
+}
+
+void PrintRequestFailure(const kvtwin::sim::RequestResult& r) {
+  fmt::print("FAIL seed {}: {}\n  mix: {}\n{}\n  last requests:\n", r.seed, r.stack, r.mix,
+             r.divergence->ToString());
+  for (const std::string& line : r.recent) fmt::print("    {}\n", line);
+  fmt::print("  trie:\n{}reproduce: {}\n", r.trie_dump, r.reproduce);
+}
+
+// The request-level part of the bundled job: every preset, unlimited and tight budgets.
+bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& runs,
+                        uint64_t& requests) {
+  for (const std::string& preset : kvtwin::sim::PresetNames()) {
+    for (const int64_t budget : {int64_t{0}, int64_t{6000}}) {
+      kvtwin::sim::RequestOptions options;
+      options.preset = preset;
+      options.budget_bytes = budget;
+      for (int64_t i = 0; i < seeds_per_config; ++i) {
+        options.seed = root_seed + static_cast<uint64_t>(i);
+        ArmAbortReproduce(kvtwin::sim::RequestsReproduceCommand(options));
+        const kvtwin::sim::RequestResult r = kvtwin::sim::RunRequests(options);
+        ++runs;
+        requests += static_cast<uint64_t>(r.requests);
+        if (r.divergence) {
+          PrintRequestFailure(r);
+          return false;
+        }
+      }
+      fmt::print("  requests {:<9} budget {:<5} {} seeds x {} requests: pass\n", preset, budget,
+                 seeds_per_config, options.requests);
+      std::fflush(stdout);
+    }
+  }
+  return true;
 }
 
 struct RequestsFlags {
@@ -177,10 +218,7 @@ int Requests(kvtwin::sim::RequestOptions options, const RequestsFlags& flags) {
     return Usage("--dot: cannot write '" + flags.dot + "'");
   }
   if (r.divergence) {
-    fmt::print("FAIL seed {}: {}\n  mix: {}\n{}\n  last requests:\n", r.seed, r.stack, r.mix,
-               r.divergence->ToString());
-    for (const std::string& line : r.recent) fmt::print("    {}\n", line);
-    fmt::print("  trie:\n{}reproduce: {}\n", r.trie_dump, r.reproduce);
+    PrintRequestFailure(r);
     return 1;
   }
   fmt::print("coverage: {}\ndigest: {:016x}\n", coverage.ToString(), digest);
