@@ -7,8 +7,6 @@
 #include <cmath>
 
 namespace kvtwin::sim {
-namespace {
-
 model::RefKind ToRefKind(CacheKind kind) {
   switch (kind) {
     case CacheKind::kFullKv:
@@ -20,6 +18,8 @@ model::RefKind ToRefKind(CacheKind kind) {
   }
   return model::RefKind::kKv;
 }
+
+namespace {
 
 model::RefGdnToken GdnToken(const SyntheticForward& synth, DType dtype, int32_t layer,
                             const RecurrentDims& d, int64_t p, const model::Token& t) {

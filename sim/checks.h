@@ -36,6 +36,9 @@ struct Mismatch {
 };
 using Check = std::optional<Mismatch>;
 
+// The reference kind that models a production cache kind.
+model::RefKind ToRefKind(CacheKind kind);
+
 // Slots holding the trailing min(offset, W) positions of a rotating buffer, oldest first,
 // read by storage regime (spec §2.2 R1-R3); an error when (offset, idx, rows) fit no regime.
 Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, int64_t rows,

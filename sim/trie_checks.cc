@@ -13,18 +13,6 @@ namespace {
 
 constexpr size_t kShownKeys = 4;
 
-model::RefKind RefKindOf(CacheKind kind) {
-  switch (kind) {
-    case CacheKind::kFullKv:
-      return model::RefKind::kKv;
-    case CacheKind::kRotating:
-      return model::RefKind::kRotating;
-    case CacheKind::kRecurrent:
-      return model::RefKind::kRecurrent;
-  }
-  return model::RefKind::kKv;
-}
-
 // λ = 0 without media: a key is a token id read as uint32, so it converts back exactly.
 int32_t TokenOf(TrieKey key) {
   KV_CHECK(key <= 0x7FFFFFFFu, "trie key " + std::to_string(key) + " is not a text token");
@@ -130,7 +118,7 @@ model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind,
     return {model::RefKind::kKv, node.start_offset(), end,
             model::TokenLog(path.begin() + node.start_offset(), path.end())};
   }
-  return {RefKindOf(kind), 0, end, path};
+  return {ToRefKind(kind), 0, end, path};
 }
 
 model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed) {
