@@ -45,6 +45,7 @@ class RequestDriver::Session {
     if (!c && !cancelled_) c = Attach();
     if (!c && !cancelled_) c = Decode();
     if (!c) c = Close();
+    if (!c && budget_bytes_ > 0) c = Squeeze();
     if (!c) return std::nullopt;
     return RequestDivergence{d_.steps_, plan_.index, phase_, plan_.ToString(), *c};
   }
@@ -267,6 +268,37 @@ class RequestDriver::Session {
     d_.previous_offset_ = offset;
     const std::string dump = DumpTrie(pc().trie(), pc().active_path());
     d_.Fold(XXH3_64bits(dump.data(), dump.size()));
+    return std::nullopt;
+  }
+
+  // Memory pressure between sessions: an eviction pass under half the budget. A pass may
+  // remove or merge only nodes off the active path, and those have no active descendants
+  // (the path is a chain from the root), so every active-path node must come out of it
+  // with the very same snapshots, whatever else the pass evicted.
+  Check Squeeze() {
+    phase_ = "eviction pass under half the budget, between sessions";
+    std::vector<std::pair<TrieNode*, std::vector<const CacheSnapshot*>>> held;
+    for (TrieNode* n : pc().active_path()) {
+      std::vector<const CacheSnapshot*> slots;
+      for (const SnapshotPtr& s : n->snapshots()) slots.push_back(s.get());
+      held.emplace_back(n, std::move(slots));
+    }
+    budget_bytes_ = std::max<int64_t>(1, budget_bytes_ / 2);
+    d_.manager_->set_max_paged_out_bytes(budget_bytes_);
+    ++d_.steps_;
+    d_.manager_->EnforceEvictionPolicy();
+    if (Check c = AfterEvictionPoint()) return c;
+    for (size_t i = 0; i < held.size(); ++i) {
+      const auto& [node, slots] = held[i];
+      std::vector<const CacheSnapshot*> now;
+      for (const SnapshotPtr& s : node->snapshots()) now.push_back(s.get());
+      if (now != slots) {
+        return Mismatch{
+            fmt::format("active path entry {} of {} ({})", i, held.size(), DescribeNode(*node)),
+            fmt::format("its {} snapshot(s) untouched by eviction", slots.size()),
+            fmt::format("{} snapshot slot(s), changed", now.size())};
+      }
+    }
     return std::nullopt;
   }
 
