@@ -5,18 +5,11 @@
 
 #include <utility>
 
+#include "sim/forward.h"
 #include "src/core/check.h"
 #include "src/kernels.h"
-#include "src/recurrent_forward.h"
 
 namespace kvtwin::sim {
-namespace {
-
-// Junk in padded rows: a correct kernel ignores it, a wrong one folds it in visibly.
-constexpr float kPadValue = 99.0f;
-
-}  // namespace
-
 std::string Divergence::ToString() const {
   return fmt::format("divergence at step {} ({}), layer {}:\n  {}\n  expected: {}\n  actual:   {}",
                      step, op, layer, mismatch.what, mismatch.expected, mismatch.actual);
@@ -228,52 +221,21 @@ model::TokenLog LockstepDriver::TokensFor(const Layer& layer, const Op& op) cons
 
 Check LockstepDriver::Write(const Op& op, Layer& layer, int32_t index) {
   const model::TokenLog tokens = TokensFor(layer, op);
-  Check c;
-  if (layer.cache->kind() == CacheKind::kRecurrent) {
-    ForwardRecurrent(static_cast<RecurrentLayer&>(*layer.cache), op, layer, index, tokens);
-  } else {
-    c = ForwardAttention(static_cast<AttentionCache&>(*layer.cache), op, layer, tokens);
-  }
+  const int64_t start = layer.ref.Offset();
+  const History history = Forward(*layer.cache, op, layer, index, tokens);
   layer.ref.Write(tokens);
-  return c;
+  if (layer.cache->kind() == CacheKind::kRecurrent) return std::nullopt;
+  return layer.oracle->CheckHistory(history, layer.ref.log(), start,
+                                    static_cast<int64_t>(tokens.size()), op);
 }
 
-Check LockstepDriver::ForwardAttention(AttentionCache& target, const Op& op, Layer& layer,
-                                       const model::TokenLog& tokens) {
-  const int64_t start = layer.ref.Offset();
-  const auto n = static_cast<int64_t>(tokens.size());
-  Tensor k(config_.dtype, n, config_.kv_cols());
-  Tensor v(config_.dtype, n, config_.kv_cols());
-  for (int64_t i = 0; i < n; ++i) {
-    layer.oracle->FillRow(k, i, start + i, tokens[static_cast<size_t>(i)], false);
-    layer.oracle->FillRow(v, i, start + i, tokens[static_cast<size_t>(i)], true);
-  }
-  const History history = target.Update(k, v);
+History LockstepDriver::Forward(LayerCache& target, const Op& op, const Layer& layer, int32_t index,
+                                const model::TokenLog& tokens) {
+  const History history =
+      ForwardSynthetic(target, config_, synth_, index, layer.ref.Offset(), tokens,
+                       &layer.conv_weights, &layer.gdn_params, op.pad, op.segmented);
   Fold(static_cast<uint64_t>(history.length));
-  model::TokenLog log_after = layer.ref.log();
-  log_after.insert(log_after.end(), tokens.begin(), tokens.end());
-  return layer.oracle->CheckHistory(history, log_after, start, n, op);
-}
-
-void LockstepDriver::ForwardRecurrent(RecurrentLayer& target, const Op& op, const Layer& layer,
-                                      int32_t index, const model::TokenLog& tokens) {
-  const RecurrentDims& d = config_.recurrent;
-  const int64_t start = layer.ref.Offset();
-  const auto real = static_cast<int64_t>(tokens.size());
-  const int64_t rows = real + op.pad;
-  MatF x = MatF::Constant(rows, d.conv_dim(), kPadValue);
-  RecurrentForwardInputs in;
-  in.scan = GdnInputs{MatF::Constant(rows, d.conv_dim(), kPadValue),
-                      MatF::Constant(rows, 2 * d.num_v_heads, kPadValue)};
-  for (int64_t i = 0; i < real; ++i) {
-    const uint64_t h = tokens[static_cast<size_t>(i)].h;
-    synth_.FillConvInput(x, i, config_.dtype, index, start + i, h, d.conv_dim());
-    synth_.FillGdnInput(in.scan.qkv, in.scan.ba, i, config_.dtype, index, start + i, h, d);
-  }
-  in.conv_inputs = Tensor::FromFloat(config_.dtype, x);
-  in.real_len = real;
-  in.segmented = op.segmented;
-  RunRecurrentForward(target, in, layer.conv_weights, layer.gdn_params);
+  return history;
 }
 
 Check LockstepDriver::CheckLayer(Layer& layer) {

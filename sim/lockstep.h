@@ -74,11 +74,9 @@ class LockstepDriver {
   // The op's tokens with their provenance hashes, continuing the layer's reference log.
   model::TokenLog TokensFor(const Layer& layer, const Op& op) const;
   // One forward of `tokens` at the layer's reference offset through `target` (the live
-  // cache or a speculation wrapper); attention forwards have their history checked.
-  Check ForwardAttention(AttentionCache& target, const Op& op, Layer& layer,
-                         const model::TokenLog& tokens);
-  void ForwardRecurrent(RecurrentLayer& target, const Op& op, const Layer& layer, int32_t index,
-                        const model::TokenLog& tokens);
+  // cache or a speculation wrapper), folded into the digest; empty for recurrent layers.
+  History Forward(LayerCache& target, const Op& op, const Layer& layer, int32_t index,
+                  const model::TokenLog& tokens);
   // kSpeculate over every layer (sim/lockstep_speculate.cc); sets *layer on a mismatch.
   Check Speculate(const Op& op, int32_t* layer);
   Check Take(Layer& layer);

@@ -70,19 +70,23 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     forwards.push_back(TokensFor(layer, op));
     const model::TokenLog& tokens = forwards.back();
     LayerCache& w = spec->layer(static_cast<size_t>(i));
-    if (w.kind() == CacheKind::kRecurrent) {
-      ForwardRecurrent(static_cast<RecurrentLayer&>(w), op, layer, i, tokens);
-    } else {
-      // A draft model reads the target through the wrapper's View, before and after.
-      auto& attention = static_cast<AttentionCache&>(w);
-      if (Check c = layer.oracle->CheckView(attention.View(), layer.ref.log())) return c;
-      if (Check c = ForwardAttention(attention, op, layer, tokens)) {
+    const bool attention = w.kind() != CacheKind::kRecurrent;
+    // A draft model reads the target through the wrapper's View, before and after.
+    auto view = [&w] { return static_cast<const AttentionCache&>(w).View(); };
+    if (attention) {
+      if (Check c = layer.oracle->CheckView(view(), layer.ref.log())) return c;
+    }
+    const History history = Forward(w, op, layer, i, tokens);
+    if (attention) {
+      model::TokenLog through = layer.ref.log();
+      const auto start = static_cast<int64_t>(through.size());
+      through.insert(through.end(), tokens.begin(), tokens.end());
+      if (Check c = layer.oracle->CheckHistory(history, through, start,
+                                               static_cast<int64_t>(tokens.size()), op)) {
         c->what = "speculative " + c->what;
         return c;
       }
-      model::TokenLog through = layer.ref.log();
-      through.insert(through.end(), tokens.begin(), tokens.end());
-      if (Check c = layer.oracle->CheckView(attention.View(), through)) {
+      if (Check c = layer.oracle->CheckView(view(), through)) {
         c->what = "after the forward, " + c->what;
         return c;
       }

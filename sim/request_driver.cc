@@ -12,41 +12,8 @@
 
 #include "sim/trie_checks.h"
 #include "src/core/check.h"
-#include "src/recurrent_forward.h"
 
 namespace kvtwin::sim {
-
-History ForwardSynthetic(LayerCache& target, const StackConfig& config,
-                         const SyntheticForward& synth, int32_t layer, int64_t start,
-                         std::span<const model::Token> tokens, const ConvWeights* conv,
-                         const GdnParams* gdn) {
-  const auto rows = static_cast<int64_t>(tokens.size());
-  if (target.kind() != CacheKind::kRecurrent) {
-    Tensor k(config.dtype, rows, config.kv_cols());
-    Tensor v(config.dtype, rows, config.kv_cols());
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint64_t h = tokens[static_cast<size_t>(r)].h;
-      synth.FillKvRow(k, r, layer, start + r, h, false);
-      synth.FillKvRow(v, r, layer, start + r, h, true);
-    }
-    return static_cast<AttentionCache&>(target).Update(k, v);
-  }
-  const RecurrentDims& dims = config.recurrent;
-  MatF x(rows, dims.conv_dim());
-  RecurrentForwardInputs in;
-  in.scan = GdnInputs{MatF(rows, dims.conv_dim()), MatF(rows, 2 * dims.num_v_heads)};
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint64_t h = tokens[static_cast<size_t>(r)].h;
-    synth.FillConvInput(x, r, config.dtype, layer, start + r, h, dims.conv_dim());
-    synth.FillGdnInput(in.scan.qkv, in.scan.ba, r, config.dtype, layer, start + r, h, dims);
-  }
-  in.conv_inputs = Tensor::FromFloat(config.dtype, x);
-  in.real_len = rows;
-  RunRecurrentForward(static_cast<RecurrentLayer&>(target), in,
-                      conv != nullptr ? *conv : synth.ConvParams(layer, dims),
-                      gdn != nullptr ? *gdn : synth.GdnParamsFor(layer, dims));
-  return History{};
-}
 
 std::string RequestDivergence::ToString() const {
   return fmt::format(

@@ -32,6 +32,7 @@
 
 #include "model/ref_cache.h"
 #include "sim/checks.h"
+#include "sim/forward.h"
 #include "sim/request_workload.h"
 #include "sim/stack.h"
 #include "sim/synthetic.h"
@@ -39,16 +40,6 @@
 #include "src/prefix_cache.h"
 
 namespace kvtwin::sim {
-
-// One synthetic forward of `tokens` (at positions start, start + 1, ...) through `target`,
-// which stands for layer `layer` of `config`: the live cache or a speculation wrapper. K/V
-// rows come from LayerOracle-compatible synthetic values; recurrent layers use `conv` and
-// `gdn` (derived from `synth` when null). Returns the attention history the forward saw
-// (empty for a recurrent layer).
-History ForwardSynthetic(LayerCache& target, const StackConfig& config,
-                         const SyntheticForward& synth, int32_t layer, int64_t start,
-                         std::span<const model::Token> tokens, const ConvWeights* conv = nullptr,
-                         const GdnParams* gdn = nullptr);
 
 struct RequestDivergence {
   int64_t step = 0;     // session calls and forwards before the failing check

@@ -1,0 +1,28 @@
+// ForwardSynthetic: one forward of synthetic rows through a layer, the way a model would
+// run it, shared by the op-level lock-step driver and the request-level driver so both
+// feed the caches identical values. `target` stands for layer `layer` of `config`: the
+// live cache or a speculation wrapper. K/V rows come from SyntheticForward::FillKvRow; a
+// recurrent layer runs RunRecurrentForward on conv and gated-delta inputs derived from
+// (layer, position, h), plus `pad` padding rows of junk that a correct kernel ignores.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "model/ref_cache.h"
+#include "sim/stack.h"
+#include "sim/synthetic.h"
+#include "src/cache.h"
+#include "src/kernels.h"
+
+namespace kvtwin::sim {
+
+// Returns the attention history the forward saw (empty for a recurrent layer). The
+// kernel parameters default to the ones `synth` derives for the layer; `segmented` runs
+// the gated delta segment by segment.
+History ForwardSynthetic(LayerCache& target, const StackConfig& config,
+                         const SyntheticForward& synth, int32_t layer, int64_t start,
+                         std::span<const model::Token> tokens, const ConvWeights* conv = nullptr,
+                         const GdnParams* gdn = nullptr, int64_t pad = 0, bool segmented = false);
+
+}  // namespace kvtwin::sim
