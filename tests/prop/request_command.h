@@ -14,15 +14,14 @@
 #include <fmt/ranges.h>
 #include <rapidcheck.h>
 #include <rapidcheck/state.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "prop/abort_log.h"
 #include "sim/request_driver.h"
 #include "sim/request_workload.h"
 
@@ -164,29 +163,6 @@ inline std::string PlanText(const RequestPlan& p) {
   return s;
 }
 
-// The running case, for the abort handler: printed only if the process dies in it.
-class RequestCaseLog {
- public:
-  static void Begin(const std::string& header) {
-    static const bool installed = [] { return std::signal(SIGABRT, OnAbort) != SIG_ERR; }();
-    (void)installed;
-    Text() =
-        "request case running at the abort (unshrunk, the last request aborted): " + header + "\n";
-  }
-  static void Note(const std::string& line) { Text() += "  " + line + "\n"; }
-
- private:
-  static std::string& Text() {
-    static std::string text;
-    return text;
-  }
-  static void OnAbort(int) {
-    const std::string& t = Text();
-    (void)!write(STDERR_FILENO, t.data(), t.size());
-    std::signal(SIGABRT, SIG_DFL);  // abort() then ends the process as usual
-  }
-};
-
 // The driver plus the number of requests it ran, so each report names the request by its
 // position in the (shrunk) command list.
 struct RequestSut {
@@ -222,7 +198,7 @@ struct RequestCommand : rc::state::Command<RequestModel, RequestSut> {
   void run(const RequestModel&, RequestSut& sut) const override {
     RequestPlan numbered = plan;
     numbered.index = sut.ran++;
-    RequestCaseLog::Note(fmt::format("#{} {}", numbered.index, PlanText(numbered)));
+    AbortLog::Note(fmt::format("#{} {}", numbered.index, PlanText(numbered)));
     if (auto d = sut.driver.Run(numbered)) RC_FAIL(d->ToString());
   }
 

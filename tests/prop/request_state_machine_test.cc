@@ -57,7 +57,7 @@ void CheckRequests(const std::string& preset, bool tiny_budget) {
       config->Describe(), options.budget_bytes, options.chunk, options.capture_interval,
       options.pre_thinking, value_seed, initial.vocab, fmt::join(initial.system, " "));
   RC_LOG() << label << "\n";
-  RequestCaseLog::Begin(label);
+  AbortLog::Begin("request", label);
   RequestSut sut{RequestDriver(*config, options, value_seed)};
   // 1 to ~100 requests per case (rapidcheck's size); the whole binary runs in about 20 s.
   const auto commands =

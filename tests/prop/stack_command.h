@@ -9,14 +9,13 @@
 
 #include <rapidcheck.h>
 #include <rapidcheck/state.h>
-#include <unistd.h>
 
-#include <csignal>
 #include <cstdlib>
 #include <ostream>
 #include <sstream>
 #include <string>
 
+#include "prop/abort_log.h"
 #include "prop/stack_gen.h"
 #include "sim/lockstep.h"
 
@@ -33,28 +32,6 @@ namespace kvtwin::sim::prop {
 inline const bool kPinnedParams = [] {
   return setenv("RC_PARAMS", "seed=20261121 max_success=500", /*overwrite=*/0) == 0;
 }();
-
-// The running case, for the abort handler: printed only if the process dies in it.
-class CaseLog {
- public:
-  static void Begin(const std::string& header) {
-    static const bool installed = [] { return std::signal(SIGABRT, OnAbort) != SIG_ERR; }();
-    (void)installed;
-    Text() = "prop case running at the abort (unshrunk, the last op aborted): " + header + "\n";
-  }
-  static void Note(const Op& op) { Text() += "  " + op.ToString() + "\n"; }
-
- private:
-  static std::string& Text() {
-    static std::string text;
-    return text;
-  }
-  static void OnAbort(int) {
-    const std::string& t = Text();
-    (void)!write(STDERR_FILENO, t.data(), t.size());
-    std::signal(SIGABRT, SIG_DFL);  // abort() then ends the process as usual
-  }
-};
 
 // "[kv, rotating(W=3), recurrent] bf16": every layer, unlike StackConfig::Describe.
 inline std::string StackLabel(const StackConfig& config) {
@@ -92,7 +69,7 @@ struct OpCommand : rc::state::Command<StackModel, LockstepDriver> {
 
   void run(const StackModel&, LockstepDriver& sut) const override {
     RC_ASSERT(sut.Valid(op));  // else the model disagrees with the driver: a test bug
-    CaseLog::Note(op);
+    AbortLog::Note(op.ToString());
     if (auto d = sut.Apply(op)) RC_FAIL(d->ToString());
   }
 
@@ -105,7 +82,7 @@ inline void CheckStack(const StackConfig& config, int64_t fallback_window) {
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   const std::string label = StackLabel(config) + " driver seed " + std::to_string(seed);
   RC_LOG() << "stack " << label << "\n";
-  CaseLog::Begin(label);
+  AbortLog::Begin("op", label);
   LockstepDriver sut(config, seed);
   rc::state::check(MakeStackModel(config, fallback_window), sut,
                    rc::state::gen::execOneOfWithArgs<OpCommand>());
