@@ -273,18 +273,6 @@ INSTANTIATE_TEST_SUITE_P(Lambda0, PrefixCacheEnv,
                                            EnvKind::kRecurrent, EnvKind::kStatelessLayers),
                          EnvParamName);
 
-}  // namespace
-}  // namespace kvtwin
-
-namespace kvtwin {
-namespace {
-
-using pcfx::Cat;
-using pcfx::EnvKind;
-using pcfx::PrefixEnv;
-using pcfx::Seq;
-using pcfx::Tokens;
-
 // ---- errors as values ------------------------------------------------------------------
 
 TEST(PrefixCache, CallsOutOfSessionAreFailedPreconditions) {
