@@ -1,0 +1,92 @@
+// RefPrefixCache: the naive reference of the prefix-sharing manager (spec §3.1–§3.4, v1:
+// λ = 0, no media) at an unlimited budget, where the policy has no latitude: given the
+// same requests, the production manager must end every session call with exactly this
+// trie (edges, offsets, child order, user flags, LRU order, which slots hold a snapshot and
+// over which range) and report exactly this Begin outcome.
+//
+// It runs the spec's algorithms literally over model::RefCache (one per manager cache,
+// nullopt = stateless hole) and RefNode, and is written from the spec, never from src/.
+// The reference caches are the live caches: the caller forwards through them with
+// Forward / CommitSpeculation between the session calls, exactly where it forwards the
+// production caches, so every restore outcome (and hence the prefix, the branch point and
+// the captures) is the reference's own. Snapshots are the RefCache values (Snapshot,
+// TakeSnapshots, Split, Merge, Restore of model/ref_cache.h), so each node's slots carry
+// their token contents too.
+//
+// Time: a logical clock starting at 0; the root is created at 0; every "now" of the spec
+// (the switch landing node, each attachCapturedSnapshots, the close frontier) takes a
+// fresh tick (++clock). No eviction ever runs here (the budget is unlimited); the
+// eviction pass is model/ref_eviction.h.
+//
+// Misuse (a second Begin, an empty prompt, calls without an open session, a second
+// Schedule) aborts via KV_CHECK: the caller replays a production run that succeeded.
+// Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "model/ref_cache.h"
+#include "model/ref_trie.h"
+
+namespace kvtwin::model {
+
+struct RefBeginReport {
+  int64_t total = 0;
+  int64_t matched = 0;  // keys matched before the hold-back (originalMatched)
+  int64_t cached = 0;   // the prefix every cache was aligned to (0 after free-all)
+  int64_t left = 0;     // total - cached
+  bool free_all = false;
+};
+
+class RefPrefixCache {
+ public:
+  // REQUIRES: at least one non-null cache; none holds an active capture schedule.
+  explicit RefPrefixCache(std::vector<std::optional<RefCache>> caches);
+
+  // spec §3.4 begin: best match, hold-back, switchToPath (rewind, greedy page-in that
+  // stops at the first refusal, align, free-all fallback that resets the active path to
+  // [root], trim, landing tick), prefix, pending branch point. REQUIRES: !inputs.empty().
+  RefBeginReport Begin(const TokenLog& inputs);
+  // spec §3.4 schedulePrefillSnapshots (λ = 0): clip to (base, len(inputs)], upgrade or add
+  // user points, sort, PrepareSnapshots on every non-null cache when anything is pending.
+  void SchedulePrefillSnapshots(const std::vector<int64_t>& requested);
+  // One ordinary forward of `tokens` (|tokens| >= 1) through every non-null cache.
+  void Forward(const TokenLog& tokens);
+  // One committed speculative forward (RefCache::CommitSpeculation) on every non-null cache.
+  void CommitSpeculation(const TokenLog& forward, int64_t accepted);
+  // spec §3.4 attachPrefillSnapshots (advancePath with split, user flag,
+  // attachCapturedSnapshots with the head clipped off, compactPath), no eviction.
+  void AttachPrefillSnapshots();
+  // Sampled tokens of this session (stored keys = inputs ++ outputs).
+  void AddOutputs(const TokenLog& tokens);
+  // spec §3.4 close: attach, frontier advance, pageOut, compactPath, frontier tick.
+  void Close();
+
+  bool session_open() const { return open_; }
+  const RefNode& root() const { return *root_; }
+  // root -> ... -> the node the live caches hold (at least).
+  const std::vector<RefNode*>& active_path() const { return active_path_; }
+  const std::vector<std::optional<RefCache>>& caches() const { return caches_; }
+  // Pending capture offsets of the open session, ascending, with their user flags.
+  struct Pending {
+    int64_t offset;
+    bool user;
+  };
+  const std::vector<Pending>& pending() const { return pending_; }
+
+ private:
+  std::vector<std::optional<RefCache>> caches_;
+  std::unique_ptr<RefNode> root_;
+  std::vector<RefNode*> active_path_;
+  int64_t clock_ = 0;
+  bool open_ = false;
+  bool scheduled_ = false;  // SchedulePrefillSnapshots ran in this session
+  TokenLog inputs_;
+  TokenLog outputs_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace kvtwin::model

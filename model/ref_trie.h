@@ -1,0 +1,62 @@
+// RefNode: a node of the reference prefix trie (spec §3.1), a plain value tree the
+// reference manager (model/ref_prefix_cache.h) grows and the reference eviction pass
+// (model/ref_eviction.h) shrinks. Keys are token ids (λ = 0, no media). Written from the
+// spec, never from src/: the simulator compares a production trie with it by rendering
+// both through RenderRefTrie (it mirrors the production trie into RefNodes first).
+// Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/ref_cache.h"
+
+namespace kvtwin::model {
+
+struct RefNode {
+  std::vector<int32_t> edge;  // empty only at the root
+  int64_t end = 0;            // end offset; start = end - |edge|
+  bool user = false;
+  int64_t last_used = 0;  // logical tick; only its order among nodes is observable
+  // One slot per manager cache (nullopt = no snapshot, always for a stateless hole), or
+  // empty for "no snapshots at all" (a node that never held any).
+  std::vector<RefSnap> snaps;
+  // Bytes charged for each slot (same length as `snaps`, 0 for an empty slot). The
+  // reference manager leaves them 0 (it models an unlimited budget); a mirror of a
+  // production trie fills them from SizeBytes for the eviction pass.
+  std::vector<int64_t> bytes;
+  RefNode* parent = nullptr;
+  std::vector<std::unique_ptr<RefNode>> children;
+
+  int64_t start() const { return end - static_cast<int64_t>(edge.size()); }
+  bool is_root() const { return parent == nullptr; }
+  bool HasSnapshots() const;  // any non-null slot
+  int64_t Bytes() const;      // sum of `bytes`
+};
+
+// Appends a child with `edge` and `end` at the end of `parent`'s children; the child
+// inherits parent->last_used and has no snapshots. Returns it.
+RefNode* AppendRefChild(RefNode* parent, std::vector<int32_t> edge, int64_t end);
+
+// Depth-first pre-order, children in list order (the spec's walk).
+std::vector<RefNode*> RefPreOrder(RefNode& root);
+std::vector<const RefNode*> RefPreOrder(const RefNode& root);
+
+// Canonical text of a trie, one line per node in pre-order:
+//   "<indent>[start,end) keys k1 k2 ... user? t<tick> | <slot> | <slot> ..."
+// where <tick> is last_used itself when `raw_ticks` (tries on one clock) or else its dense
+// rank among all nodes of the trie (0 = oldest), so two tries with the same LRU order
+// render alike whatever their clocks' values. A node without any snapshot shows no slots;
+// otherwise every slot of its set is "-" (none), "kv[from,to)", "rot@to" or "rec@to",
+// followed by " <bytes>B" when `with_bytes`. A line depends on its node (and, for ranks,
+// on the set of ticks) only, so the first differing line names a differing node. Keys are
+// shown in full.
+std::string RenderRefTrie(const RefNode& root, bool with_bytes, bool raw_ticks = false);
+
+// The first line where two renderings differ, as "line N: expected '...' got '...'", or ""
+// when they are equal.
+std::string FirstDifference(const std::string& expected, const std::string& actual);
+
+}  // namespace kvtwin::model

@@ -1,0 +1,325 @@
+// Goal: pin the reference prefix-sharing manager (model/ref_prefix_cache.h) to the spec,
+// since the simulator trusts it as the oracle for the production manager: the worked trace
+// of cache-semantics.md §3.7 step by step, and the λ = 0 scenarios of §6.10 that need no
+// media and no eviction (continuation, divergence, hold-back, user points, cancelled
+// prefills, branch switches, whole-state layers landing on node ends).
+// Method: requests are served as §6.10 simulates them (begin, schedule, prefill
+// inputs[prefix : len-1], attach, decode seed + all sampled tokens but the last, close);
+// expectations (Begin reports, live cache logs, pending captures, the rendered trie with
+// its LRU ranks) are hand-derived from the spec text, never from the code under test.
+#include "model/ref_prefix_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/ref_trie.h"
+
+namespace kvtwin::model {
+namespace {
+
+using Ids = std::vector<int32_t>;
+
+// Tokens with a rolling hash of their prefix, so that a log restored from the wrong branch
+// differs from the expected one even where the ids agree.
+TokenLog Toks(const Ids& ids) {
+  TokenLog log;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t id : ids) {
+    h = (h ^ static_cast<uint64_t>(id)) * 0x100000001b3ull;
+    log.push_back(Token{id, h});
+  }
+  return log;
+}
+
+Ids Range(int32_t first, int32_t last) {
+  Ids ids;
+  for (int32_t i = first; i <= last; ++i) ids.push_back(i);
+  return ids;
+}
+
+Ids Cat(Ids a, const Ids& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TokenLog Slice(const TokenLog& log, int64_t begin, int64_t end) {
+  return TokenLog(log.begin() + begin, log.begin() + end);
+}
+
+struct Request {
+  Ids prompt;
+  Ids gen;                    // sampled tokens; all but the last are forwarded
+  std::vector<int64_t> user;  // requested restore points
+  int64_t cancel_at = -1;     // >= 0: prefill stops there and the session closes
+};
+
+RefBeginReport Open(RefPrefixCache& pc, const Request& r) {
+  const RefBeginReport rep = pc.Begin(Toks(r.prompt));
+  pc.SchedulePrefillSnapshots(r.user);
+  return rep;
+}
+
+void Finish(RefPrefixCache& pc, const Request& r, const RefBeginReport& rep) {
+  const TokenLog all = Toks(Cat(r.prompt, r.gen));
+  const int64_t len = static_cast<int64_t>(r.prompt.size());
+  const int64_t stop = r.cancel_at >= 0 ? r.cancel_at : len - 1;
+  if (rep.cached < stop) pc.Forward(Slice(all, rep.cached, stop));
+  if (r.cancel_at < 0) {
+    pc.AttachPrefillSnapshots();
+    for (int64_t p = len - 1; p + 1 < static_cast<int64_t>(all.size()); ++p) {
+      pc.Forward(Slice(all, p, p + 1));
+    }
+    pc.AddOutputs(Slice(all, len, static_cast<int64_t>(all.size())));
+  }
+  pc.Close();
+}
+
+RefBeginReport Serve(RefPrefixCache& pc, const Request& r) {
+  const RefBeginReport rep = Open(pc, r);
+  Finish(pc, r, rep);
+  return rep;
+}
+
+std::string Report(const RefBeginReport& r) {
+  return "total=" + std::to_string(r.total) + " matched=" + std::to_string(r.matched) +
+         " cached=" + std::to_string(r.cached) + " left=" + std::to_string(r.left) +
+         (r.free_all ? " free-all" : "");
+}
+
+// Pending captures as "5 8u" (u = user point).
+std::string PendingText(const RefPrefixCache& pc) {
+  std::string out;
+  for (const auto& p : pc.pending()) {
+    out += (out.empty() ? "" : " ") + std::to_string(p.offset) + (p.user ? "u" : "");
+  }
+  return out;
+}
+
+std::string Trie(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const std::string& l : lines) out += l + "\n";
+  return out;
+}
+
+std::string Render(const RefPrefixCache& pc) { return RenderRefTrie(pc.root(), false); }
+
+const TokenLog& LogOf(const RefPrefixCache& pc, size_t i) { return pc.caches()[i]->log(); }
+
+RefPrefixCache KvRecurrent() { return RefPrefixCache({RefCache::Kv(), RefCache::Recurrent()}); }
+
+// §3.7 requests.
+const Request kA{Range(1, 8), {20, 21}, {}};
+const Request kB{{1, 2, 3, 4, 5, 10, 11, 12}, {30, 31}, {}};
+const Request kC{Cat(Range(1, 8), {40, 41}), {}, {}};
+
+TEST(RefPrefixCacheTrace, RequestAMissesAndPagesOutTheFrontier) {
+  RefPrefixCache pc = KvRecurrent();
+  const RefBeginReport rep = Open(pc, kA);
+  EXPECT_EQ(Report(rep), "total=8 matched=0 cached=0 left=8");
+  EXPECT_EQ(PendingText(pc), "");
+  Finish(pc, kA, rep);
+  EXPECT_EQ(Render(pc),
+            Trie({"[0,0) keys t0", "  [0,9) keys 1 2 3 4 5 6 7 8 20 t1 | kv[0,9) | rec@9"}));
+  const RefNode& a = *pc.root().children[0];
+  EXPECT_EQ(a.snaps[0]->tokens, Toks(Cat(Range(1, 8), {20})));
+  EXPECT_EQ(a.snaps[1]->tokens, Toks(Cat(Range(1, 8), {20})));
+  EXPECT_EQ(a.bytes, (std::vector<int64_t>{0, 0}));
+  EXPECT_FALSE(pc.session_open());
+}
+
+TEST(RefPrefixCacheTrace, RequestBDivergesInsideAAndSplitsIt) {
+  RefPrefixCache pc = KvRecurrent();
+  Serve(pc, kA);
+  const RefBeginReport rep = Open(pc, kB);
+  // KV rewinds to 5, the recurrent state@9 cannot: freed, page-in stops, align to 0.
+  EXPECT_EQ(Report(rep), "total=8 matched=5 cached=0 left=8");
+  EXPECT_TRUE(LogOf(pc, 0).empty());
+  EXPECT_TRUE(LogOf(pc, 1).empty());
+  ASSERT_EQ(pc.active_path().size(), 1u);
+  EXPECT_EQ(PendingText(pc), "5");
+  Finish(pc, kB, rep);
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t1", "  [0,5) keys 1 2 3 4 5 t2 | kv[0,5) | rec@5",
+                              "    [5,9) keys 6 7 8 20 t0 | kv[5,9) | rec@9",
+                              "    [5,9) keys 10 11 12 30 t3 | kv[5,9) | rec@9"}));
+  // The recurrent capture at 5 is B's own state, the KV half is A's (same ids and hashes).
+  EXPECT_EQ(pc.root().children[0]->snaps[1]->tokens, Toks(Range(1, 5)));
+}
+
+TEST(RefPrefixCacheTrace, RequestCRestoresToPAndSplitsATail) {
+  RefPrefixCache pc = KvRecurrent();
+  Serve(pc, kA);
+  Serve(pc, kB);
+  const RefBeginReport rep = Open(pc, kC);
+  // P pages the recurrent state@5 in, A' brings KV to 8 and refuses state@9 at 8.
+  EXPECT_EQ(Report(rep), "total=10 matched=8 cached=5 left=5");
+  EXPECT_EQ(LogOf(pc, 0), Toks(Range(1, 5)));
+  EXPECT_EQ(LogOf(pc, 1), Toks(Range(1, 5)));
+  EXPECT_EQ(pc.active_path().back()->end, 5);
+  EXPECT_EQ(PendingText(pc), "8");
+  Finish(pc, kC, rep);
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t1", "  [0,5) keys 1 2 3 4 5 t3 | kv[0,5) | rec@5",
+                              "    [5,8) keys 6 7 8 t4 | kv[5,8) | rec@8",
+                              "      [8,9) keys 20 t0 | kv[8,9) | rec@9",
+                              "      [8,9) keys 40 t5 | kv[8,9) | rec@9",
+                              "    [5,9) keys 10 11 12 30 t2 | kv[5,9) | rec@9"}));
+  EXPECT_EQ(LogOf(pc, 0), Toks(Cat(Range(1, 8), {40})));
+}
+
+TEST(RefPrefixCache, RewindableCacheResumesAtTheDivergenceWithoutBranchPoint) {
+  RefPrefixCache pc({RefCache::Kv()});
+  Serve(pc, kA);
+  const RefBeginReport rep = Open(pc, kB);
+  EXPECT_EQ(Report(rep), "total=8 matched=5 cached=5 left=3");
+  EXPECT_EQ(LogOf(pc, 0), Toks(Range(1, 5)));
+  EXPECT_EQ(PendingText(pc), "");
+  Finish(pc, kB, rep);
+  // The split happens at close, when advancing from the root; P keeps A's old tick.
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t1", "  [0,5) keys 1 2 3 4 5 t0 | kv[0,5)",
+                              "    [5,9) keys 6 7 8 20 t0 | kv[5,9)",
+                              "    [5,9) keys 10 11 12 30 t2 | kv[5,9)"}));
+}
+
+TEST(RefPrefixCache, ContinuationResumesExactlyAndCompactsIntoOneNode) {
+  RefPrefixCache pc = KvRecurrent();
+  Serve(pc, {Range(1, 5), {10, 11}, {}});
+  const Request turn2{Cat(Range(1, 5), {10, 11, 20}), {21, 22}, {}};
+  const RefBeginReport rep = Open(pc, turn2);
+  EXPECT_EQ(Report(rep), "total=8 matched=6 cached=6 left=2");
+  EXPECT_EQ(LogOf(pc, 1), Toks(Cat(Range(1, 5), {10})));
+  EXPECT_EQ(PendingText(pc), "");
+  Finish(pc, turn2, rep);
+  EXPECT_EQ(Render(pc),
+            Trie({"[0,0) keys t0", "  [0,9) keys 1 2 3 4 5 10 11 20 21 t1 | kv[0,9) | rec@9"}));
+  EXPECT_EQ(pc.root().children[0]->snaps[0]->tokens, Toks(Cat(Range(1, 5), {10, 11, 20, 21})));
+}
+
+TEST(RefPrefixCache, ExactlyMatchedPromptHoldsBackItsLastToken) {
+  const Request same{Range(1, 5), {20, 21}, {}};
+  RefPrefixCache kv({RefCache::Kv()});
+  Serve(kv, same);
+  EXPECT_EQ(Report(Serve(kv, same)), "total=5 matched=5 cached=4 left=1");
+  RefPrefixCache pc = KvRecurrent();
+  Serve(pc, same);
+  const RefBeginReport rep = Open(pc, same);
+  EXPECT_EQ(Report(rep), "total=5 matched=5 cached=0 left=5");
+  EXPECT_EQ(PendingText(pc), "4");  // the re-matched 4, not the reported 5
+  Finish(pc, same, rep);
+  // The branch point at 4 is not a user point: close re-merges it with [4,6).
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t0", "  [0,6) keys 1 2 3 4 5 20 t1 | kv[0,6) | rec@6"}));
+  EXPECT_EQ(pc.root().children[0]->snaps[0]->tokens, Toks(Cat(Range(1, 5), {20})));
+}
+
+TEST(RefPrefixCache, UserPointResistsCompaction) {
+  const Request same{Range(1, 5), {20, 21}, {}};
+  RefPrefixCache pc = KvRecurrent();
+  Serve(pc, same);
+  const Request with_user{Range(1, 5), {20, 21}, {4, 9, 0}};  // 9 and 0 are out of range
+  const RefBeginReport rep = Open(pc, with_user);
+  EXPECT_EQ(PendingText(pc), "4u");  // the branch point upgraded, not duplicated
+  Finish(pc, with_user, rep);
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t0", "  [0,4) keys 1 2 3 4 user t1 | kv[0,4) | rec@4",
+                              "    [4,6) keys 5 20 t2 | kv[4,6) | rec@6"}));
+}
+
+TEST(RefPrefixCache, CancelledPrefillKeepsTheCapturesItCrossed) {
+  RefPrefixCache pc = KvRecurrent();
+  Serve(pc, {Range(1, 8), {}, {3, 6}, 4});
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t0", "  [0,3) keys 1 2 3 user t1 | kv[0,3) | rec@3",
+                              "    [3,4) keys 4 t2 | kv[3,4) | rec@4"}));
+  const Request retry{Range(1, 8), {60, 61}, {5}};
+  const RefBeginReport rep = Open(pc, retry);
+  EXPECT_EQ(Report(rep), "total=8 matched=4 cached=4 left=4");
+  EXPECT_EQ(PendingText(pc), "5u");
+  Finish(pc, retry, rep);
+  // [3,4) is not a user point: it merges with the capture at 5, which is one.
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t0", "  [0,3) keys 1 2 3 user t1 | kv[0,3) | rec@3",
+                              "    [3,5) keys 4 5 user t2 | kv[3,5) | rec@5",
+                              "      [5,9) keys 6 7 8 60 t3 | kv[5,9) | rec@9"}));
+}
+
+TEST(RefPrefixCache, CaptureBeyondTheReachedOffsetIsDropped) {
+  RefPrefixCache pc = KvRecurrent();
+  const Request r{Range(1, 5), {}, {3, 5}};
+  const RefBeginReport rep = Open(pc, r);
+  EXPECT_EQ(PendingText(pc), "3u 5u");
+  Finish(pc, r, rep);  // prefill to 4: the capture at 5 is never crossed
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t0", "  [0,3) keys 1 2 3 user t1 | kv[0,3) | rec@3",
+                              "    [3,4) keys 4 t2 | kv[3,4) | rec@4"}));
+  EXPECT_FALSE(pc.caches()[0]->ScheduleActive());
+  EXPECT_FALSE(pc.caches()[1]->ScheduleActive());
+}
+
+TEST(RefPrefixCache, BranchSwitchPagesTheOtherBranchIn) {
+  RefPrefixCache pc = KvRecurrent();
+  Serve(pc, {Range(1, 5), {10, 11}, {}});
+  Serve(pc, {{1, 2, 3, 6, 7}, {12, 13}, {}});
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t1", "  [0,3) keys 1 2 3 t2 | kv[0,3) | rec@3",
+                              "    [3,6) keys 4 5 10 t0 | kv[3,6) | rec@6",
+                              "    [3,6) keys 6 7 12 t3 | kv[3,6) | rec@6"}));
+  const Request back{Cat(Range(1, 5), {10, 11, 20}), {21, 22}, {}};
+  const RefBeginReport rep = Open(pc, back);
+  EXPECT_EQ(Report(rep), "total=8 matched=6 cached=6 left=2");
+  EXPECT_EQ(LogOf(pc, 0), Toks(Cat(Range(1, 5), {10})));
+  EXPECT_EQ(LogOf(pc, 1), Toks(Cat(Range(1, 5), {10})));
+  Finish(pc, back, rep);
+  // Only the landing node and the frontier were refreshed; B keeps its age.
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t0", "  [0,3) keys 1 2 3 t1 | kv[0,3) | rec@3",
+                              "    [3,9) keys 4 5 10 11 20 21 t3 | kv[3,9) | rec@9",
+                              "    [3,6) keys 6 7 12 t2 | kv[3,6) | rec@6"}));
+}
+
+TEST(RefPrefixCache, WholeStateLayersLandOnNodeEnds) {
+  RefPrefixCache pc({RefCache::Kv(), RefCache::Rotating(4), RefCache::Recurrent()});
+  Serve(pc, {Range(1, 8), {20, 21}, {4}});
+  const Request b{Cat(Range(1, 7), {50}), {51, 52}, {}};
+  const RefBeginReport rep = Open(pc, b);
+  // KV could reach 7; the wrapped window and the recurrent state only reach U's end 4.
+  EXPECT_EQ(Report(rep), "total=8 matched=7 cached=4 left=4");
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(LogOf(pc, i), Toks(Range(1, 4))) << "cache " << i;
+  EXPECT_EQ(PendingText(pc), "7");
+  Finish(pc, b, rep);
+  EXPECT_EQ(Render(pc),
+            Trie({"[0,0) keys t0", "  [0,4) keys 1 2 3 4 user t2 | kv[0,4) | rot@4 | rec@4",
+                  "    [4,7) keys 5 6 7 t3 | kv[4,7) | rot@7 | rec@7",
+                  "      [7,9) keys 8 20 t1 | kv[7,9) | rot@9 | rec@9",
+                  "      [7,9) keys 50 51 t4 | kv[7,9) | rot@9 | rec@9"}));
+}
+
+TEST(RefPrefixCache, RotatingLayerRewindsLiveOnlyWithinItsWindow) {
+  RefPrefixCache wide({RefCache::Kv(), RefCache::Rotating(16)});
+  Serve(wide, {Range(1, 8), {20, 21}, {4}});
+  EXPECT_EQ(Report(Serve(wide, {Cat(Range(1, 7), {50}), {51, 52}, {}})),
+            "total=8 matched=7 cached=7 left=1");
+  RefPrefixCache small({RefCache::Kv(), RefCache::Rotating(4)});
+  Serve(small, {{1, 2, 3}, {20, 21}, {}});  // node [0,4) ends within the window
+  const RefBeginReport rep = Open(small, {{1, 2, 9}, {30, 31}, {}});
+  EXPECT_EQ(Report(rep), "total=3 matched=2 cached=2 left=1");
+  EXPECT_EQ(LogOf(small, 1), Toks({1, 2}));
+}
+
+TEST(RefPrefixCache, StatelessHolesKeepEmptySlots) {
+  RefPrefixCache pc({RefCache::Recurrent(), std::nullopt, RefCache::Kv(), std::nullopt});
+  Serve(pc, kA);
+  EXPECT_EQ(Report(Serve(pc, kB)), "total=8 matched=5 cached=0 left=8");
+  EXPECT_EQ(Render(pc),
+            Trie({"[0,0) keys t1", "  [0,5) keys 1 2 3 4 5 t2 | rec@5 | - | kv[0,5) | -",
+                  "    [5,9) keys 6 7 8 20 t0 | rec@9 | - | kv[5,9) | -",
+                  "    [5,9) keys 10 11 12 30 t3 | rec@9 | - | kv[5,9) | -"}));
+}
+
+TEST(RefPrefixCacheDeathTest, MisuseAborts) {
+  RefPrefixCache pc = KvRecurrent();
+  EXPECT_DEATH(pc.Begin({}), "empty prompt");
+  EXPECT_DEATH(pc.Close(), "without an open session");
+  pc.Begin(Toks({1, 2}));
+  EXPECT_DEATH(pc.Begin(Toks({1, 2})), "session is open");
+  pc.SchedulePrefillSnapshots({});
+  EXPECT_DEATH(pc.SchedulePrefillSnapshots({}), "twice");
+}
+
+}  // namespace
+}  // namespace kvtwin::model
