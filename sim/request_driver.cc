@@ -27,10 +27,10 @@ std::string RequestCoverage::ToString() const {
       "completed {}, cancelled {}, cache hits {}, extensions {} (dropped tails {}), "
       "continuations {} (resumed exactly {}), divergent {}, new {}, repeats {}, retries {}, "
       "user offsets {}, unscheduled {}, speculative {}, branch points {}, splits {}, "
-      "evictions {}, free-all {}, kv gaps {}",
+      "evictions {} (checked passes {}), free-all {}, kv gaps {}",
       completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
       divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
-      branch_points, splits, evictions, free_all, kv_gaps);
+      branch_points, splits, evictions, eviction_passes, free_all, kv_gaps);
 }
 
 namespace {
@@ -42,7 +42,7 @@ auto Counters(Coverage& c) {
                     &c.dropped_tails, &c.divergent,       &c.new_conversations, &c.repeats,
                     &c.retries,       &c.user_offsets,    &c.unscheduled,       &c.speculative,
                     &c.continuations, &c.resumed_exactly, &c.branch_points,     &c.free_all,
-                    &c.kv_gaps,       &c.splits,          &c.evictions};
+                    &c.kv_gaps,       &c.splits,          &c.evictions,         &c.eviction_passes};
 }
 
 }  // namespace
@@ -73,10 +73,18 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
   // 0 = unlimited: the counter can never exceed the largest int64.
   manager_->set_max_paged_out_bytes(
       options_.budget_bytes > 0 ? options_.budget_bytes : std::numeric_limits<int64_t>::max());
+  if (options_.budget_bytes > 0) {
+    eviction_ref_ = std::make_unique<EvictionReference>(*manager_);
+  } else {
+    reference_ = std::make_unique<ManagerReference>(Shadows());
+  }
 }
 
-// The manager holds raw pointers into caches_, so it goes first.
-RequestDriver::~RequestDriver() { manager_.reset(); }
+// The hook points into eviction_ref_ and the manager holds raw pointers into caches_.
+RequestDriver::~RequestDriver() {
+  eviction_ref_.reset();
+  manager_.reset();
+}
 
 std::vector<LayerCache*> RequestDriver::Caches() const {
   std::vector<LayerCache*> out;

@@ -17,6 +17,10 @@
 //   decode  the attention history of every forward (rows and visible positions);
 //   Close   the caches held exactly the stored tokens before it, and the active path ends at
 //           the offset afterwards.
+// At an unlimited budget the reference manager (sim/manager_reference.h) runs in lock step
+// and every session call must leave exactly its trie, active path and pending offsets.
+// Under a budget every eviction pass that evicts must give exactly the reference pass's
+// trie (sim/eviction_reference.h).
 // The first failure is returned as a RequestDivergence; the driver then must not be used.
 // Every observable is folded into a digest. Single-threaded.
 #pragma once
@@ -32,7 +36,9 @@
 
 #include "model/ref_cache.h"
 #include "sim/checks.h"
+#include "sim/eviction_reference.h"
 #include "sim/forward.h"
+#include "sim/manager_reference.h"
 #include "sim/request_workload.h"
 #include "sim/stack.h"
 #include "sim/synthetic.h"
@@ -67,6 +73,8 @@ struct RequestCoverage {
   // provenance hash of its key path at its end): a node whose start moved up was split;
   // a vanished node off the active key path was evicted.
   int64_t splits = 0, evictions = 0;
+  // Eviction passes that evicted, each checked against the reference pass.
+  int64_t eviction_passes = 0;
   std::string ToString() const;
   RequestCoverage& operator+=(const RequestCoverage& o);
 };
@@ -93,6 +101,8 @@ class RequestDriver {
   const PrefixCache& manager() const { return *manager_; }
   // "cached 12/40 matched 15" of the last Begin, for the recent-request list.
   const std::string& last_outcome() const { return last_outcome_; }
+  // The last Begin report (zeros before the first).
+  const BeginReport& last_report() const { return last_report_; }
 
  private:
   class Session;  // one request's run (request_session.cc)
@@ -119,6 +129,8 @@ class RequestDriver {
   std::vector<ConvWeights> conv_weights_;
   std::vector<GdnParams> gdn_params_;
   std::unique_ptr<PrefixCache> manager_;
+  std::unique_ptr<ManagerReference> reference_;      // unlimited budget only
+  std::unique_ptr<EvictionReference> eviction_ref_;  // under a budget only
   model::TokenLog live_;  // what every cache holds: positions [0, offset)
   // The previous session: the tokens it stored and the offset it closed at.
   std::vector<int32_t> previous_stored_;
@@ -127,6 +139,7 @@ class RequestDriver {
   uint64_t digest_ = 0;
   RequestCoverage coverage_;
   std::string last_outcome_;
+  BeginReport last_report_;
 };
 
 }  // namespace kvtwin::sim

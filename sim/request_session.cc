@@ -71,6 +71,7 @@ class RequestDriver::Session {
     Result<BeginReport> begun = d_.manager_->Begin(plan_.inputs);
     if (!begun.ok()) return StatusIsOk(begun.status(), "Begin");
     report_ = *begun;
+    d_.last_report_ = report_;
     for (int64_t v : {report_.total, report_.matched, report_.cached, report_.left}) d_.Fold(v);
     d_.Fold(report_.free_all);
     d_.last_outcome_ = fmt::format("cached {}/{} matched {}{}", report_.cached, report_.total,
@@ -82,6 +83,10 @@ class RequestDriver::Session {
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
     if (Check c = CheckContinuation(want)) return c;
+    if (d_.reference_) {
+      const model::TokenLog inputs(stored_.begin(), stored_.begin() + len());
+      if (Check c = d_.reference_->Begin(inputs, pc(), report_)) return c;
+    }
     d_.CountChanges(before, d_.TakeCensus());
     Count();
     d_.coverage_.kv_gaps += !want.kv_chain;
@@ -154,7 +159,12 @@ class RequestDriver::Session {
     }
     if (Check c = CheckTrieStructure(pc().trie(), pc().active_path(), min_offset)) return c;
     if (Check c = CheckTrieSoundness(pc().trie(), d_.oracle_ptrs_, d_.synth_.seed())) return c;
-    return CheckEvictionBound(pc().trie(), pc().active_path(), budget_bytes_);
+    if (Check c = CheckEvictionBound(pc().trie(), pc().active_path(), budget_bytes_)) return c;
+    if (d_.eviction_ref_) {
+      d_.coverage_.eviction_passes = d_.eviction_ref_->passes();
+      return d_.eviction_ref_->TakeMismatch();
+    }
+    return std::nullopt;
   }
 
   void Count() {
@@ -169,7 +179,7 @@ class RequestDriver::Session {
     cov.retries += plan_.kind == RequestKind::kRetry;
     cov.user_offsets += !plan_.user_offsets.empty();
     cov.unscheduled += !plan_.schedule;
-    cov.speculative += plan_.speculation.step >= 0 && plan_.cancel_after_chunks < 0;
+    cov.speculative += plan_.speculation.step >= 0 && plan_.cancel_after_tokens < 0;
     cov.branch_points += !pc().pending().empty();
   }
 
@@ -191,12 +201,18 @@ class RequestDriver::Session {
         return c;
       }
       d_.Fold(pc().pending().size());
+      if (d_.reference_) {
+        d_.reference_->manager().SchedulePrefillSnapshots(requested);
+        if (Check c = d_.reference_->CheckPending(pc())) return c;
+      }
     }
-    cancelled_ = plan_.cancel_after_chunks >= 0;
+    cancelled_ = plan_.cancel_after_tokens >= 0;
     int64_t chunks = 0;
     for (int64_t pos = report_.cached; pos < len() - 1; ++chunks) {
-      if (cancelled_ && chunks == plan_.cancel_after_chunks) break;
-      const int64_t n = std::min(d_.options_.chunk, len() - 1 - pos);
+      const int64_t done = pos - report_.cached;
+      if (cancelled_ && done == plan_.cancel_after_tokens) break;
+      int64_t n = std::min(d_.options_.chunk, len() - 1 - pos);
+      if (cancelled_) n = std::min(n, plan_.cancel_after_tokens - done);
       phase_ = fmt::format("prefill chunk {} [{},{})", chunks, pos, pos + n);
       if (Check c = ForwardLive(pos, n)) return c;
       pos += n;
@@ -213,6 +229,10 @@ class RequestDriver::Session {
     }
     phase_ = "after AttachPrefillSnapshots";
     if (Check c = AfterEvictionPoint()) return c;
+    if (d_.reference_) {
+      d_.reference_->manager().AttachPrefillSnapshots();
+      if (Check c = d_.reference_->CheckTrie(pc(), "AttachPrefillSnapshots")) return c;
+    }
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
     d_.CountChanges(before, d_.TakeCensus());
     return std::nullopt;
@@ -238,6 +258,10 @@ class RequestDriver::Session {
       const auto first = plan_.outputs.begin() + i;
       const std::vector<int32_t> tokens(first, first + sampled);
       if (Check c = StatusIsOk(d_.manager_->AddOutputs(tokens), "AddOutputs")) return c;
+      if (d_.reference_) {
+        const auto at = stored_.begin() + len() + i;
+        d_.reference_->manager().AddOutputs(model::TokenLog(at, at + sampled));
+      }
       i += sampled;
     }
     return std::nullopt;
@@ -252,6 +276,10 @@ class RequestDriver::Session {
     if (Check c = StatusIsOk(d_.manager_->Close(), "Close")) return c;
     phase_ = "after Close";
     if (Check c = AfterEvictionPoint()) return c;
+    if (d_.reference_) {
+      d_.reference_->manager().Close();
+      if (Check c = d_.reference_->CheckTrie(pc(), "Close")) return c;
+    }
     const auto offset = static_cast<int64_t>(d_.live_.size());
     const int64_t end = pc().active_path().back()->end_offset();
     if (offset > 0 && end != offset) {
@@ -285,6 +313,15 @@ class RequestDriver::Session {
     }
     budget_bytes_ = std::max<int64_t>(1, budget_bytes_ / 2);
     d_.manager_->set_max_paged_out_bytes(budget_bytes_);
+    // A coarse clock (a server stamping time.Now() at low resolution): every other squeeze
+    // first rounds every age down to a multiple of 4, keeping the LRU order but making equal
+    // ages common, so the tie-breaks (deeper, larger, pre-order) decide real evictions.
+    if (plan_.index % 2 == 1) {
+      pc().trie().Walk([](TrieNode* n) {
+        const auto t = static_cast<uint64_t>(n->last_used());
+        n->set_last_used(Tick{t - t % 4});
+      });
+    }
     ++d_.steps_;
     d_.manager_->EnforceEvictionPolicy();
     if (Check c = AfterEvictionPoint()) return c;
@@ -308,6 +345,8 @@ class RequestDriver::Session {
     const std::span<const model::Token> tokens(stored_.data() + pos, static_cast<size_t>(n));
     if (Check c = Forward(tokens, nullptr)) return c;
     d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.end());
+    if (d_.reference_)
+      d_.reference_->manager().Forward(model::TokenLog(tokens.begin(), tokens.end()));
     return std::nullopt;
   }
 
@@ -326,6 +365,7 @@ class RequestDriver::Session {
     if (Check c = Forward(tokens, &*s)) return c;
     s->Commit(spec.accepted + 1);
     d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.begin() + 1 + spec.accepted);
+    if (d_.reference_) d_.reference_->manager().CommitSpeculation(tokens, spec.accepted + 1);
     return std::nullopt;
   }
 

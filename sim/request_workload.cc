@@ -58,7 +58,7 @@ std::string RequestPlan::ToString() const {
   if (dropped > 0) s += fmt::format(" dropped {}", dropped);
   if (!user_offsets.empty()) s += fmt::format(" user {}", fmt::join(user_offsets, ","));
   if (!schedule) s += " unscheduled";
-  if (cancel_after_chunks >= 0) s += fmt::format(" cancel after {} chunks", cancel_after_chunks);
+  if (cancel_after_tokens >= 0) s += fmt::format(" cancel after {} tokens", cancel_after_tokens);
   if (speculation.step >= 0) {
     s += fmt::format(" spec(step {} accept {} reject {})", speculation.step, speculation.accepted,
                      speculation.rejected.size());
@@ -92,7 +92,7 @@ RequestPlan RequestWorkload::Next() {
   FillInputs(plan, c);
   plan.outputs = Tokens(rng_.Range(1, kOutputsMax));
   AddDecoration(plan);
-  const bool cancelled = plan.cancel_after_chunks >= 0;
+  const bool cancelled = plan.cancel_after_tokens >= 0;
   c.started = true;
   c.cancelled = cancelled;
   c.inputs = plan.inputs;
@@ -155,7 +155,7 @@ void RequestWorkload::AddDecoration(RequestPlan& plan) {
     plan.budget_pct = scales[rng_.Below(4)];
   }
   if (rng_.Chance(options_.cancel_pct, 100)) {
-    plan.cancel_after_chunks = rng_.Range(0, 3);
+    plan.cancel_after_tokens = rng_.Range(0, 16);
     return;  // no decode, so no speculation
   }
   // Decode forwards F = [seed, g1 .. g(n-1)]; a step at i may accept up to n-1-i drafts.

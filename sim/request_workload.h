@@ -44,8 +44,10 @@ struct RequestPlan {
   std::vector<int32_t> outputs;  // every sampled token (>= 1); the last is never forwarded
   int64_t dropped = 0;           // kExtend: tokens of the last response left out
   std::vector<int64_t> user_offsets;
-  bool schedule = true;              // call SchedulePrefillSnapshots at all
-  int64_t cancel_after_chunks = -1;  // >= 0: close after that many prefill chunks
+  bool schedule = true;  // call SchedulePrefillSnapshots at all
+  // >= 0: cancel once that many prefill tokens were forwarded (the last chunk is cut to
+  // fit; 0 = before the first chunk) and close without attach or decode.
+  int64_t cancel_after_tokens = -1;
   SpeculativeStep speculation;
   // Memory pressure: the eviction budget for this request, in percent of the run's budget
   // (a server whose headroom changes between requests).

@@ -345,9 +345,10 @@ void PrefixCache::EnforceEvictionPolicy() {
   // Read once for the whole pass (spec); eviction never changes the active path anyway.
   // Membership only: pointer order never reaches the choice, which follows the walk.
   const std::set<const TrieNode*> active(active_path_.begin(), active_path_.end());
+  if (eviction_hook_) eviction_hook_(false);
   while (trie_.paged_out_bytes() > options_.max_paged_out_bytes) {
     TrieNode* victim = PickVictim(active);
-    if (victim == nullptr) return;  // may stay over budget
+    if (victim == nullptr) break;  // may stay over budget
     if (victim->num_children() == 0) {
       trie_.RemoveNode(victim);
     } else {
@@ -355,6 +356,7 @@ void PrefixCache::EnforceEvictionPolicy() {
       trie_.MergeWithChild(victim);
     }
   }
+  if (eviction_hook_) eviction_hook_(true);
 }
 
 TrieNode* PrefixCache::PickVictim(const std::set<const TrieNode*>& active) const {

@@ -24,9 +24,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/cache.h"
@@ -90,6 +92,11 @@ class PrefixCache {
   // Tests and drivers may age nodes (trie().Walk + set_last_used) or change the budget
   // between sessions; a new budget takes effect at the next eviction pass.
   void set_max_paged_out_bytes(int64_t bytes) { options_.max_paged_out_bytes = bytes; }
+  // Observer of eviction passes that evict (the counter is over budget when they begin),
+  // for checkers and logs: called with ended = false before the first victim is picked and
+  // with ended = true after the last. It must not change the manager. Empty = none.
+  using EvictionHook = std::function<void(bool ended)>;
+  void set_eviction_hook(EvictionHook hook) { eviction_hook_ = std::move(hook); }
   // Pending capture offsets of the open session (ascending) and whether each is a user
   // point; for checkers.
   struct Pending {
@@ -129,6 +136,7 @@ class PrefixCache {
   std::vector<int32_t> inputs_;
   std::vector<int32_t> outputs_;
   std::vector<Pending> pending_;
+  EvictionHook eviction_hook_;
 };
 
 }  // namespace kvtwin

@@ -128,7 +128,7 @@ inline void GenDecoration(const RequestModel& m, RequestPlan& plan) {
   // A server whose headroom changes between requests (ignored with an unlimited budget).
   if (Chance(10)) plan.budget_pct = Chance(50) ? 200 : 25;
   if (Chance(15)) {
-    plan.cancel_after_chunks = Pick<int64_t>(0, 3);
+    plan.cancel_after_tokens = Pick<int64_t>(0, 16);
     return;  // no decode, so no speculation
   }
   if (plan.outputs.size() >= 2 && Chance(33)) GenSpeculation(m, plan);
@@ -189,7 +189,7 @@ struct RequestCommand : rc::state::Command<RequestModel, RequestSut> {
     }
     // A cancelled request stores its prompt only: the next one may retry it.
     Conversation& c = m.conversations[static_cast<size_t>(plan.conversation)];
-    c.cancelled = plan.cancel_after_chunks >= 0;
+    c.cancelled = plan.cancel_after_tokens >= 0;
     c.inputs = plan.inputs;
     c.outputs = c.cancelled ? std::vector<int32_t>{} : plan.outputs;
     m.recent = plan.conversation;

@@ -1,0 +1,45 @@
+#include "sim/eviction_reference.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "model/ref_eviction.h"
+#include "sim/trie_mirror.h"
+
+namespace kvtwin::sim {
+
+EvictionReference::EvictionReference(PrefixCache& manager) : manager_(manager) {
+  manager_.set_eviction_hook([this](bool ended) { OnPass(ended); });
+}
+
+EvictionReference::~EvictionReference() { manager_.set_eviction_hook(nullptr); }
+
+Check EvictionReference::TakeMismatch() { return std::exchange(mismatch_, std::nullopt); }
+
+void EvictionReference::OnPass(bool ended) {
+  if (!ended) {
+    ++passes_;
+    budget_ = manager_.options().max_paged_out_bytes;
+    TrieMirror m = MirrorTrie(manager_.trie(), manager_.active_path());
+    const std::vector<model::RefEviction> evictions =
+        model::RefEvictionPass(*m.root, m.active, budget_);
+    evictions_ += static_cast<int64_t>(evictions.size());
+    victims_.clear();
+    for (const model::RefEviction& e : evictions) {
+      victims_ += (victims_.empty() ? "" : ", ") + e.ToString();
+    }
+    expected_ = model::RenderRefTrie(*m.root, /*with_bytes=*/true, /*raw_ticks=*/true);
+    return;
+  }
+  const TrieMirror got = MirrorTrie(manager_.trie(), manager_.active_path());
+  const std::string actual =
+      model::RenderRefTrie(*got.root, /*with_bytes=*/true, /*raw_ticks=*/true);
+  if (mismatch_ || actual == expected_) return;
+  mismatch_ = Mismatch{fmt::format("trie after eviction pass #{} under budget {} B, {}", passes_,
+                                   budget_, model::FirstDifference(expected_, actual)),
+                       "the reference pass's victims: " + (victims_.empty() ? "none" : victims_),
+                       "a different trie (the line above)"};
+}
+
+}  // namespace kvtwin::sim

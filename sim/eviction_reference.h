@@ -1,0 +1,46 @@
+// EvictionReference: checks every eviction pass of a PrefixCache against the reference
+// pass (model/ref_eviction.h), where the policy has no latitude: when a pass that evicts
+// begins, the production trie is mirrored (sizes included) and the reference pass runs on
+// the mirror; when it ends, the production trie must equal the reference result: same
+// victims in effect (removed leaves, merges into the only child), same counter, same LRU
+// order, same slots. Sizes are the production's own, an input of the policy; their sum is
+// checked against the counter by CheckTrieStructure.
+//
+// It installs itself as the manager's eviction hook; the first disagreement is kept until
+// TakeMismatch. The manager must outlive it, and it must outlive the hook's use.
+// Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "sim/checks.h"
+#include "src/prefix_cache.h"
+
+namespace kvtwin::sim {
+
+class EvictionReference {
+ public:
+  explicit EvictionReference(PrefixCache& manager);
+  ~EvictionReference();
+  EvictionReference(const EvictionReference&) = delete;
+  EvictionReference& operator=(const EvictionReference&) = delete;
+
+  // The first pass that disagreed since the last call, if any.
+  Check TakeMismatch();
+  int64_t passes() const { return passes_; }
+  int64_t evictions() const { return evictions_; }
+
+ private:
+  void OnPass(bool ended);
+
+  PrefixCache& manager_;
+  int64_t budget_ = 0;
+  std::string expected_;  // the reference result of the pass under way
+  std::string victims_;   // its evictions, for the report
+  Check mismatch_;
+  int64_t passes_ = 0, evictions_ = 0;
+};
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,67 @@
+#include "sim/manager_reference.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "sim/trie_mirror.h"
+
+namespace kvtwin::sim {
+namespace {
+
+std::string Outcome(int64_t matched, int64_t cached, int64_t left, bool free_all) {
+  return fmt::format("matched {} cached {} left {}{}", matched, cached, left,
+                     free_all ? " after free-all" : "");
+}
+
+template <typename PendingList>
+std::string RenderPending(const PendingList& pending) {
+  std::string s;
+  for (const auto& p : pending)
+    s += fmt::format("{}{}{}", s.empty() ? "" : " ", p.offset, p.user ? "u" : "");
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+ManagerReference::ManagerReference(std::vector<std::optional<model::RefCache>> caches)
+    : ref_(std::move(caches)) {}
+
+Check ManagerReference::Begin(const model::TokenLog& inputs, const PrefixCache& pc,
+                              const BeginReport& got) {
+  const model::RefBeginReport want = ref_.Begin(inputs);
+  if (want.total != got.total || want.matched != got.matched || want.cached != got.cached ||
+      want.left != got.left || want.free_all != got.free_all) {
+    return Mismatch{"Begin report against the reference manager",
+                    Outcome(want.matched, want.cached, want.left, want.free_all),
+                    Outcome(got.matched, got.cached, got.left, got.free_all)};
+  }
+  if (Check c = CheckPending(pc)) return c;
+  return CheckTrie(pc, "Begin");
+}
+
+Check ManagerReference::CheckPending(const PrefixCache& pc) const {
+  const std::string want = RenderPending(ref_.pending());
+  const std::string got = RenderPending(pc.pending());
+  if (want == got) return std::nullopt;
+  return Mismatch{"pending capture offsets (u = user point)", want, got};
+}
+
+Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) const {
+  const TrieMirror got = MirrorTrie(pc.trie(), pc.active_path());
+  const std::string want_text = model::RenderRefTrie(ref_.root(), /*with_bytes=*/false);
+  const std::string got_text = model::RenderRefTrie(*got.root, /*with_bytes=*/false);
+  if (want_text != got_text) {
+    return Mismatch{fmt::format("trie after {} at an unlimited budget, {}", after,
+                                model::FirstDifference(want_text, got_text)),
+                    "the reference manager's trie", "a different trie (the line above)"};
+  }
+  const std::vector<const model::RefNode*> want_path(ref_.active_path().begin(),
+                                                     ref_.active_path().end());
+  const std::string want = RenderPath(want_path);
+  const std::string have = RenderPath(got.active);
+  if (want == have && got.active.size() == pc.active_path().size()) return std::nullopt;
+  return Mismatch{fmt::format("active path after {}", after), want, have};
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,40 @@
+// ManagerReference: the reference manager (model/ref_prefix_cache.h) run in lock step with
+// a production PrefixCache at an unlimited budget, where the policy has no latitude. The
+// request driver makes the same session calls and forwards on both; after each session
+// call the production trie (mirrored, sim/trie_mirror.h) must render exactly as the
+// reference trie (edges, offsets, child order, user flags, LRU order, slot kinds and
+// ranges), the active paths must name the same ranges, and Begin must report the same
+// outcome. Snapshot contents are judged separately (CheckTrieSoundness).
+// Single-threaded.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/ref_prefix_cache.h"
+#include "sim/checks.h"
+#include "src/prefix_cache.h"
+
+namespace kvtwin::sim {
+
+class ManagerReference {
+ public:
+  // `caches`: one empty reference cache per manager cache (nullopt for a stateless hole).
+  explicit ManagerReference(std::vector<std::optional<model::RefCache>> caches);
+
+  model::RefPrefixCache& manager() { return ref_; }
+  // Runs the reference Begin on `inputs` (production's Begin already ran and reported
+  // `got`) and compares the report, the pending branch point, the trie and the active path.
+  Check Begin(const model::TokenLog& inputs, const PrefixCache& pc, const BeginReport& got);
+  // After SchedulePrefillSnapshots: the pending offsets and their user flags.
+  Check CheckPending(const PrefixCache& pc) const;
+  // The trie and the active path, after any session call; `after` names the call.
+  Check CheckTrie(const PrefixCache& pc, const char* after) const;
+
+ private:
+  model::RefPrefixCache ref_;
+};
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,30 @@
+// A production trie seen as a model::RefNode tree, so the reference eviction pass can run
+// on it and RenderRefTrie can compare it with the reference manager: edges (keys as token
+// ids), ends, user flags, last_used ticks, and one slot per layer carrying the snapshot's
+// kind, range and SizeBytes (no token contents: CheckTrieSoundness judges those).
+// Reads the trie only. Single-threaded.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/ref_trie.h"
+#include "src/prefix_trie.h"
+
+namespace kvtwin::sim {
+
+struct TrieMirror {
+  std::unique_ptr<model::RefNode> root;
+  // The active path's nodes in the mirror; an entry that is not a node of the trie (a
+  // broken manager) is left out, for the structure check to report.
+  std::vector<const model::RefNode*> active;
+};
+
+TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path);
+
+// "[0,5) [5,9)": the ranges of a path after the root, for comparing active paths.
+std::string RenderPath(std::span<const model::RefNode* const> path);
+
+}  // namespace kvtwin::sim
