@@ -14,6 +14,29 @@ Status OutOfRange(const char* flag, int64_t value, int64_t lo, int64_t hi) {
   return InvalidArgument(fmt::format("{} must be in {}..{}, got {}", flag, lo, hi, value));
 }
 
+// Swarm testing at the request level: the seed picks the stack and the memory pressure, so
+// some runs evict constantly and others never do. Returns every derived option.
+std::string SwarmStack(RequestOptions& o) {
+  Rng rng = Rng::Derive(o.seed, "swarm-stack");
+  const auto& presets = PresetNames();
+  o.preset = presets[static_cast<size_t>(rng.Below(presets.size()))];
+  o.layers = static_cast<int32_t>(rng.Range(1, 5));
+  const int64_t windows[] = {1, 2, 3, 4, 8};
+  o.window = windows[rng.Below(5)];
+  o.dtype = rng.Chance(1, 2) ? "f32" : "bf16";
+  const int64_t budgets[] = {0, 0, 300, 1500, 6000, 30000};
+  o.budget_bytes = budgets[rng.Below(6)];
+  o.chunk = rng.Range(1, 9);
+  const int64_t intervals[] = {0, 4, 8, 16};
+  o.capture_interval = intervals[rng.Below(4)];
+  o.pre_thinking = rng.Range(0, 5);
+  return fmt::format(
+      "preset {} layers {} window {} dtype {} budget {} chunk {} interval {} "
+      "pre-thinking {}",
+      o.preset, o.layers, o.window, o.dtype, o.budget_bytes, o.chunk, o.capture_interval,
+      o.pre_thinking);
+}
+
 }  // namespace
 
 Status ValidateRequestOptions(const RequestOptions& o) {
@@ -44,6 +67,10 @@ Status ValidateRequestOptions(const RequestOptions& o) {
 }
 
 std::string RequestsReproduceCommand(const RequestOptions& o) {
+  if (o.swarm) {
+    return fmt::format("kvtwin requests --swarm --seeds {}..{} --conversations {} --requests {}",
+                       o.seed, o.seed, o.conversations, o.requests);
+  }
   return fmt::format(
       "kvtwin requests --seeds {}..{} --preset {} --layers {} --window {} --dtype {} "
       "--conversations {} --requests {} --budget {} --chunk {} --interval {} "
@@ -52,7 +79,10 @@ std::string RequestsReproduceCommand(const RequestOptions& o) {
       o.budget_bytes, o.chunk, o.capture_interval, o.pre_thinking);
 }
 
-RequestResult RunRequests(const RequestOptions& options) {
+RequestResult RunRequests(const RequestOptions& given, Trace* record) {
+  RequestOptions options = given;
+  std::string derived;
+  if (options.swarm) derived = SwarmStack(options);
   const Status valid = ValidateRequestOptions(options);
   KV_CHECK(valid.ok(), valid.ToString());
   StackConfig config =
@@ -61,7 +91,8 @@ RequestResult RunRequests(const RequestOptions& options) {
   RequestResult result;
   result.seed = options.seed;
   result.stack = config.Describe();
-  result.reproduce = RequestsReproduceCommand(options);
+  result.reproduce = RequestsReproduceCommand(given);
+  result.derived = derived;
   const RequestDriverOptions driver_options{options.budget_bytes, options.chunk,
                                             options.capture_interval, options.pre_thinking};
   RequestDriver driver(std::move(config), driver_options,
@@ -70,8 +101,16 @@ RequestResult RunRequests(const RequestOptions& options) {
   const WorkloadOptions mix = WorkloadOptions::Swarm(swarm, options.conversations);
   result.mix = mix.ToString();
   RequestWorkload workload(Rng::Derive(options.seed, "requests"), mix);
+  if (record != nullptr) {
+    record->header = TraceHeader{TraceKind::kRequests, options.seed,    options.preset,
+                                 options.layers,       options.window,  options.dtype,
+                                 options.budget_bytes, options.chunk,   options.capture_interval,
+                                 options.pre_thinking, result.reproduce};
+    record->events.clear();
+  }
   for (int64_t i = 0; i < options.requests; ++i) {
     const RequestPlan plan = workload.Next();
+    if (record != nullptr) record->events.emplace_back(plan);
     ++result.requests;
     result.divergence = driver.Run(plan);
     result.recent.push_back(plan.ToString() + " -> " + driver.last_outcome());

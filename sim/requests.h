@@ -10,6 +10,7 @@
 #include <string>
 
 #include "sim/request_driver.h"
+#include "sim/trace.h"
 
 namespace kvtwin::sim {
 
@@ -25,12 +26,16 @@ struct RequestOptions {
   int64_t capture_interval = 8;  // periodic prefill captures; 0 = none
   int64_t pre_thinking = 4;      // a capture at len - pre_thinking; 0 = none
   uint64_t seed = 1;
+  // The seed also chooses the stack (preset, layers, window, dtype) and the budget, from
+  // unlimited down to a few snapshots' worth (constant eviction); reported in the result.
+  bool swarm = false;
 };
 
 struct RequestResult {
   uint64_t seed = 0;
   std::string stack;     // StackConfig::Describe()
   std::string mix;       // the seed's workload mix (WorkloadOptions::ToString())
+  std::string derived;   // every option the seed derived in swarm mode (else empty)
   int64_t requests = 0;  // requests run (the failing one included)
   int64_t steps = 0;     // session calls and forwards
   uint64_t digest = 0;
@@ -44,8 +49,9 @@ struct RequestResult {
 
 // InvalidArgument naming the field (its CLI flag) for an impossible option.
 Status ValidateRequestOptions(const RequestOptions& options);
-// REQUIRES: ValidateRequestOptions(options).ok().
-RequestResult RunRequests(const RequestOptions& options);
+// REQUIRES: ValidateRequestOptions(options).ok(). With `record`, the run is also kept as a
+// request trace that replays to the same digest.
+RequestResult RunRequests(const RequestOptions& options, Trace* record = nullptr);
 // The `kvtwin requests` command line that reproduces RunRequests(options).
 std::string RequestsReproduceCommand(const RequestOptions& options);
 

@@ -50,7 +50,7 @@ std::string ReproduceCommand(const RunOptions& options, uint64_t seed) {
       seed, seed, options.preset, options.layers, options.window, options.dtype, options.steps);
 }
 
-RunResult RunSeed(const RunOptions& given, uint64_t seed) {
+RunResult RunSeed(const RunOptions& given, uint64_t seed, Trace* record) {
   RunOptions options = given;
   OpWeights weights;
   if (options.swarm) {
@@ -67,10 +67,22 @@ RunResult RunSeed(const RunOptions& given, uint64_t seed) {
   result.stack = config.Describe();
   result.weights = weights.ToString();
   result.reproduce = ReproduceCommand(given, seed);
+  if (record != nullptr) {
+    record->header = TraceHeader{};
+    record->header.kind = TraceKind::kOps;
+    record->header.seed = seed;
+    record->header.preset = options.preset;
+    record->header.layers = options.layers;
+    record->header.window = options.window;
+    record->header.dtype = options.dtype;
+    record->header.source = result.reproduce;
+    record->events.clear();
+  }
   LockstepDriver driver(std::move(config), Rng::Derive(seed, "values").Next());
   OpGenerator generator(Rng::Derive(seed, "ops"), weights);
   for (int64_t i = 0; i < options.steps; ++i) {
     const Op op = generator.Next(driver);
+    if (record != nullptr) record->events.emplace_back(op);
     result.recent_ops.push_back(op.ToString());
     if (result.recent_ops.size() > kRecentOps) result.recent_ops.pop_front();
     if (auto d = driver.Apply(op)) {

@@ -13,6 +13,7 @@
 #include "sim/generator.h"
 #include "sim/lockstep.h"
 #include "sim/stack.h"
+#include "sim/trace.h"
 
 namespace kvtwin::sim {
 
@@ -38,8 +39,9 @@ struct RunResult {
 
 // Checks the options (InvalidArgument naming the field) without running anything.
 Status ValidateRunOptions(const RunOptions& options);
-// REQUIRES: ValidateRunOptions(options).ok().
-RunResult RunSeed(const RunOptions& options, uint64_t seed);
+// REQUIRES: ValidateRunOptions(options).ok(). With `record`, the run is also kept as an op
+// trace (header with the derived stack, every op applied) that replays to the same digest.
+RunResult RunSeed(const RunOptions& options, uint64_t seed, Trace* record = nullptr);
 // The `kvtwin sweep` command line that reproduces RunSeed(options, seed).
 std::string ReproduceCommand(const RunOptions& options, uint64_t seed);
 

@@ -1,0 +1,111 @@
+// The kvtwin command line (main.cc wires CLI11 to these). Exit codes (STYLE §5.7): 0 pass,
+// 1 divergence, 2 usage or input error (one line "kvtwin: FILE:LINE: /pointer: reason" or
+// "kvtwin: --flag: reason", nothing written), 130 interrupted (after a valid partial
+// summary), 134 a KV_CHECK abort (after the reproduce line). Every failure ends with a
+// one-line reproduce command. Progress goes to stderr, only when it is a terminal.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/replay.h"
+#include "sim/report.h"
+#include "sim/requests.h"
+#include "sim/run.h"
+
+namespace kvtwin::cli {
+
+struct SeedRange {
+  uint64_t first = 0, last = 0;
+};
+// "A..B" or "A" -> an inclusive range; false on anything else.
+bool ParseSeeds(const std::string& text, SeedRange& out);
+bool ParseU64(const std::string& text, uint64_t& out);
+// Prints "kvtwin: <message>" to stderr; returns 2.
+int Usage(const std::string& message);
+// Writes through a temporary name and a rename: a reader never sees half a file.
+bool WriteWhole(const std::string& path, const std::string& text);
+// A KV_CHECK abort (exit 134) prints "reproduce: <command>" first.
+void ArmAbortReproduce(const std::string& command);
+
+// SIGINT sets the flag; long loops stop after the current unit and summarize.
+void InstallInterruptHandler();
+const std::atomic<bool>& Interrupted();
+
+// A progress line on stderr ("\r<what> N") when stderr is a terminal; quiet otherwise.
+class Progress {
+ public:
+  explicit Progress(std::string what);
+  ~Progress();  // ends the line
+  void Update(int64_t done);
+
+ private:
+  std::string what_;
+  bool tty_ = false;
+  int64_t shown_ = -1;
+};
+
+// Machine outputs shared by the commands that run cases.
+struct ReportFlags {
+  std::string json, junit;
+  // Writes the requested reports; false (after a message) when one cannot be written.
+  bool Write(const std::string& command, const std::vector<sim::CaseReport>& cases) const;
+};
+
+struct RequestsFlags {
+  std::string seeds = "1..20";
+  std::string dot;
+  std::string save;  // write the last seed's run as a trace
+  bool dump = false;
+};
+
+struct SweepFlags {
+  std::string seeds = "1..100", shard;
+  std::string save_failing;  // directory for the failing seed's trace
+  ReportFlags reports;
+};
+
+struct ReplayFlags {
+  std::vector<std::string> files;
+  sim::ReplayOptions options;
+  ReportFlags reports;
+  bool quiet = false;
+};
+
+struct GenFlags {
+  std::string kind = "requests";  // requests | ops
+  uint64_t seed = 1;
+  std::string out;
+  sim::RequestOptions requests;
+  sim::RunOptions ops;
+};
+
+struct ShrinkFlags {
+  std::string in, out, name = "minimized";
+  int64_t max_replays = 20000;
+};
+
+struct ExplainFlags {
+  std::string file, dot;
+  int64_t at = 0;
+  sim::ReplayOptions options;
+};
+
+struct ImportFlags {
+  std::string in, out;
+  sim::MooncakeOptions mooncake;
+  sim::TraceHeader setup;
+};
+
+int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps);
+int Sweep(const sim::RunOptions& options, const SweepFlags& flags);
+int Requests(sim::RequestOptions options, const RequestsFlags& flags);
+int Replay(const ReplayFlags& flags);
+int Gen(const GenFlags& flags);
+int Import(const ImportFlags& flags);
+int Shrink(const ShrinkFlags& flags);
+int Explain(const ExplainFlags& flags);
+
+}  // namespace kvtwin::cli

@@ -1,0 +1,256 @@
+// The seeded commands: `run` (the bundled job), `sweep` (op-level seeds) and `requests`
+// (request-level seeds).
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "sim/cli.h"
+
+namespace kvtwin::cli {
+namespace {
+
+using sim::RunOptions;
+using sim::RunResult;
+
+sim::CaseReport SeedCase(const RunResult& r) {
+  sim::CaseReport c;
+  c.name = fmt::format("seed {}", r.seed);
+  c.verdict = r.divergence ? "divergence" : "pass";
+  if (r.divergence) {
+    c.kind = sim::DivergenceKind(r.divergence->mismatch.what);
+    c.detail = r.divergence->ToString();
+  }
+  c.reproduce = r.reproduce;
+  c.steps = r.steps;
+  c.digest = r.digest;
+  return c;
+}
+
+void PrintSeedFailure(const RunResult& r) {
+  fmt::print("FAIL seed {}: {}\n  ops: {}\n", r.seed, r.stack, r.weights);
+  fmt::print("{}\n  last ops:\n", r.divergence->ToString());
+  for (const std::string& op : r.recent_ops) fmt::print("    {}\n", op);
+  fmt::print("reproduce: {}\n", r.reproduce);
+}
+
+// Runs one seed; on divergence prints the report and returns false.
+bool RunOne(const RunOptions& options, uint64_t seed, uint64_t& runs, uint64_t& steps) {
+  const RunResult r = sim::RunSeed(options, seed);
+  ++runs;
+  steps += static_cast<uint64_t>(r.steps);
+  if (!r.divergence) return true;
+  PrintSeedFailure(r);
+  return false;
+}
+
+void PrintRequestFailure(const sim::RequestResult& r) {
+  fmt::print("FAIL seed {}: {}\n  mix: {}\n{}{}\n  last requests:\n", r.seed, r.stack, r.mix,
+             r.derived.empty() ? "" : "  derived: " + r.derived + "\n", r.divergence->ToString());
+  for (const std::string& line : r.recent) fmt::print("    {}\n", line);
+  fmt::print("  trie:\n{}reproduce: {}\n", r.trie_dump, r.reproduce);
+}
+
+// The request-level part of the bundled job: every preset, unlimited and tight budgets.
+bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& runs,
+                        uint64_t& requests) {
+  for (const std::string& preset : sim::PresetNames()) {
+    for (const int64_t budget : {int64_t{0}, int64_t{6000}}) {
+      sim::RequestOptions options;
+      options.preset = preset;
+      options.budget_bytes = budget;
+      for (int64_t i = 0; i < seeds_per_config; ++i) {
+        options.seed = root_seed + static_cast<uint64_t>(i);
+        ArmAbortReproduce(sim::RequestsReproduceCommand(options));
+        const sim::RequestResult r = sim::RunRequests(options);
+        ++runs;
+        requests += static_cast<uint64_t>(r.requests);
+        if (r.divergence) {
+          PrintRequestFailure(r);
+          return false;
+        }
+      }
+      fmt::print("  requests {:<9} budget {:<5} {} seeds x {} requests: pass\n", preset, budget,
+                 seeds_per_config, options.requests);
+      std::fflush(stdout);
+    }
+  }
+  return true;
+}
+
+// The bundled traces: traces/workloads (generated workloads and the down-sampled Mooncake
+// trace) and traces/regress (minimized bugs), in name order.
+bool RunBundledTraces(uint64_t& files, uint64_t& events) {
+  namespace fs = std::filesystem;
+  for (const char* folder : {"workloads", "regress"}) {
+    const fs::path dir = fs::path(KVTWIN_TRACES_DIR) / folder;
+    std::vector<fs::path> paths;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.path().extension() == ".jsonl") paths.push_back(entry.path());
+    }
+    std::sort(paths.begin(), paths.end());
+    for (const fs::path& p : paths) {
+      sim::ReplayOptions options;
+      options.interrupted = &Interrupted();
+      ArmAbortReproduce(sim::ReplayCommand(p.string(), options));
+      const sim::ReplayResult r = sim::ReplayFile(p.string(), options);
+      ++files;
+      events += static_cast<uint64_t>(r.events);
+      if (!r.passed()) {
+        fmt::print("FAIL {}: {}\n{}{}\nreproduce: {}\n", p.string(), r.verdict(),
+                   r.input_error ? r.input_error->message() : "", r.divergence.value_or(""),
+                   sim::ReplayCommand(p.string(), options));
+        return false;
+      }
+      fmt::print("  trace {:<40} {} events: pass\n",
+                 fmt::format("{}/{}", folder, p.filename().string()), r.events);
+      std::fflush(stdout);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
+  fmt::print("kvtwin run: root seed {}\n", root_seed);
+  std::fflush(stdout);
+  uint64_t runs = 0, total_steps = 0;
+  for (const std::string& preset : sim::PresetNames()) {
+    for (const char* dtype : {"f32", "bf16"}) {
+      RunOptions options{preset, 4, 4, dtype, steps, false};
+      for (int64_t i = 0; i < seeds_per_config; ++i) {
+        if (!RunOne(options, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
+      }
+      fmt::print("  {:<9} {:<4} {} seeds x {} steps: pass\n", preset, dtype, seeds_per_config,
+                 steps);
+    }
+  }
+  RunOptions swarm;
+  swarm.swarm = true;
+  swarm.steps = steps;
+  for (int64_t i = 0; i < 4 * seeds_per_config; ++i) {
+    if (!RunOne(swarm, root_seed + 1000 + static_cast<uint64_t>(i), runs, total_steps)) return 1;
+  }
+  fmt::print("  swarm          {} seeds x {} steps: pass\n", 4 * seeds_per_config, steps);
+  uint64_t request_runs = 0, requests = 0;
+  if (!RunBundledRequests(root_seed, seeds_per_config, request_runs, requests)) return 1;
+  uint64_t trace_files = 0, trace_events = 0;
+  if (!RunBundledTraces(trace_files, trace_events)) return 1;
+  fmt::print(
+      "PASS: {} runs, {} steps, {} request runs, {} requests, {} traces, {} trace events, no "
+      "divergence\n",
+      runs, total_steps, request_runs, requests, trace_files, trace_events);
+  return 0;
+}
+
+int Sweep(const RunOptions& options, const SweepFlags& flags) {
+  SeedRange seeds;
+  if (!ParseSeeds(flags.seeds, seeds))
+    return Usage("--seeds: expected A..B with A <= B, got '" + flags.seeds + "'");
+  uint64_t shard_index = 0, shard_count = 1;
+  if (!flags.shard.empty()) {
+    const std::string& shard = flags.shard;
+    const size_t slash = shard.find('/');
+    if (slash == std::string::npos || !ParseU64(shard.substr(0, slash), shard_index) ||
+        !ParseU64(shard.substr(slash + 1), shard_count) || shard_count == 0 ||
+        shard_index >= shard_count) {
+      return Usage("--shard: expected i/n with 0 <= i < n, got '" + shard + "'");
+    }
+  }
+  if (Status s = sim::ValidateRunOptions(options); !s.ok()) return Usage(s.message());
+  if (!flags.save_failing.empty() && !std::filesystem::is_directory(flags.save_failing)) {
+    return Usage("--save-failing: '" + flags.save_failing + "' is not a directory");
+  }
+  fmt::print("kvtwin sweep: seeds {}..{} shard {}/{}\n", seeds.first, seeds.last, shard_index,
+             shard_count);
+  std::fflush(stdout);
+  Progress progress("sweep: seeds done");
+  std::vector<sim::CaseReport> cases;
+  uint64_t runs = 0, steps = 0;
+  int code = 0;
+  for (uint64_t seed = seeds.first;; ++seed) {
+    if (Interrupted().load()) {
+      code = 130;
+      break;
+    }
+    if (seed % shard_count == shard_index) {
+      ArmAbortReproduce(sim::ReproduceCommand(options, seed));
+      sim::Trace trace;
+      const RunResult r =
+          sim::RunSeed(options, seed, flags.save_failing.empty() ? nullptr : &trace);
+      ++runs;
+      steps += static_cast<uint64_t>(r.steps);
+      cases.push_back(SeedCase(r));
+      progress.Update(static_cast<int64_t>(runs));
+      if (r.divergence) {
+        PrintSeedFailure(r);
+        if (!flags.save_failing.empty()) {
+          const std::string path = fmt::format("{}/seed-{}.jsonl", flags.save_failing, seed);
+          const Status s = sim::WriteTrace(path, trace);
+          if (!s.ok()) return Usage("--save-failing: " + s.message());
+          fmt::print("trace: {}\nshrink: kvtwin shrink {} -o {}\n", path, path,
+                     fmt::format("{}/seed-{}.min.jsonl", flags.save_failing, seed));
+        }
+        code = 1;
+        break;
+      }
+    }
+    if (seed == seeds.last) break;
+  }
+  if (!flags.reports.Write("sweep", cases)) return 2;
+  if (code == 130) {
+    fmt::print("INTERRUPTED: {} runs, {} steps, no divergence so far\n", runs, steps);
+  } else if (code == 0) {
+    fmt::print("PASS: {} runs, {} steps, no divergence\ndigest: {:016x}\n", runs, steps,
+               sim::RunDigest(cases));
+  }
+  return code;
+}
+
+int Requests(sim::RequestOptions options, const RequestsFlags& flags) {
+  SeedRange seeds;
+  if (!ParseSeeds(flags.seeds, seeds))
+    return Usage("--seeds: expected A..B with A <= B, got '" + flags.seeds + "'");
+  options.seed = seeds.first;
+  if (Status s = sim::ValidateRequestOptions(options); !s.ok()) return Usage(s.message());
+  fmt::print("kvtwin requests: seeds {}..{}\n", seeds.first, seeds.last);
+  std::fflush(stdout);  // before a possible KV_CHECK abort
+  uint64_t runs = 0, requests = 0, digest = 0;
+  sim::RequestCoverage coverage;
+  sim::RequestResult r;
+  sim::Trace trace;
+  for (uint64_t seed = seeds.first;; ++seed) {
+    options.seed = seed;
+    ArmAbortReproduce(sim::RequestsReproduceCommand(options));
+    r = sim::RunRequests(options, flags.save.empty() ? nullptr : &trace);
+    ++runs;
+    requests += static_cast<uint64_t>(r.requests);
+    coverage += r.coverage;
+    digest = (digest ^ r.digest) * 0x100000001b3u;  // FNV-style fold, order-sensitive
+    if (!r.derived.empty()) fmt::print("  seed {}: {}\n", seed, r.derived);
+    if (r.divergence || seed == seeds.last || Interrupted().load()) break;
+  }
+  if (flags.dump) fmt::print("final trie (seed {}):\n{}", r.seed, r.trie_dump);
+  if (!flags.dot.empty() && !WriteWhole(flags.dot, r.trie_dot)) {
+    return Usage("--dot: cannot write '" + flags.dot + "'");
+  }
+  if (!flags.save.empty()) {
+    if (Status s = sim::WriteTrace(flags.save, trace); !s.ok())
+      return Usage("--save: " + s.message());
+  }
+  if (r.divergence) {
+    PrintRequestFailure(r);
+    return 1;
+  }
+  fmt::print("coverage: {}\ndigest: {:016x}\n", coverage.ToString(), digest);
+  if (Interrupted().load()) {
+    fmt::print("INTERRUPTED: {} runs, {} requests, no divergence so far\n", runs, requests);
+    return 130;
+  }
+  fmt::print("PASS: {} runs, {} requests, no divergence\n", runs, requests);
+  return 0;
+}
+
+}  // namespace kvtwin::cli

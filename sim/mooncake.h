@@ -1,0 +1,104 @@
+// Mooncake JSONL (../shared/traces-external/README.md): one request per line,
+// {"timestamp", "input_length", "output_length", "hash_ids"}, each hash id naming one
+// 512-token prompt block together with every block before it. kvtwin maps a request to a
+// RequestPlan at a block scale s (tokens per block, 512 = the recorded size): block i of
+// id b becomes BlockTokens(b, len_i) with len_i = s for every block but the last, and
+// ceil(r · s / 512) for a last block of r < 512 recorded tokens (at least 1); the outputs
+// are GeneratedTokens(index, max(1, ceil(output_length · s / 512))). Prompts then share
+// token prefixes exactly where they share block ids (BlockTokens' first token is distinct
+// per id).
+//
+// Reading is streaming: one line at a time, memory independent of the trace length. A
+// malformed line (not JSON, a missing or negative field, a hash_ids count that disagrees
+// with input_length, a decreasing timestamp) is an InvalidArgument
+// "FILE:LINE: /pointer: reason". Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "sim/trace.h"
+#include "src/core/status.h"
+
+namespace kvtwin::sim {
+
+inline constexpr int64_t kMooncakeBlockTokens = 512;
+
+struct MooncakeRequest {
+  int64_t timestamp = 0;
+  int64_t input_length = 0;
+  int64_t output_length = 0;
+  std::vector<int64_t> hash_ids;
+};
+
+// Parses and validates one line (`file`, `line` name it in errors; `previous_timestamp`
+// is the last line's, or -1).
+Result<MooncakeRequest> ParseMooncakeLine(const std::string& text, const std::string& file,
+                                          int64_t line, int64_t previous_timestamp);
+
+// The token length of block `i` of `r` at `block_scale`.
+int64_t ScaledBlockLength(const MooncakeRequest& r, size_t i, int64_t block_scale);
+
+// The plan of request number `index` at `block_scale` (REQUIRES: 1 <= block_scale <= 512).
+// The conversation is the request's first hash id.
+RequestPlan MooncakePlan(const MooncakeRequest& r, int64_t index, int64_t block_scale);
+
+// Whether the first line of `path` looks like Mooncake JSONL (an object with "hash_ids"
+// and no "format"); false when it cannot be read.
+bool LooksLikeMooncake(const std::string& path);
+
+struct MooncakeOptions {
+  int64_t block_scale = kMooncakeBlockTokens;
+  int64_t limit = 0;  // the first `limit` requests only; 0 = all
+};
+
+// Streams a Mooncake file as request events (TraceReader's interface); `header` is the
+// replay setup the caller chose (kind requests), with source naming the file and scale.
+class MooncakeReader {
+ public:
+  static Result<std::unique_ptr<MooncakeReader>> Open(const std::string& path,
+                                                      MooncakeOptions options, TraceHeader header);
+  const TraceHeader& header() const { return header_; }
+  Result<std::optional<TraceEvent>> Next();
+  int64_t line() const { return line_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MooncakeReader(std::string path, std::ifstream in, MooncakeOptions options, TraceHeader header)
+      : path_(std::move(path)), in_(std::move(in)), options_(options), header_(std::move(header)) {}
+  std::string path_;
+  std::ifstream in_;
+  MooncakeOptions options_;
+  TraceHeader header_;
+  int64_t line_ = 0;
+  int64_t last_timestamp_ = -1;
+};
+
+// Streams `in` into a kvtwin trace at `out` (atomic), request by request.
+// Returns the number of requests written.
+Result<int64_t> ImportMooncake(const std::string& in, const std::string& out,
+                               MooncakeOptions options, TraceHeader header);
+
+// The independent block-level prefix reuse at an unlimited budget, from the hash ids
+// alone (no trie, no tokens): for each request, walk its blocks in order while the id was
+// seen in an earlier request and add min(this block's scaled length, the longest scaled
+// length seen for that id); stop at the first unseen id or at a block only partly covered.
+// Memory: one entry per distinct id.
+struct BlockReuse {
+  int64_t requests = 0;
+  int64_t prompt_tokens = 0;   // Σ scaled prompt lengths
+  int64_t matched_tokens = 0;  // Σ reusable prefix tokens
+  double ratio() const {
+    return prompt_tokens > 0
+               ? static_cast<double>(matched_tokens) / static_cast<double>(prompt_tokens)
+               : 0.0;
+  }
+};
+Result<BlockReuse> MooncakeBlockReuse(const std::string& path, MooncakeOptions options);
+
+}  // namespace kvtwin::sim

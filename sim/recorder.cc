@@ -1,0 +1,120 @@
+#include "sim/recorder.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+namespace kvtwin::sim {
+
+Result<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::string& path,
+                                                           TraceHeader header) {
+  const TraceKind kind = header.kind;
+  Result<std::unique_ptr<TraceWriter>> w = TraceWriter::Create(path, header);
+  if (!w.ok()) return w.status();
+  return std::unique_ptr<TraceRecorder>(new TraceRecorder(std::move(*w), kind));
+}
+
+Status TraceRecorder::NeedRequest(const char* call) const {
+  if (kind_ != TraceKind::kRequests) {
+    return FailedPrecondition(fmt::format("{}: an op-level trace records ops only", call));
+  }
+  if (!open_) return FailedPrecondition(fmt::format("{}: no request is open", call));
+  return Status::Ok();
+}
+
+Status TraceRecorder::BeginRequest(int32_t conversation, std::span<const int32_t> prompt) {
+  if (kind_ != TraceKind::kRequests) {
+    return FailedPrecondition("BeginRequest: an op-level trace records ops only");
+  }
+  if (open_) return FailedPrecondition("BeginRequest: the previous request is still open");
+  if (prompt.empty()) return InvalidArgument("BeginRequest: empty prompt");
+  if (conversation < 0) return InvalidArgument("BeginRequest: negative conversation id");
+  for (const int32_t t : prompt) {
+    if (t < 0) return InvalidArgument(fmt::format("BeginRequest: negative token {}", t));
+  }
+  RequestPlan plan;
+  plan.index = next_index_;
+  plan.conversation = conversation;
+  plan.inputs.assign(prompt.begin(), prompt.end());
+  open_ = std::move(plan);
+  return Status::Ok();
+}
+
+Status TraceRecorder::UserPoint(int64_t prefix_length) {
+  if (Status s = NeedRequest("UserPoint"); !s.ok()) return s;
+  if (prefix_length < 1) return InvalidArgument("UserPoint: a prefix length is >= 1");
+  open_->user_offsets.push_back(prefix_length);
+  return Status::Ok();
+}
+
+Status TraceRecorder::NoCaptures() {
+  if (Status s = NeedRequest("NoCaptures"); !s.ok()) return s;
+  open_->schedule = false;
+  return Status::Ok();
+}
+
+Status TraceRecorder::BudgetPercent(int64_t pct) {
+  if (Status s = NeedRequest("BudgetPercent"); !s.ok()) return s;
+  if (pct < 1) return InvalidArgument("BudgetPercent: >= 1 percent");
+  open_->budget_pct = pct;
+  return Status::Ok();
+}
+
+Status TraceRecorder::Cancel(int64_t prefill_tokens) {
+  if (Status s = NeedRequest("Cancel"); !s.ok()) return s;
+  if (prefill_tokens < 0) return InvalidArgument("Cancel: negative prefill token count");
+  if (!open_->outputs.empty()) return FailedPrecondition("Cancel: decode already started");
+  open_->cancel_after_tokens = prefill_tokens;
+  // A cancelled request never samples; the format still carries one placeholder output.
+  open_->outputs.push_back(0);
+  return EndRequest();
+}
+
+Status TraceRecorder::Sampled(std::span<const int32_t> tokens) {
+  if (Status s = NeedRequest("Sampled"); !s.ok()) return s;
+  for (const int32_t t : tokens) {
+    if (t < 0) return InvalidArgument(fmt::format("Sampled: negative token {}", t));
+  }
+  open_->outputs.insert(open_->outputs.end(), tokens.begin(), tokens.end());
+  return Status::Ok();
+}
+
+Status TraceRecorder::Speculated(std::span<const int32_t> drafts, int64_t accepted, int32_t bonus) {
+  if (Status s = NeedRequest("Speculated"); !s.ok()) return s;
+  if (open_->speculation.step >= 0) {
+    return FailedPrecondition("Speculated: format v1 holds one speculative step per request");
+  }
+  if (accepted < 0 || accepted > static_cast<int64_t>(drafts.size())) {
+    return InvalidArgument(
+        fmt::format("Speculated: accepted {} of {} drafts", accepted, drafts.size()));
+  }
+  if (bonus < 0) return InvalidArgument("Speculated: negative bonus token");
+  SpeculativeStep& step = open_->speculation;
+  step.step = static_cast<int64_t>(open_->outputs.size());
+  step.accepted = accepted;
+  step.rejected.assign(drafts.begin() + accepted, drafts.end());
+  open_->outputs.insert(open_->outputs.end(), drafts.begin(), drafts.begin() + accepted);
+  open_->outputs.push_back(bonus);
+  return Status::Ok();
+}
+
+Status TraceRecorder::EndRequest() {
+  if (Status s = NeedRequest("EndRequest"); !s.ok()) return s;
+  if (open_->outputs.empty()) return FailedPrecondition("EndRequest: no sampled token");
+  if (Status s = writer_->Write(*open_); !s.ok()) return s;
+  open_.reset();
+  ++next_index_;
+  return Status::Ok();
+}
+
+Status TraceRecorder::Record(const Op& op) {
+  if (kind_ != TraceKind::kOps) return FailedPrecondition("Record: a requests trace");
+  return writer_->Write(op);
+}
+
+Status TraceRecorder::Finish() {
+  if (open_) return FailedPrecondition("Finish: a request is still open");
+  return writer_->Commit();
+}
+
+}  // namespace kvtwin::sim

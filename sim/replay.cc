@@ -1,0 +1,247 @@
+#include "sim/replay.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <memory>
+#include <utility>
+
+#include "sim/lockstep.h"
+#include "src/core/rng.h"
+#include "src/trie_export.h"
+
+namespace kvtwin::sim {
+namespace {
+
+constexpr size_t kRecentEvents = 6;
+
+// Where events come from: a trace file, a Mooncake file or memory.
+class Source {
+ public:
+  virtual ~Source() = default;
+  virtual const TraceHeader& header() const = 0;
+  virtual Result<std::optional<TraceEvent>> Next() = 0;
+  // "FILE:LINE" of the last event (or "event N" in memory), for errors about its content.
+  virtual std::string Where() const = 0;
+  virtual int64_t line() const = 0;
+};
+
+template <typename Reader>
+class FileSource final : public Source {
+ public:
+  explicit FileSource(std::unique_ptr<Reader> r) : r_(std::move(r)) {}
+  const TraceHeader& header() const override { return r_->header(); }
+  Result<std::optional<TraceEvent>> Next() override { return r_->Next(); }
+  std::string Where() const override { return fmt::format("{}:{}", r_->path(), r_->line()); }
+  int64_t line() const override { return r_->line(); }
+
+ private:
+  std::unique_ptr<Reader> r_;
+};
+
+class MemorySource final : public Source {
+ public:
+  explicit MemorySource(const Trace& t) : t_(t) {}
+  const TraceHeader& header() const override { return t_.header; }
+  Result<std::optional<TraceEvent>> Next() override {
+    if (next_ >= t_.events.size()) return std::optional<TraceEvent>();
+    return std::optional<TraceEvent>(t_.events[next_++]);
+  }
+  std::string Where() const override { return fmt::format("event {}", next_ - 1); }
+  int64_t line() const override { return 0; }
+
+ private:
+  const Trace& t_;
+  size_t next_ = 0;
+};
+
+uint64_t ValueSeed(uint64_t seed) { return Rng::Derive(seed, "values").Next(); }
+
+std::string EventSummary(const TraceEvent& e) {
+  if (const auto* op = std::get_if<Op>(&e)) return op->ToString();
+  return std::get<RequestPlan>(e).ToString();
+}
+
+class Replayer {
+ public:
+  Replayer(Source& source, const ReplayOptions& options, ReplayResult& result)
+      : src_(source), o_(options), r_(result) {}
+
+  void Run() {
+    r_.header = src_.header();
+    auto dtype = ParseDType(r_.header.dtype);
+    Result<StackConfig> config =
+        dtype.ok() ? StackFromPreset(r_.header.preset, r_.header.layers, r_.header.window, *dtype)
+                   : Result<StackConfig>(dtype.status());
+    if (!config.ok()) {
+      r_.input_error =
+          InvalidArgument(fmt::format("{}: /model: {}", HeaderWhere(), config.status().message()));
+      return;
+    }
+    if (r_.header.kind == TraceKind::kOps) {
+      RunOps(std::move(*config));
+    } else {
+      RunRequests(std::move(*config));
+    }
+  }
+
+ private:
+  std::string HeaderWhere() const { return r_.path.empty() ? "header" : r_.path + ":1"; }
+
+  // The next event, or nullopt at the end, on an input error or an interrupt.
+  std::optional<TraceEvent> Next() {
+    if (o_.interrupted != nullptr && o_.interrupted->load()) {
+      r_.interrupted = true;
+      return std::nullopt;
+    }
+    if (o_.stop_after >= 0 && r_.events > o_.stop_after) return std::nullopt;
+    Result<std::optional<TraceEvent>> e = src_.Next();
+    if (!e.ok()) {
+      r_.input_error = e.status();
+      return std::nullopt;
+    }
+    if (!*e) return std::nullopt;
+    ++r_.events;
+    r_.recent.push_back(EventSummary(**e));
+    if (r_.recent.size() > kRecentEvents) r_.recent.pop_front();
+    return std::move(*e);
+  }
+
+  void Diverged(std::string report, const std::string& what) {
+    r_.divergence = std::move(report);
+    r_.divergence_kind = DivergenceKind(what);
+    r_.failing_event = r_.events - 1;
+    r_.failing_line = src_.line();
+  }
+
+  void RunOps(StackConfig config) {
+    LockstepDriver d(std::move(config), ValueSeed(r_.header.seed));
+    while (std::optional<TraceEvent> e = Next()) {
+      const Op* op = std::get_if<Op>(&*e);
+      if (op == nullptr || !d.Valid(*op)) {
+        r_.input_error = InvalidArgument(fmt::format(
+            "{}: /: {} names a layer or snapshot slot that does not exist at this point",
+            src_.Where(), EventSummary(*e)));
+        break;
+      }
+      if (auto div = d.Apply(*op)) {
+        Diverged(div->ToString(), div->mismatch.what);
+        break;
+      }
+      if (o_.on_event) o_.on_event(r_.events);
+    }
+    r_.steps = d.steps();
+    r_.digest = d.digest();
+    for (int32_t i = 0; i < d.num_layers(); ++i) {
+      r_.state += fmt::format("layer {} {}: offset {}, {} pooled snapshot(s)\n", i,
+                              CacheKindName(d.config().layers[static_cast<size_t>(i)].kind),
+                              d.ref(i).Offset(), d.pool_size(i));
+    }
+  }
+
+  void RunRequests(StackConfig config) {
+    const TraceHeader& h = r_.header;
+    RequestDriver d(std::move(config),
+                    {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking},
+                    ValueSeed(h.seed));
+    while (std::optional<TraceEvent> e = Next()) {
+      RequestPlan* plan = std::get_if<RequestPlan>(&*e);
+      if (plan == nullptr) {
+        r_.input_error =
+            InvalidArgument(fmt::format("{}: /: an op event in a requests trace", src_.Where()));
+        break;
+      }
+      plan->index = r_.events - 1;
+      std::optional<RequestDivergence> div = d.Run(*plan);
+      r_.recent.back() += " -> " + d.last_outcome();
+      const BeginReport& b = d.last_report();
+      r_.prompt_tokens += b.total;
+      r_.matched_tokens += b.matched;
+      r_.cached_tokens += b.cached;
+      if (div) {
+        Diverged(div->ToString(), div->mismatch.what);
+        break;
+      }
+      if (o_.on_event) o_.on_event(r_.events);
+    }
+    r_.steps = d.steps();
+    r_.digest = d.digest();
+    r_.coverage = d.coverage();
+    // After a divergence the active path may name freed nodes: show the trie alone then.
+    const PrefixCache& pc = d.manager();
+    const std::span<TrieNode* const> path =
+        r_.divergence ? std::span<TrieNode* const>() : std::span(pc.active_path());
+    r_.trie_dump = DumpTrie(pc.trie(), path);
+    r_.trie_dot = TrieToDot(pc.trie(), path);
+    r_.state = fmt::format("active path ends at offset {}; {} paged-out bytes\n",
+                           r_.divergence ? -1 : pc.active_path().back()->end_offset(),
+                           pc.trie().paged_out_bytes());
+  }
+
+  Source& src_;
+  const ReplayOptions& o_;
+  ReplayResult& r_;
+};
+
+}  // namespace
+
+const char* ReplayResult::verdict() const {
+  if (input_error) return "input error";
+  if (divergence) return "divergence";
+  if (interrupted) return "interrupted";
+  return "pass";
+}
+
+std::string DivergenceKind(const std::string& what) {
+  std::string kind;
+  for (size_t i = 0; i < what.size() && what[i] != ':'; ++i) {
+    if (std::isdigit(static_cast<unsigned char>(what[i])) == 0) {
+      kind += what[i];
+    } else if (kind.empty() || kind.back() != '#') {
+      kind += '#';
+    }
+  }
+  return kind;
+}
+
+ReplayResult ReplayFile(const std::string& path, const ReplayOptions& options) {
+  ReplayResult r;
+  r.path = path;
+  std::unique_ptr<Source> source;
+  if (LooksLikeMooncake(path)) {
+    auto reader = MooncakeReader::Open(path, options.mooncake, options.mooncake_setup);
+    if (!reader.ok()) {
+      r.input_error = reader.status();
+      return r;
+    }
+    source = std::make_unique<FileSource<MooncakeReader>>(std::move(*reader));
+  } else {
+    auto reader = TraceReader::Open(path);
+    if (!reader.ok()) {
+      r.input_error = reader.status();
+      return r;
+    }
+    source = std::make_unique<FileSource<TraceReader>>(std::move(*reader));
+  }
+  Replayer(*source, options, r).Run();
+  return r;
+}
+
+ReplayResult ReplayTrace(const Trace& trace, const ReplayOptions& options) {
+  ReplayResult r;
+  MemorySource source(trace);
+  Replayer(source, options, r).Run();
+  return r;
+}
+
+std::string ReplayCommand(const std::string& path, const ReplayOptions& options) {
+  if (!LooksLikeMooncake(path)) return "kvtwin replay " + path;
+  const TraceHeader& h = options.mooncake_setup;
+  return fmt::format(
+      "kvtwin replay {} --block-scale {} --limit {} --preset {} --layers {} --window {} "
+      "--dtype {} --budget {} --chunk {} --interval {} --pre-thinking {}",
+      path, options.mooncake.block_scale, options.mooncake.limit, h.preset, h.layers, h.window,
+      h.dtype, h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking);
+}
+
+}  // namespace kvtwin::sim

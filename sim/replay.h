@@ -1,0 +1,75 @@
+// Replay: runs a trace (sim/trace.h) or a Mooncake JSONL file (sim/mooncake.h) against the
+// production caches and the reference in lock step — op traces through the LockstepDriver,
+// request traces through the RequestDriver — and returns the verdict: pass, the first
+// divergence (explained, with the event that caused it), or an input error (a malformed
+// file, or an event naming state that does not exist, such as a snapshot slot), which
+// the CLI turns into exit 2. Files are streamed event by event; the in-memory form is
+// what the shrinker and the gtest snippets use. Single-threaded.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "sim/mooncake.h"
+#include "sim/request_driver.h"
+#include "sim/trace.h"
+
+namespace kvtwin::sim {
+
+struct ReplayOptions {
+  // Mooncake input only: the block scale, a request limit and the replay setup (the
+  // header's model, budget, chunk and capture cadence; `kind` and `source` are set here).
+  MooncakeOptions mooncake;
+  TraceHeader mooncake_setup;
+  // Called after every event with the number of events replayed (progress display).
+  std::function<void(int64_t)> on_event;
+  // Set from a signal handler: the replay stops after the current event and reports a
+  // partial verdict.
+  const std::atomic<bool>* interrupted = nullptr;
+  // Replay only events [0, stop_after] (explain --at); -1 = all.
+  int64_t stop_after = -1;
+};
+
+struct ReplayResult {
+  std::string path;  // "" for an in-memory trace
+  TraceHeader header;
+  int64_t events = 0;  // events replayed (the failing one included)
+  int64_t steps = 0;   // driver steps
+  uint64_t digest = 0;
+  bool interrupted = false;
+  // Exactly one of these is set unless the trace passed (or was interrupted).
+  std::optional<Status> input_error;      // InvalidArgument "FILE:LINE: /pointer: reason"
+  std::optional<std::string> divergence;  // the human report (multi-line)
+  std::string divergence_kind;            // DivergenceKind of the mismatch (shrinking keeps it)
+  int64_t failing_event = -1;             // 0-based event index of the divergence
+  int64_t failing_line = 0;               // its line in the file (0 for in-memory traces)
+  std::deque<std::string> recent;         // the last few events before the verdict
+  // Requests only: Σ over Begin reports (prefix reuse), and the driver's coverage.
+  int64_t prompt_tokens = 0, matched_tokens = 0, cached_tokens = 0;
+  RequestCoverage coverage;
+  // Requests only, filled when the run ends: the trie (DumpTrie / TrieToDot) and, for
+  // explain, the live cache offsets; ops only: per-layer offsets and kinds.
+  std::string trie_dump, trie_dot, state;
+
+  bool passed() const { return !input_error && !divergence && !interrupted; }
+  // "pass", "divergence", "input error" or "interrupted".
+  const char* verdict() const;
+};
+
+// The stable kind of a mismatch: its `what` up to the first ':' with every run of digits
+// replaced by '#' ("layer # history", "trie after eviction pass #, under budget # B, ...").
+std::string DivergenceKind(const std::string& what);
+
+// Replays `path`: a kvtwin trace, or Mooncake JSONL (detected by LooksLikeMooncake).
+ReplayResult ReplayFile(const std::string& path, const ReplayOptions& options);
+// Replays an in-memory trace (events checked the same way; input errors name event N).
+ReplayResult ReplayTrace(const Trace& trace, const ReplayOptions& options = {});
+
+// The one-line command that replays `path` with `options`.
+std::string ReplayCommand(const std::string& path, const ReplayOptions& options);
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,280 @@
+#include "sim/shrink.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+class Shrinker {
+ public:
+  Shrinker(const ShrinkOptions& options, Trace start, ReplayResult first)
+      : o_(options), best_(std::move(start)), last_(std::move(first)) {
+    kind_ = last_.divergence_kind;
+  }
+
+  ShrinkResult Run(int64_t original_events) {
+    // Events after the failing one never ran: drop them before anything else.
+    best_.events.resize(static_cast<size_t>(last_.failing_event + 1));
+    for (int round = 0; round < 8 && Budget(); ++round) {
+      const int64_t before = replays_accepted_;
+      DropEvents();
+      ShrinkSetup();
+      SimplifyEvents();
+      MergeTokenValues();
+      if (replays_accepted_ == before) break;  // a fixpoint
+    }
+    ShrinkResult r;
+    r.trace = std::move(best_);
+    r.last = std::move(last_);
+    r.kind = kind_;
+    r.replays = replays_;
+    r.original_events = original_events;
+    return r;
+  }
+
+ private:
+  bool Budget() const { return replays_ < o_.max_replays; }
+
+  // Accepts `candidate` when it still diverges the same way.
+  bool Try(Trace candidate, const char* what) {
+    if (!Budget()) return false;
+    ++replays_;
+    ReplayResult r = ReplayTrace(candidate);
+    if (!r.divergence || r.divergence_kind != kind_) return false;
+    ++replays_accepted_;
+    // The failing event may move earlier: later events are dead weight.
+    candidate.events.resize(static_cast<size_t>(r.failing_event + 1));
+    best_ = std::move(candidate);
+    last_ = std::move(r);
+    if (o_.progress) o_.progress(fmt::format("{}: {} events", what, best_.events.size()));
+    return true;
+  }
+
+  // ddmin over the event list: chunks of n/2, n/4, ..., 1.
+  void DropEvents() {
+    for (size_t chunk = std::max<size_t>(1, best_.events.size() / 2);; chunk /= 2) {
+      for (size_t start = 0; start < best_.events.size() && Budget();) {
+        Trace c = best_;
+        const size_t end = std::min(start + chunk, c.events.size());
+        c.events.erase(c.events.begin() + static_cast<ptrdiff_t>(start),
+                       c.events.begin() + static_cast<ptrdiff_t>(end));
+        if (c.events.empty() || !Try(std::move(c), "drop events")) start += chunk;
+      }
+      if (chunk == 1) break;
+    }
+  }
+
+  void ShrinkSetup() {
+    const TraceHeader h = best_.header;
+    for (int32_t layers = 1; layers < h.layers; ++layers) {
+      Trace c = best_;
+      c.header.layers = layers;
+      std::erase_if(c.events, [&](const TraceEvent& e) {
+        const Op* op = std::get_if<Op>(&e);
+        return op != nullptr && op->kind != OpKind::kWrite && op->kind != OpKind::kSpeculate &&
+               op->layer >= layers;
+      });
+      if (!c.events.empty() && Try(std::move(c), "fewer layers")) break;
+    }
+    for (int64_t w = 1; w < best_.header.window; ++w) {
+      Trace c = best_;
+      c.header.window = w;
+      if (Try(std::move(c), "smaller window")) break;
+    }
+    if (h.kind != TraceKind::kRequests) return;
+    auto set = [&](int64_t TraceHeader::*field, int64_t value, const char* what) {
+      if (best_.header.*field == value) return;
+      Trace c = best_;
+      c.header.*field = value;
+      Try(std::move(c), what);
+    };
+    set(&TraceHeader::capture_interval, 0, "no periodic captures");
+    set(&TraceHeader::pre_thinking, 0, "no pre-thinking capture");
+    set(&TraceHeader::budget_bytes, 0, "unlimited budget");
+  }
+
+  // Tries `edit` on a copy of event i; keeps it when it still diverges.
+  template <typename Edit>
+  bool TryEvent(size_t i, Edit edit, const char* what) {
+    if (i >= best_.events.size()) return false;
+    Trace c = best_;
+    if (!edit(c.events[i])) return false;  // nothing to change
+    return Try(std::move(c), what);
+  }
+
+  // ddmin over a vector inside event i (`get` returns it), keeping at least `min_size`.
+  template <typename Get>
+  void ShrinkList(size_t i, Get get, size_t min_size, const char* what) {
+    if (i >= best_.events.size()) return;
+    for (size_t chunk = std::max<size_t>(1, get(best_.events[i]).size() / 2);; chunk /= 2) {
+      for (size_t start = 0; i < best_.events.size() && start < get(best_.events[i]).size() &&
+                             get(best_.events[i]).size() > min_size && Budget();) {
+        const bool ok = TryEvent(
+            i,
+            [&](TraceEvent& e) {
+              auto& v = get(e);
+              const size_t end = std::min({start + chunk, v.size(), start + v.size() - min_size});
+              if (end <= start) return false;
+              v.erase(v.begin() + static_cast<ptrdiff_t>(start),
+                      v.begin() + static_cast<ptrdiff_t>(end));
+              return true;
+            },
+            what);
+        if (!ok) start += chunk;
+      }
+      if (chunk == 1 || i >= best_.events.size()) break;
+    }
+  }
+
+  void SimplifyEvents() {
+    for (size_t i = 0; i < best_.events.size() && Budget(); ++i) {
+      if (std::holds_alternative<RequestPlan>(best_.events[i])) {
+        SimplifyRequest(i);
+      } else {
+        SimplifyOp(i);
+      }
+    }
+  }
+
+  static RequestPlan& Plan(TraceEvent& e) { return std::get<RequestPlan>(e); }
+  static Op& OpOf(TraceEvent& e) { return std::get<Op>(e); }
+
+  void SimplifyRequest(size_t i) {
+    TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(Plan(e).speculation, {}).step >= 0; },
+        "no speculation");
+    TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(Plan(e).cancel_after_tokens, -1) >= 0; },
+        "no cancel");
+    TryEvent(
+        i, [](TraceEvent& e) { return !std::exchange(Plan(e).user_offsets, {}).empty(); },
+        "no user points");
+    TryEvent(
+        i, [](TraceEvent& e) { return !std::exchange(Plan(e).schedule, true); },
+        "default captures");
+    TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(Plan(e).budget_pct, 100) != 100; },
+        "run budget");
+    ShrinkList(
+        i, [](TraceEvent& e) -> std::vector<int32_t>& { return Plan(e).inputs; }, 1,
+        "shorter prompt");
+    if (i < best_.events.size() && Plan(best_.events[i]).speculation.step < 0) {
+      ShrinkList(
+          i, [](TraceEvent& e) -> std::vector<int32_t>& { return Plan(e).outputs; }, 1,
+          "fewer outputs");
+    }
+  }
+
+  void SimplifyOp(size_t i) {
+    const OpKind kind = OpOf(best_.events[i]).kind;
+    if (kind == OpKind::kWrite || kind == OpKind::kSpeculate) {
+      ShrinkList(
+          i, [](TraceEvent& e) -> std::vector<int32_t>& { return OpOf(e).tokens; },
+          kind == OpKind::kWrite ? 1 : 2, "shorter forward");
+    }
+    TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(OpOf(e).pad, 0) != 0; }, "no padding");
+    TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(OpOf(e).segmented, false); },
+        "plain recurrent form");
+    TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(OpOf(e).isolated, false); },
+        "committed speculation");
+    TryEvent(
+        i,
+        [](TraceEvent& e) {
+          Op& op = OpOf(e);
+          if (op.mask == MaskForm::kCausal) return false;
+          op.mask = MaskForm::kCausal;
+          op.rect_q_lo = op.rect_q_hi = op.rect_k_lo = op.rect_k_hi = 0;
+          return true;
+        },
+        "causal mask");
+    if (kind == OpKind::kPrepare) {
+      ShrinkList(
+          i, [](TraceEvent& e) -> std::vector<int64_t>& { return OpOf(e).offsets; }, 0,
+          "fewer capture offsets");
+    }
+    // Snapshot from, restore target, split at, accepted drafts: toward 0, halving.
+    if (kind == OpKind::kSnapshot || kind == OpKind::kRestore || kind == OpKind::kSplit ||
+        kind == OpKind::kSpeculate) {
+      for (int guard = 0; guard < 64 && i < best_.events.size(); ++guard) {
+        const bool ok = TryEvent(
+            i,
+            [](TraceEvent& e) {
+              int64_t& v = OpOf(e).value;
+              if (v == 0) return false;
+              v = v / 2;
+              return true;
+            },
+            "smaller value");
+        if (!ok) break;
+      }
+    }
+  }
+
+  static std::vector<int32_t>* TokensOf(TraceEvent& e) {
+    if (auto* p = std::get_if<RequestPlan>(&e)) return &p->inputs;
+    return &std::get<Op>(e).tokens;
+  }
+
+  // Replaces every occurrence of a token value by a smaller value already in use (or 1),
+  // largest values first; prompts that shared a prefix keep sharing it.
+  void MergeTokenValues() {
+    std::map<int32_t, int64_t> uses;
+    for (TraceEvent& e : best_.events) {
+      for (const int32_t t : *TokensOf(e)) ++uses[t];
+      if (auto* p = std::get_if<RequestPlan>(&e)) {
+        for (const int32_t t : p->outputs) ++uses[t];
+      }
+    }
+    std::vector<int32_t> values;
+    for (const auto& [v, n] : uses) values.push_back(v);
+    for (size_t k = values.size(); k-- > 0 && Budget();) {
+      const int32_t from = values[k];
+      for (const int32_t to : {1, k > 0 ? values[0] : 1}) {
+        if (to >= from) continue;
+        Trace c = best_;
+        for (TraceEvent& e : c.events) {
+          std::ranges::replace(*TokensOf(e), from, to);
+          if (auto* p = std::get_if<RequestPlan>(&e)) std::ranges::replace(p->outputs, from, to);
+        }
+        if (Try(std::move(c), "smaller token values")) break;
+      }
+    }
+  }
+
+  const ShrinkOptions& o_;
+  Trace best_;
+  ReplayResult last_;
+  std::string kind_;
+  int64_t replays_ = 0;
+  int64_t replays_accepted_ = 0;
+};
+
+}  // namespace
+
+ShrinkResult Shrink(const Trace& trace, const ShrinkOptions& options) {
+  ReplayResult first = ReplayTrace(trace);
+  KV_CHECK(first.divergence.has_value(), "Shrink needs a diverging trace");
+  Shrinker s(options, trace, std::move(first));
+  return s.Run(static_cast<int64_t>(trace.events.size()));
+}
+
+std::string GtestSnippet(const std::string& path, const std::string& test_name) {
+  return fmt::format(
+      "// Replays the minimized trace; it must pass now that the bug is fixed.\n"
+      "TEST(Regress, {}) {{\n"
+      "  const kvtwin::sim::ReplayResult r = kvtwin::sim::ReplayFile(\"{}\", {{}});\n"
+      "  EXPECT_TRUE(r.passed()) << r.verdict() << \"\\n\" << r.divergence.value_or(\"\");\n"
+      "}}\n",
+      test_name, path);
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,621 @@
+// Trace format v1, reading (sim/trace.h; writing is in trace_write.cc). Each line is parsed
+// on its own and decoded field by field into a TraceHeader, RequestPlan or Op, with every
+// type and range a replay relies on checked here, so a malformed trace becomes one
+// InvalidArgument "FILE:LINE: /pointer: reason" instead of a KV_CHECK abort deep in a
+// driver. Fields of an object are checked in a fixed order (unknown keys first, in key
+// order), so the reported problem is the same on every run.
+#include "sim/trace.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string_view>
+
+#include "sim/stack.h"
+
+namespace kvtwin::sim {
+namespace {
+
+using Json = nlohmann::json;
+using Keys = std::span<const std::string_view>;
+
+// Lengths and counts: far beyond any useful trace, small enough that sums and products of
+// two of them fit int64 and a hostile line cannot make the reader allocate gigabytes.
+constexpr int64_t kMaxLength = int64_t{1} << 24;
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+// StackConfig::Validate's limit; checked here before StackFromPreset builds the layers.
+constexpr int64_t kMaxLayers = 127;
+// budget x budget_pct / 100 must not overflow in the request driver.
+constexpr int64_t kMaxBudgetBytes = int64_t{1} << 48;
+constexpr int64_t kMaxBudgetPct = 10000;
+
+enum class Need : bool { kOptional, kRequired };
+
+// RFC 6901: "~" and "/" inside a key are escaped as "~0" and "~1".
+std::string Escape(std::string_view key) {
+  std::string s;
+  for (const char c : key) s += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  return s;
+}
+
+// A string as a JSON literal, so odd bytes in a reason cannot break the one-line message.
+std::string Quote(const std::string& s) {
+  return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string Expected(std::string_view what, const Json& v) {
+  return fmt::format("expected {}, got {}", what, v.is_number() ? v.dump() : v.type_name());
+}
+
+// The line being decoded; every error names it.
+struct Where {
+  const std::string& path;
+  int64_t line;
+  Status Error(const std::string& pointer, std::string_view reason) const {
+    return InvalidArgument(
+        fmt::format("{}:{}: {}: {}", path, line, pointer.empty() ? "/" : pointer, reason));
+  }
+};
+
+// Whether `v` is an integer in [lo, hi] (hi >= 0); stores it in `out` if so.
+bool IntIn(const Json& v, int64_t lo, int64_t hi, int64_t* out) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi) || static_cast<int64_t>(u) < lo) return false;
+    *out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (!v.is_number_integer()) return false;
+  *out = v.get<int64_t>();
+  return lo <= *out && *out <= hi;
+}
+
+// `length`: the upper bound is kMaxLength, reported as "too long".
+Status DecodeInt(const Where& w, const Json& v, const std::string& ptr, int64_t lo, int64_t hi,
+                 int64_t* out, bool length = false) {
+  if (IntIn(v, lo, hi, out)) return Status::Ok();
+  if (!v.is_number_integer()) return w.Error(ptr, Expected("an integer", v));
+  // nlohmann stores every non-negative integer as unsigned; above int64 it is too high.
+  const bool low = v.is_number_unsigned()
+                       ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) && v.get<int64_t>() < lo
+                       : v.get<int64_t>() < lo;
+  if (low) return w.Error(ptr, fmt::format("must be >= {}, got {}", lo, v.dump()));
+  if (length) return w.Error(ptr, fmt::format("too long: {} (at most {})", v.dump(), hi));
+  return w.Error(ptr, fmt::format("must be <= {}, got {}", hi, v.dump()));
+}
+
+template <typename T>
+Status DecodeInts(const Where& w, const Json& v, const std::string& ptr, int64_t lo, int64_t hi,
+                  size_t min_size, std::vector<T>* out) {
+  if (!v.is_array()) return w.Error(ptr, Expected("an array", v));
+  if (v.size() > static_cast<size_t>(kMaxLength)) {
+    return w.Error(ptr, fmt::format("too long: {} entries (at most {})", v.size(), kMaxLength));
+  }
+  if (v.size() < min_size) {
+    return w.Error(ptr, min_size == 1
+                            ? std::string("must not be empty")
+                            : fmt::format("needs at least {} entries, got {}", min_size, v.size()));
+  }
+  out->clear();
+  out->reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    int64_t x = 0;
+    // The pointer is built only for the failing entry: token arrays can be long.
+    if (!IntIn(v[i], lo, hi, &x)) {
+      return DecodeInt(w, v[i], fmt::format("{}/{}", ptr, i), lo, hi, &x);
+    }
+    out->push_back(static_cast<T>(x));
+  }
+  return Status::Ok();
+}
+
+// One JSON object of a line: typed access to its fields by key, errors at their pointers.
+class Fields {
+ public:
+  Fields(const Where& where, const Json& object, std::string prefix)
+      : where_(where), object_(object), prefix_(std::move(prefix)) {}
+
+  const Where& where() const { return where_; }
+  std::string Ptr(std::string_view key) const { return prefix_ + "/" + Escape(key); }
+  Status Error(std::string_view key, std::string_view reason) const {
+    return where_.Error(Ptr(key), reason);
+  }
+  const Json* Find(std::string_view key) const {
+    const auto it = object_.find(std::string(key));
+    return it == object_.end() ? nullptr : &*it;
+  }
+  bool Has(std::string_view key) const { return Find(key) != nullptr; }
+
+  // The first key (in key order) not in `allowed` is an error.
+  Status OnlyKeys(Keys allowed, std::string_view context = "") const {
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+      if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
+        return Error(it.key(), fmt::format("unknown field{}", context));
+      }
+    }
+    return Status::Ok();
+  }
+
+  template <typename T>
+  Status Int(std::string_view key, int64_t lo, int64_t hi, T* out, Need need) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return Absent(key, need);
+    int64_t x = 0;
+    KV_RETURN_IF_ERROR(DecodeInt(where_, *v, Ptr(key), lo, hi, &x));
+    *out = static_cast<T>(x);
+    return Status::Ok();
+  }
+  // A length or count in [lo, kMaxLength].
+  Status Length(std::string_view key, int64_t lo, int64_t* out, Need need) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return Absent(key, need);
+    return DecodeInt(where_, *v, Ptr(key), lo, kMaxLength, out, /*length=*/true);
+  }
+  template <typename T>
+  Status Ints(std::string_view key, int64_t lo, int64_t hi, size_t min_size, std::vector<T>* out,
+              Need need) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return Absent(key, need);
+    return DecodeInts(where_, *v, Ptr(key), lo, hi, min_size, out);
+  }
+  Status Bool(std::string_view key, bool* out, Need need) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return Absent(key, need);
+    if (!v->is_boolean()) return Error(key, Expected("true or false", *v));
+    *out = v->get<bool>();
+    return Status::Ok();
+  }
+  Status String(std::string_view key, std::string* out, Need need) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return Absent(key, need);
+    if (!v->is_string()) return Error(key, Expected("a string", *v));
+    *out = v->get<std::string>();
+    return Status::Ok();
+  }
+  // The field as an object (nullptr when absent and optional).
+  Status Object(std::string_view key, const Json** out, Need need) const {
+    *out = Find(key);
+    if (*out == nullptr) return Absent(key, need);
+    if (!(*out)->is_object()) return Error(key, Expected("an object", **out));
+    return Status::Ok();
+  }
+
+ private:
+  Status Absent(std::string_view key, Need need) const {
+    return need == Need::kRequired ? Error(key, "missing required field") : Status::Ok();
+  }
+
+  const Where& where_;
+  const Json& object_;
+  std::string prefix_;
+};
+
+Status ParseLine(const Where& w, const std::string& text, Json* out) {
+  *out = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!out->is_discarded()) return Status::Ok();
+  // Parsed again only to get the reason: failing lines are rare and end the read.
+  std::string reason = "not JSON";
+  try {
+    [[maybe_unused]] const Json again = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    std::string what = e.what();
+    const size_t at = what.find("at line 1, ");
+    if (at != std::string::npos) what = what.substr(at + 11);
+    if (what.size() > 200) what = what.substr(0, 200) + "...";
+    reason += ": " + what;
+  }
+  return w.Error("", reason);
+}
+
+const char* ReadError() { return errno != 0 ? std::strerror(errno) : "unknown error"; }
+
+bool IsBlank(const std::string& text) { return text.find_first_not_of(" \t\r") == text.npos; }
+
+// ---- Header ----
+
+Status DecodeModel(const Fields& f, TraceHeader* h) {
+  const Json* model = nullptr;
+  KV_RETURN_IF_ERROR(f.Object("model", &model, Need::kRequired));
+  const Fields m(f.where(), *model, f.Ptr("model"));
+  static constexpr std::string_view kKeys[] = {"dtype", "layers", "preset", "window"};
+  KV_RETURN_IF_ERROR(m.OnlyKeys(kKeys));
+  KV_RETURN_IF_ERROR(m.String("dtype", &h->dtype, Need::kRequired));
+  const Result<DType> dtype = ParseDType(h->dtype);
+  if (!dtype.ok()) return m.Error("dtype", dtype.status().message());
+  KV_RETURN_IF_ERROR(m.Int("layers", 1, kMaxLayers, &h->layers, Need::kRequired));
+  KV_RETURN_IF_ERROR(m.String("preset", &h->preset, Need::kRequired));
+  const std::vector<std::string>& presets = PresetNames();
+  if (std::find(presets.begin(), presets.end(), h->preset) == presets.end()) {
+    return m.Error("preset", fmt::format("unknown preset {} (expected one of {})", Quote(h->preset),
+                                         fmt::join(presets, ", ")));
+  }
+  KV_RETURN_IF_ERROR(m.Length("window", 1, &h->window, Need::kRequired));
+  // Whatever else the stack itself refuses, reported before any replay starts.
+  const Result<StackConfig> stack = StackFromPreset(h->preset, h->layers, h->window, *dtype);
+  if (!stack.ok()) return f.Error("model", stack.status().message());
+  return Status::Ok();
+}
+
+// Required in a requests header so the replay's driver options are explicit.
+Status DecodeDriverOptions(const Fields& f, TraceHeader* h) {
+  static constexpr std::string_view kRequestOnly[] = {"budget", "capture_interval", "chunk",
+                                                      "pre_thinking"};
+  if (h->kind == TraceKind::kOps) {
+    for (const std::string_view key : kRequestOnly) {
+      if (f.Has(key)) return f.Error(key, "only allowed in a \"requests\" trace");
+    }
+    return Status::Ok();
+  }
+  KV_RETURN_IF_ERROR(f.Int("budget", 0, kMaxBudgetBytes, &h->budget_bytes, Need::kRequired));
+  KV_RETURN_IF_ERROR(f.Length("capture_interval", 0, &h->capture_interval, Need::kRequired));
+  KV_RETURN_IF_ERROR(f.Length("chunk", 1, &h->chunk, Need::kRequired));
+  return f.Length("pre_thinking", 0, &h->pre_thinking, Need::kRequired);
+}
+
+// "format" and "version" come first: a file of another kind or version says so, rather
+// than failing on whichever field happens to differ.
+Status DecodeHeader(const Where& w, const Json& j, TraceHeader* h) {
+  if (!j.is_object()) return w.Error("", Expected("an object", j));
+  const Fields f(w, j, "");
+  const Json* format = f.Find("format");
+  if (format == nullptr || !format->is_string() || *format != kTraceFormat) {
+    return f.Error("format", "not a kvtwin trace");
+  }
+  int64_t version = 0;
+  KV_RETURN_IF_ERROR(f.Int("version", std::numeric_limits<int64_t>::min(),
+                           std::numeric_limits<int64_t>::max(), &version, Need::kRequired));
+  if (version != kTraceVersion) {
+    return f.Error("version", fmt::format("unsupported version {} (this kvtwin reads version {})",
+                                          version, kTraceVersion));
+  }
+  std::string kind;
+  KV_RETURN_IF_ERROR(f.String("kind", &kind, Need::kRequired));
+  if (kind != "requests" && kind != "ops") {
+    return f.Error("kind", fmt::format("unknown trace kind {} (expected \"requests\" or \"ops\")",
+                                       Quote(kind)));
+  }
+  h->kind = kind == "ops" ? TraceKind::kOps : TraceKind::kRequests;
+  static constexpr std::string_view kKeys[] = {
+      "budget", "capture_interval", "chunk", "format", "kind",
+      "model",  "pre_thinking",     "seed",  "source", "version"};
+  KV_RETURN_IF_ERROR(f.OnlyKeys(kKeys));
+  const Json* seed = f.Find("seed");
+  if (seed == nullptr) return f.Error("seed", "missing required field");
+  if (!seed->is_number_unsigned()) {
+    return f.Error("seed", seed->is_number_integer() ? "must be >= 0, got " + seed->dump()
+                                                     : Expected("an integer", *seed));
+  }
+  h->seed = seed->get<uint64_t>();
+  KV_RETURN_IF_ERROR(DecodeModel(f, h));
+  KV_RETURN_IF_ERROR(f.String("source", &h->source, Need::kOptional));
+  return DecodeDriverOptions(f, h);
+}
+
+// ---- Requests ----
+
+// "inputs", or "blocks" + "block_len" + "prompt_len" expanded through BlockTokens.
+Status DecodePrompt(const Fields& f, std::vector<int32_t>* inputs) {
+  static constexpr std::string_view kBlockKeys[] = {"blocks", "block_len", "prompt_len"};
+  if (f.Has("inputs")) {
+    for (const std::string_view key : kBlockKeys) {
+      if (f.Has(key)) return f.Error(key, "not allowed with \"inputs\"");
+    }
+    return f.Ints("inputs", 0, kMaxInt32, 1, inputs, Need::kRequired);
+  }
+  if (!f.Has("blocks")) return f.Error("inputs", "missing required field (or \"blocks\")");
+  std::vector<int64_t> blocks;
+  int64_t block_len = 0, prompt_len = 0;
+  KV_RETURN_IF_ERROR(
+      f.Ints("blocks", 0, std::numeric_limits<int64_t>::max(), 1, &blocks, Need::kRequired));
+  KV_RETURN_IF_ERROR(f.Length("block_len", 1, &block_len, Need::kRequired));
+  KV_RETURN_IF_ERROR(f.Length("prompt_len", 1, &prompt_len, Need::kRequired));
+  const auto n = static_cast<int64_t>(blocks.size());
+  const int64_t last = prompt_len - block_len * (n - 1);
+  if (last < 1 || last > block_len) {
+    return f.Error("prompt_len",
+                   fmt::format("{} blocks of {} tokens hold {}..{} tokens, not {}", n, block_len,
+                               block_len * (n - 1) + 1, block_len * n, prompt_len));
+  }
+  inputs->clear();
+  inputs->reserve(static_cast<size_t>(prompt_len));
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<int32_t> tokens =
+        BlockTokens(blocks[static_cast<size_t>(i)], i + 1 < n ? block_len : last);
+    inputs->insert(inputs->end(), tokens.begin(), tokens.end());
+  }
+  return Status::Ok();
+}
+
+// "outputs", or "output_len" expanded through GeneratedTokens of the request's index.
+Status DecodeOutputs(const Fields& f, int64_t index, std::vector<int32_t>* outputs) {
+  if (f.Has("outputs")) {
+    if (f.Has("output_len")) return f.Error("output_len", "not allowed with \"outputs\"");
+    return f.Ints("outputs", 0, kMaxInt32, 1, outputs, Need::kRequired);
+  }
+  int64_t n = 0;
+  if (!f.Has("output_len")) return f.Error("outputs", "missing required field (or \"output_len\")");
+  KV_RETURN_IF_ERROR(f.Length("output_len", 1, &n, Need::kRequired));
+  *outputs = GeneratedTokens(index, n);
+  return Status::Ok();
+}
+
+// The step must fit the decode (request_session.cc Decode): it forwards at step `step` and
+// reports outputs [step, step + accepted + 1) as sampled, so all of them must exist.
+// `rejected` may be empty (every draft accepted, or none drafted).
+Status DecodeSpeculation(const Fields& f, RequestPlan* plan) {
+  const Json* v = nullptr;
+  KV_RETURN_IF_ERROR(f.Object("speculation", &v, Need::kOptional));
+  if (v == nullptr) return Status::Ok();
+  if (plan->cancel_after_tokens >= 0) {
+    return f.Error("speculation",
+                   "not allowed with \"cancel_after\" (a cancelled request has "
+                   "no decode)");
+  }
+  const Fields s(f.where(), *v, f.Ptr("speculation"));
+  static constexpr std::string_view kKeys[] = {"accepted", "rejected", "step"};
+  KV_RETURN_IF_ERROR(s.OnlyKeys(kKeys));
+  SpeculativeStep& spec = plan->speculation;
+  KV_RETURN_IF_ERROR(s.Length("accepted", 0, &spec.accepted, Need::kRequired));
+  KV_RETURN_IF_ERROR(s.Ints("rejected", 0, kMaxInt32, 0, &spec.rejected, Need::kRequired));
+  KV_RETURN_IF_ERROR(s.Length("step", 0, &spec.step, Need::kRequired));
+  const auto n = static_cast<int64_t>(plan->outputs.size());
+  if (spec.step >= n) {
+    return s.Error("step", fmt::format("step {} is past the last of the {} outputs", spec.step, n));
+  }
+  if (spec.step + spec.accepted + 1 > n) {
+    return s.Error("accepted", fmt::format("step {} + accepted {} + 1 exceeds the {} outputs",
+                                           spec.step, spec.accepted, n));
+  }
+  return Status::Ok();
+}
+
+Status DecodeRequestKind(const Fields& f, RequestKind* kind) {
+  std::string name = "new";
+  KV_RETURN_IF_ERROR(f.String("request_kind", &name, Need::kOptional));
+  for (const RequestKind k : {RequestKind::kNew, RequestKind::kExtend, RequestKind::kDiverge,
+                              RequestKind::kRepeat, RequestKind::kRetry}) {
+    if (name == RequestKindName(k)) {
+      *kind = k;
+      return Status::Ok();
+    }
+  }
+  return f.Error("request_kind",
+                 fmt::format("unknown request kind {} (expected new, extend, diverge, repeat or "
+                             "retry)",
+                             Quote(name)));
+}
+
+Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* plan) {
+  const Fields f(w, j, "");
+  if (f.Has("op")) return f.Error("op", "an op event in a \"requests\" trace");
+  static constexpr std::string_view kKeys[] = {
+      "block_len",    "blocks",   "budget_pct",  "cancel_after", "conversation",
+      "dropped",      "inputs",   "output_len",  "outputs",      "prompt_len",
+      "request_kind", "schedule", "speculation", "user_points"};
+  KV_RETURN_IF_ERROR(f.OnlyKeys(kKeys));
+  plan->index = index;
+  KV_RETURN_IF_ERROR(DecodePrompt(f, &plan->inputs));
+  KV_RETURN_IF_ERROR(DecodeOutputs(f, index, &plan->outputs));
+  KV_RETURN_IF_ERROR(f.Int("budget_pct", 1, kMaxBudgetPct, &plan->budget_pct, Need::kOptional));
+  KV_RETURN_IF_ERROR(f.Length("cancel_after", 0, &plan->cancel_after_tokens, Need::kOptional));
+  KV_RETURN_IF_ERROR(f.Int("conversation", 0, kMaxInt32, &plan->conversation, Need::kOptional));
+  KV_RETURN_IF_ERROR(f.Length("dropped", 0, &plan->dropped, Need::kOptional));
+  KV_RETURN_IF_ERROR(DecodeRequestKind(f, &plan->kind));
+  KV_RETURN_IF_ERROR(f.Bool("schedule", &plan->schedule, Need::kOptional));
+  KV_RETURN_IF_ERROR(DecodeSpeculation(f, plan));
+  return f.Ints("user_points", 1, kMaxLength, 0, &plan->user_offsets, Need::kOptional);
+}
+
+// ---- Ops ----
+
+// Out-of-range restore targets, split points, prepare offsets and speculation acceptances
+// are legal (they test how the caches refuse or clamp them); the bound only keeps the
+// drivers' arithmetic on them (value + 1, at - from) far from overflow.
+constexpr int64_t kMaxProbe = kMaxLength;
+
+Status DecodeMask(const Fields& f, Op* op) {
+  std::string mask = "causal";
+  KV_RETURN_IF_ERROR(f.String("mask", &mask, Need::kOptional));
+  if (mask == "causal") {
+    op->mask = MaskForm::kCausal;
+  } else if (mask == "zero") {
+    op->mask = MaskForm::kZero;
+  } else if (mask == "relax") {
+    op->mask = MaskForm::kRelax;
+  } else {
+    return f.Error("mask",
+                   fmt::format("unknown mask {} (expected causal, zero or relax)", Quote(mask)));
+  }
+  const Json* rect = f.Find("rect");
+  if (op->mask != MaskForm::kRelax) {
+    return rect == nullptr ? Status::Ok() : f.Error("rect", "only allowed with mask \"relax\"");
+  }
+  if (rect == nullptr) return f.Error("rect", "missing required field (mask \"relax\")");
+  if (rect->is_array() && rect->size() != 4) {
+    return f.Error("rect",
+                   fmt::format("expected [q_lo, q_hi, k_lo, k_hi], got {} entries", rect->size()));
+  }
+  std::vector<int64_t> r;
+  KV_RETURN_IF_ERROR(f.Ints("rect", 0, kMaxLength, 4, &r, Need::kRequired));
+  for (const size_t hi : {size_t{1}, size_t{3}}) {
+    if (r[hi] < r[hi - 1]) {
+      return f.where().Error(fmt::format("{}/{}", f.Ptr("rect"), hi),
+                             fmt::format("{} is below the lower bound {}", r[hi], r[hi - 1]));
+    }
+  }
+  op->rect_q_lo = r[0];
+  op->rect_q_hi = r[1];
+  op->rect_k_lo = r[2];
+  op->rect_k_hi = r[3];
+  return Status::Ok();
+}
+
+// write and speculate: forwards through every layer, so no "layer".
+Status DecodeForward(const Fields& f, Op* op) {
+  const bool speculate = op->kind == OpKind::kSpeculate;
+  KV_RETURN_IF_ERROR(
+      f.Ints("tokens", 0, kMaxInt32, speculate ? 2 : 1, &op->tokens, Need::kRequired));
+  KV_RETURN_IF_ERROR(f.Length("pad", 0, &op->pad, Need::kOptional));
+  KV_RETURN_IF_ERROR(f.Bool("segmented", &op->segmented, Need::kOptional));
+  KV_RETURN_IF_ERROR(DecodeMask(f, op));
+  if (!speculate) return Status::Ok();
+  KV_RETURN_IF_ERROR(f.Int("accepted", -kMaxProbe, kMaxProbe, &op->value, Need::kRequired));
+  return f.Bool("isolated", &op->isolated, Need::kOptional);
+}
+
+// Ops on one layer. Slots are only range-checked as numbers here: whether a slot exists
+// depends on the pool at replay time.
+Status DecodeLayerOp(const Fields& f, int32_t layers, Op* op) {
+  KV_RETURN_IF_ERROR(f.Int("layer", 0, kMaxInt32, &op->layer, Need::kRequired));
+  if (op->layer >= layers) {
+    return f.Error(
+        "layer", fmt::format("layer {} out of range (the stack has {} layers)", op->layer, layers));
+  }
+  switch (op->kind) {
+    case OpKind::kSnapshot:
+      return f.Int("from", 0, kMaxLength, &op->value, Need::kRequired);
+    case OpKind::kRestore:
+      KV_RETURN_IF_ERROR(f.Int("slot", -1, kMaxInt32, &op->slot, Need::kRequired));
+      return f.Int("target", -kMaxProbe, kMaxProbe, &op->value, Need::kRequired);
+    case OpKind::kMerge:
+      KV_RETURN_IF_ERROR(f.Int("child", -1, kMaxInt32, &op->slot2, Need::kRequired));
+      return f.Int("parent", -1, kMaxInt32, &op->slot, Need::kRequired);
+    case OpKind::kSplit:
+      KV_RETURN_IF_ERROR(f.Int("at", -kMaxProbe, kMaxProbe, &op->value, Need::kRequired));
+      return f.Int("slot", -1, kMaxInt32, &op->slot, Need::kRequired);
+    case OpKind::kPrepare:
+      // Order is not checked: unsorted offsets are a status the drivers compare.
+      return f.Ints("offsets", -kMaxProbe, kMaxProbe, 0, &op->offsets, Need::kRequired);
+    case OpKind::kClose:
+      return f.Int("slot", 0, kMaxInt32, &op->slot, Need::kRequired);
+    default:
+      return Status::Ok();
+  }
+}
+
+// The keys an op of each kind may carry, "op" included, in key order.
+Keys OpKeys(OpKind kind) {
+  static constexpr std::string_view kWrite[] = {"mask", "op", "pad", "rect", "segmented", "tokens"};
+  static constexpr std::string_view kSpeculate[] = {"accepted", "isolated", "mask",      "op",
+                                                    "pad",      "rect",     "segmented", "tokens"};
+  static constexpr std::string_view kSnapshot[] = {"from", "layer", "op"};
+  static constexpr std::string_view kRestore[] = {"layer", "op", "slot", "target"};
+  static constexpr std::string_view kMerge[] = {"child", "layer", "op", "parent"};
+  static constexpr std::string_view kSplit[] = {"at", "layer", "op", "slot"};
+  static constexpr std::string_view kPrepare[] = {"layer", "offsets", "op"};
+  static constexpr std::string_view kClose[] = {"layer", "op", "slot"};
+  static constexpr std::string_view kLayerOnly[] = {"layer", "op"};
+  switch (kind) {
+    case OpKind::kWrite:
+      return kWrite;
+    case OpKind::kSpeculate:
+      return kSpeculate;
+    case OpKind::kSnapshot:
+      return kSnapshot;
+    case OpKind::kRestore:
+      return kRestore;
+    case OpKind::kMerge:
+      return kMerge;
+    case OpKind::kSplit:
+      return kSplit;
+    case OpKind::kPrepare:
+      return kPrepare;
+    case OpKind::kClose:
+      return kClose;
+    case OpKind::kFree:
+    case OpKind::kTake:
+      return kLayerOnly;
+  }
+  return kLayerOnly;
+}
+
+Status DecodeOp(const Where& w, const Json& j, int32_t layers, Op* op) {
+  const Fields f(w, j, "");
+  std::string name;
+  KV_RETURN_IF_ERROR(f.String("op", &name, Need::kRequired));
+  bool known = false;
+  for (uint8_t k = 0; k <= static_cast<uint8_t>(OpKind::kSpeculate) && !known; ++k) {
+    op->kind = static_cast<OpKind>(k);
+    known = name == OpKindName(op->kind);
+  }
+  if (!known) return f.Error("op", fmt::format("unknown op {}", Quote(name)));
+  KV_RETURN_IF_ERROR(f.OnlyKeys(OpKeys(op->kind), fmt::format(" for op \"{}\"", name)));
+  if (op->kind == OpKind::kWrite || op->kind == OpKind::kSpeculate) return DecodeForward(f, op);
+  return DecodeLayerOp(f, layers, op);
+}
+
+}  // namespace
+
+// ---- Reading a file ----
+
+Result<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path) {
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    return IoError(fmt::format("{}: cannot open: {}", path, ReadError()));
+  }
+  std::unique_ptr<TraceReader> reader(new TraceReader(path, std::move(in)));
+  std::string text;
+  reader->line_ = 1;
+  const Where w{reader->path_, 1};
+  const bool read = static_cast<bool>(std::getline(reader->in_, text));
+  if (!read || (IsBlank(text) && reader->in_.peek() == std::ifstream::traits_type::eof())) {
+    if (reader->in_.bad()) return IoError(fmt::format("{}: cannot read: {}", path, ReadError()));
+    return w.Error("", "empty trace (no header)");
+  }
+  if (IsBlank(text)) return w.Error("", "empty line");
+  Json j;
+  KV_RETURN_IF_ERROR(ParseLine(w, text, &j));
+  KV_RETURN_IF_ERROR(DecodeHeader(w, j, &reader->header_));
+  return reader;
+}
+
+Result<std::optional<TraceEvent>> TraceReader::Next() {
+  std::string text;
+  if (!std::getline(in_, text)) {
+    if (in_.bad()) {
+      return IoError(fmt::format("{}: cannot read after line {}: {}", path_, line_, ReadError()));
+    }
+    return std::optional<TraceEvent>();
+  }
+  ++line_;
+  const Where w{path_, line_};
+  if (IsBlank(text)) {
+    // One empty line at the end is what many editors leave; anywhere else it is a mistake.
+    if (in_.peek() == std::ifstream::traits_type::eof()) return std::optional<TraceEvent>();
+    return w.Error("", "empty line");
+  }
+  Json j;
+  KV_RETURN_IF_ERROR(ParseLine(w, text, &j));
+  if (!j.is_object()) return w.Error("", Expected("an object", j));
+  if (header_.kind == TraceKind::kOps) {
+    Op op;
+    KV_RETURN_IF_ERROR(DecodeOp(w, j, header_.layers, &op));
+    return std::optional<TraceEvent>(std::move(op));
+  }
+  RequestPlan plan;
+  KV_RETURN_IF_ERROR(DecodeRequest(w, j, next_index_, &plan));
+  ++next_index_;
+  return std::optional<TraceEvent>(std::move(plan));
+}
+
+Result<Trace> ReadTrace(const std::string& path) {
+  Result<std::unique_ptr<TraceReader>> reader = TraceReader::Open(path);
+  if (!reader.ok()) return reader.status();
+  Trace trace;
+  trace.header = (*reader)->header();
+  while (true) {
+    Result<std::optional<TraceEvent>> event = (*reader)->Next();
+    if (!event.ok()) return event.status();
+    if (!event->has_value()) return trace;
+    trace.events.push_back(std::move(**event));
+  }
+}
+
+}  // namespace kvtwin::sim

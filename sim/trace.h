@@ -1,0 +1,133 @@
+// Trace format v1: a workload as JSON Lines, the unit users record, replay, shrink and
+// keep in traces/regress/ (schema: traces/trace-v1.schema.json; README "Trace format").
+//
+// Line 1 is the header, every further line one event. Keys are sorted and optional fields
+// at their default are left out, so equal traces are equal files and diffs are per event:
+//
+//   {"budget":0,"capture_interval":8,"chunk":5,"format":"kvtwin-trace","kind":"requests",
+//    "model":{"dtype":"f32","layers":4,"preset":"mixed","window":4},"pre_thinking":4,
+//    "seed":1,"source":"kvtwin gen --seed 1","version":1}
+//   {"conversation":2,"inputs":[1,2,3],"outputs":[4,5]}
+//   {"blocks":[7,8],"block_len":16,"conversation":0,"output_len":3,"prompt_len":20}
+//   {"accepted":1,"op":"speculate","tokens":[4,1,2]}
+//
+// kind "requests": every event is a request (RequestPlan): "inputs" (prompt token ids) or
+// "blocks" + "block_len" + "prompt_len" (block ids expanded by BlockTokens, the last block
+// cut so the prompt has prompt_len tokens); "outputs" (every sampled token) or
+// "output_len" (GeneratedTokens of the request's index); optional "conversation",
+// "user_points", "schedule" (false: the caller asks for no captures), "cancel_after"
+// (prefill tokens before a cancel), "speculation" {"step","accepted","rejected"},
+// "budget_pct", "dropped" and "request_kind" (informational).
+// kind "ops": every event is an op of a layer stack (sim/ops.h), named by "op": write,
+// snapshot, restore, merge, split, free, prepare, take, close, speculate.
+//
+// Readers check everything a replay relies on (format, version, kind, field types and
+// ranges, unknown fields, per-kind required fields) and report the first problem as an
+// InvalidArgument "FILE:LINE: /json/pointer: reason"; references that depend on replay
+// state (a snapshot slot that does not exist yet) are the replayer's to report, in the same
+// form. Writers write to a temporary file in the destination's directory and rename it on
+// Commit, so a reader never sees half a trace. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "sim/ops.h"
+#include "sim/request_workload.h"
+#include "src/core/status.h"
+
+namespace kvtwin::sim {
+
+inline constexpr const char* kTraceFormat = "kvtwin-trace";
+inline constexpr int kTraceVersion = 1;
+
+enum class TraceKind : uint8_t { kRequests, kOps };
+
+struct TraceHeader {
+  TraceKind kind = TraceKind::kRequests;
+  uint64_t seed = 1;  // value seed: the synthetic provenance of every row
+  std::string preset = "mixed";
+  int32_t layers = 4;
+  int64_t window = 4;
+  std::string dtype = "f32";
+  // kind "requests" only (RequestDriverOptions):
+  int64_t budget_bytes = 0;  // 0 = unlimited
+  int64_t chunk = 5;
+  int64_t capture_interval = 8;
+  int64_t pre_thinking = 4;
+  std::string source;  // how the trace was made; informational
+  friend bool operator==(const TraceHeader&, const TraceHeader&) = default;
+};
+
+using TraceEvent = std::variant<RequestPlan, Op>;
+
+struct Trace {
+  TraceHeader header;
+  std::vector<TraceEvent> events;
+};
+
+// Deterministic tokens of Mooncake-style block `id` (a function of the id only): `len`
+// tokens in [1, 2^30), the first one distinct for distinct ids, so two prompts share
+// token-level prefixes exactly where they share block ids. REQUIRES: id >= 0, len >= 0.
+std::vector<int32_t> BlockTokens(int64_t id, int64_t len);
+// `len` generated tokens of request `index`, in [2^30, 2^31 - 1): never equal to a block
+// token, so outputs are shared only with the request's own continuations.
+std::vector<int32_t> GeneratedTokens(int64_t index, int64_t len);
+
+// One line of JSON (no newline). Requests are written with explicit inputs and outputs.
+std::string HeaderToJson(const TraceHeader& header);
+std::string EventToJson(const TraceEvent& event);
+
+// Streams a trace file event by event (constant memory in the trace length).
+class TraceReader {
+ public:
+  // Opens `path` and reads the header. Errors: the file cannot be read; a malformed header.
+  static Result<std::unique_ptr<TraceReader>> Open(const std::string& path);
+  const TraceHeader& header() const { return header_; }
+  // The next event (nullopt at the end). Requests get index = their position (0-based).
+  Result<std::optional<TraceEvent>> Next();
+  // The line of the last event returned (1-based; the header is line 1).
+  int64_t line() const { return line_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  TraceReader(std::string path, std::ifstream in) : path_(std::move(path)), in_(std::move(in)) {}
+  std::string path_;
+  std::ifstream in_;
+  TraceHeader header_;
+  int64_t line_ = 0;
+  int64_t next_index_ = 0;
+};
+
+// Whole-file convenience over TraceReader.
+Result<Trace> ReadTrace(const std::string& path);
+
+class TraceWriter {
+ public:
+  // Creates the temporary file next to `path` and writes the header line.
+  static Result<std::unique_ptr<TraceWriter>> Create(const std::string& path,
+                                                     const TraceHeader& header);
+  ~TraceWriter();  // removes the temporary file unless committed
+  // REQUIRES: the event's kind matches the header's.
+  Status Write(const TraceEvent& event);
+  // Flushes and renames the temporary file over `path`.
+  Status Commit();
+
+ private:
+  TraceWriter(std::string path, std::string tmp, TraceKind kind, std::ofstream out)
+      : path_(std::move(path)), tmp_(std::move(tmp)), kind_(kind), out_(std::move(out)) {}
+  std::string path_, tmp_;
+  TraceKind kind_;
+  std::ofstream out_;
+  bool committed_ = false;
+};
+
+// Whole-trace convenience over TraceWriter.
+Status WriteTrace(const std::string& path, const Trace& trace);
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,195 @@
+// Trace format v1, writing (sim/trace.h; reading is in trace.cc). nlohmann's objects are
+// std::map-backed, so dump() sorts keys; with every optional field left out at its default
+// (the reader's defaults) a trace has exactly one spelling. Each kind writes exactly the Op
+// fields it uses, so ops round-trip through the reader for those fields.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "sim/trace.h"
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+using Json = nlohmann::json;
+
+// Invalid UTF-8 in a string field (a source command line) is replaced, not thrown.
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+const char* MaskName(MaskForm mask) {
+  switch (mask) {
+    case MaskForm::kCausal:
+      return "causal";
+    case MaskForm::kZero:
+      return "zero";
+    case MaskForm::kRelax:
+      return "relax";
+  }
+  return "?";
+}
+
+Json RequestJson(const RequestPlan& plan) {
+  Json j = Json::object();
+  j["inputs"] = plan.inputs;
+  j["outputs"] = plan.outputs;
+  if (plan.conversation != 0) j["conversation"] = plan.conversation;
+  if (!plan.user_offsets.empty()) j["user_points"] = plan.user_offsets;
+  if (!plan.schedule) j["schedule"] = false;
+  if (plan.cancel_after_tokens != -1) j["cancel_after"] = plan.cancel_after_tokens;
+  if (plan.speculation.step != -1) {
+    Json s = Json::object();
+    s["step"] = plan.speculation.step;
+    s["accepted"] = plan.speculation.accepted;
+    s["rejected"] = plan.speculation.rejected;
+    j["speculation"] = std::move(s);
+  }
+  if (plan.budget_pct != 100) j["budget_pct"] = plan.budget_pct;
+  if (plan.dropped != 0) j["dropped"] = plan.dropped;
+  if (plan.kind != RequestKind::kNew) j["request_kind"] = RequestKindName(plan.kind);
+  return j;
+}
+
+// write and speculate: tokens and the forward's form.
+void ForwardJson(const Op& op, Json& j) {
+  j["tokens"] = op.tokens;
+  if (op.pad != 0) j["pad"] = op.pad;
+  if (op.segmented) j["segmented"] = true;
+  if (op.mask != MaskForm::kCausal) j["mask"] = MaskName(op.mask);
+  if (op.mask == MaskForm::kRelax) {
+    j["rect"] = Json::array({op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi});
+  }
+  if (op.kind != OpKind::kSpeculate) return;
+  j["accepted"] = op.value;
+  if (op.isolated) j["isolated"] = true;
+}
+
+Json OpJson(const Op& op) {
+  Json j = Json::object();
+  j["op"] = OpKindName(op.kind);
+  if (op.kind == OpKind::kWrite || op.kind == OpKind::kSpeculate) {
+    ForwardJson(op, j);
+    return j;
+  }
+  j["layer"] = op.layer;
+  switch (op.kind) {
+    case OpKind::kSnapshot:
+      j["from"] = op.value;
+      break;
+    case OpKind::kRestore:
+      j["slot"] = op.slot;
+      j["target"] = op.value;
+      break;
+    case OpKind::kMerge:
+      j["parent"] = op.slot;
+      j["child"] = op.slot2;
+      break;
+    case OpKind::kSplit:
+      j["slot"] = op.slot;
+      j["at"] = op.value;
+      break;
+    case OpKind::kPrepare:
+      j["offsets"] = op.offsets;
+      break;
+    case OpKind::kClose:
+      j["slot"] = op.slot;
+      break;
+    default:  // free, take: the layer only
+      break;
+  }
+  return j;
+}
+
+TraceKind KindOf(const TraceEvent& event) {
+  return std::holds_alternative<Op>(event) ? TraceKind::kOps : TraceKind::kRequests;
+}
+
+}  // namespace
+
+std::string HeaderToJson(const TraceHeader& header) {
+  Json j = Json::object();
+  j["format"] = kTraceFormat;
+  j["version"] = kTraceVersion;
+  j["kind"] = header.kind == TraceKind::kOps ? "ops" : "requests";
+  j["seed"] = header.seed;
+  Json model = Json::object();
+  model["preset"] = header.preset;
+  model["layers"] = header.layers;
+  model["window"] = header.window;
+  model["dtype"] = header.dtype;
+  j["model"] = std::move(model);
+  if (!header.source.empty()) j["source"] = header.source;
+  // Written even at their defaults: a replay's driver setup is then explicit in the file.
+  if (header.kind == TraceKind::kRequests) {
+    j["budget"] = header.budget_bytes;
+    j["chunk"] = header.chunk;
+    j["capture_interval"] = header.capture_interval;
+    j["pre_thinking"] = header.pre_thinking;
+  }
+  return Dump(j);
+}
+
+std::string EventToJson(const TraceEvent& event) {
+  if (const auto* op = std::get_if<Op>(&event)) return Dump(OpJson(*op));
+  return Dump(RequestJson(std::get<RequestPlan>(event)));
+}
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& path,
+                                                         const TraceHeader& header) {
+  // Same directory as `path`, so Commit's rename stays on one file system (atomic).
+  std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<int64_t>(getpid()));
+  errno = 0;
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out.is_open()) {
+    return IoError(fmt::format("{}: cannot create {}: {}", path, tmp,
+                               errno != 0 ? std::strerror(errno) : "unknown error"));
+  }
+  std::unique_ptr<TraceWriter> writer(
+      new TraceWriter(path, std::move(tmp), header.kind, std::move(out)));
+  writer->out_ << HeaderToJson(header) << '\n';
+  if (!writer->out_) return IoError(fmt::format("{}: cannot write {}", path, writer->tmp_));
+  return writer;  // the destructor removes the temporary file on every error path
+}
+
+TraceWriter::~TraceWriter() {
+  if (committed_) return;
+  out_.close();
+  std::error_code ignored;  // best effort: nothing to report to from a destructor
+  std::filesystem::remove(tmp_, ignored);
+}
+
+Status TraceWriter::Write(const TraceEvent& event) {
+  KV_CHECK(!committed_, "TraceWriter::Write after Commit");
+  KV_CHECK(KindOf(event) == kind_, "a trace event of the wrong kind for its header");
+  out_ << EventToJson(event) << '\n';
+  if (!out_) return IoError(fmt::format("{}: cannot write {}", path_, tmp_));
+  return Status::Ok();
+}
+
+Status TraceWriter::Commit() {
+  KV_CHECK(!committed_, "TraceWriter::Commit twice");
+  out_.flush();
+  if (!out_) return IoError(fmt::format("{}: cannot write {}", path_, tmp_));
+  out_.close();
+  if (out_.fail()) return IoError(fmt::format("{}: cannot close {}", path_, tmp_));
+  std::error_code ec;
+  std::filesystem::rename(tmp_, path_, ec);
+  if (ec)
+    return IoError(fmt::format("{}: cannot rename {} over it: {}", path_, tmp_, ec.message()));
+  committed_ = true;
+  return Status::Ok();
+}
+
+Status WriteTrace(const std::string& path, const Trace& trace) {
+  Result<std::unique_ptr<TraceWriter>> writer = TraceWriter::Create(path, trace.header);
+  if (!writer.ok()) return writer.status();
+  for (const TraceEvent& event : trace.events) KV_RETURN_IF_ERROR((*writer)->Write(event));
+  return (*writer)->Commit();
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,619 @@
+// Goal: pin trace format v1 (sim/trace.h) to its contract: headers, every op kind and
+// requests with every optional field round-trip exactly through the writer and the reader;
+// the writer's text is canonical (sorted keys, defaults left out); "blocks" and
+// "output_len" expand through BlockTokens / GeneratedTokens; every malformed input is
+// refused with its exact "FILE:LINE: /pointer: reason"; a TraceWriter leaves nothing behind
+// unless committed and replaces the destination in one rename.
+// Method: small files under testing::TempDir(), named after the running test. Expected
+// values come from the structs written (round trips), from hand-written JSON text, or from
+// BlockTokens / GeneratedTokens themselves, never from a second implementation.
+#include "sim/trace.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace kvtwin::sim {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+const std::string kRequestsHeader =
+    R"({"budget":0,"capture_interval":8,"chunk":5,"format":"kvtwin-trace","kind":"requests",)"
+    R"("model":{"dtype":"f32","layers":4,"preset":"mixed","window":4},"pre_thinking":4,)"
+    R"("seed":1,"version":1})";
+const std::string kOpsHeader =
+    R"({"format":"kvtwin-trace","kind":"ops",)"
+    R"("model":{"dtype":"f32","layers":4,"preset":"mixed","window":4},"seed":1,"version":1})";
+
+std::string TestName() {
+  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+  return fmt::format("trace_{}_{}", info->test_suite_name(), info->name());
+}
+
+// A fresh, empty directory for this test (ctest runs tests in parallel processes).
+fs::path TestDir() {
+  const fs::path dir = fs::path(testing::TempDir()) / TestName();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string WriteFile(const std::string& text) {
+  const std::string path = testing::TempDir() + TestName() + ".jsonl";
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string Lines(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const std::string& l : lines) text += l + "\n";
+  return text;
+}
+
+// The error of reading `text`, its file name replaced by "FILE" so expectations read well.
+std::string ErrorOfText(const std::string& text) {
+  const std::string path = WriteFile(text);
+  const Result<Trace> trace = ReadTrace(path);
+  if (trace.ok()) return "(read without error)";
+  EXPECT_EQ(trace.status().code(), StatusCode::kInvalidArgument);
+  const std::string& m = trace.status().message();
+  return m.rfind(path, 0) == 0 ? "FILE" + m.substr(path.size()) : m;
+}
+std::string ErrorOf(const std::vector<std::string>& lines) { return ErrorOfText(Lines(lines)); }
+
+// The requests header with one edit.
+std::string Header(const std::function<void(Json&)>& edit) {
+  Json j = Json::parse(kRequestsHeader);
+  edit(j);
+  return j.dump();
+}
+
+auto Tie(const RequestPlan& p) {
+  return std::tie(p.index, p.kind, p.conversation, p.inputs, p.outputs, p.dropped, p.user_offsets,
+                  p.schedule, p.cancel_after_tokens, p.speculation.step, p.speculation.accepted,
+                  p.speculation.rejected, p.budget_pct);
+}
+auto Tie(const Op& o) {
+  return std::tie(o.kind, o.layer, o.tokens, o.pad, o.segmented, o.mask, o.rect_q_lo, o.rect_q_hi,
+                  o.rect_k_lo, o.rect_k_hi, o.value, o.isolated, o.slot, o.slot2, o.offsets);
+}
+
+Op MakeOp(OpKind kind, int32_t layer) {
+  Op op;
+  op.kind = kind;
+  op.layer = layer;
+  return op;
+}
+
+// Every op kind, each with every field it uses away from its default.
+std::vector<Op> EveryOpKind() {
+  std::vector<Op> ops;
+  Op write = MakeOp(OpKind::kWrite, 0);
+  write.tokens = {0, 5, 2147483647};
+  write.pad = 3;
+  write.segmented = true;
+  write.mask = MaskForm::kRelax;
+  write.rect_q_lo = 1;
+  write.rect_q_hi = 3;
+  write.rect_k_lo = 0;
+  write.rect_k_hi = 7;
+  ops.push_back(write);
+  Op zero = MakeOp(OpKind::kWrite, 0);
+  zero.tokens = {4};
+  zero.mask = MaskForm::kZero;
+  ops.push_back(zero);
+  Op speculate = write;
+  speculate.kind = OpKind::kSpeculate;
+  speculate.value = -2;  // out of range on purpose: legal, it tests the clamp
+  speculate.isolated = true;
+  ops.push_back(speculate);
+  Op snapshot = MakeOp(OpKind::kSnapshot, 3);
+  snapshot.value = 7;
+  ops.push_back(snapshot);
+  Op restore = MakeOp(OpKind::kRestore, 2);
+  restore.slot = 4;
+  restore.value = -1;  // the generator makes targets below zero too
+  ops.push_back(restore);
+  Op merge = MakeOp(OpKind::kMerge, 1);
+  merge.slot = 2;
+  merge.slot2 = 5;
+  ops.push_back(merge);
+  Op split = MakeOp(OpKind::kSplit, 3);
+  split.slot = 6;
+  split.value = 9;
+  ops.push_back(split);
+  ops.push_back(MakeOp(OpKind::kFree, 2));
+  Op prepare = MakeOp(OpKind::kPrepare, 1);
+  prepare.offsets = {9, 4, -1};  // unsorted and behind: the cache's status to report
+  ops.push_back(prepare);
+  ops.push_back(MakeOp(OpKind::kTake, 3));
+  Op close = MakeOp(OpKind::kClose, 2);
+  close.slot = 8;
+  ops.push_back(close);
+  return ops;
+}
+
+// Requests with every optional field away from its default (a cancel and a speculation
+// cannot share a request).
+std::vector<RequestPlan> EveryRequestField() {
+  RequestPlan a;
+  a.index = 0;
+  a.kind = RequestKind::kExtend;
+  a.conversation = 3;
+  a.inputs = {1, 2, 3, 4, 5, 6};
+  a.outputs = {7, 8, 9, 10};
+  a.dropped = 2;
+  a.user_offsets = {2, 5};
+  a.schedule = false;
+  a.speculation = SpeculativeStep{1, 2, {11, 12}};
+  a.budget_pct = 250;
+  RequestPlan b;
+  b.index = 1;
+  b.kind = RequestKind::kRetry;
+  b.inputs = {0, 2147483647};
+  b.outputs = {1};
+  b.cancel_after_tokens = 0;
+  RequestPlan c;
+  c.index = 2;
+  c.kind = RequestKind::kDiverge;
+  c.inputs = {3};
+  c.outputs = {4, 5};
+  c.speculation = SpeculativeStep{0, 1, {}};  // every draft accepted: nothing rejected
+  RequestPlan d = c;
+  d.index = 3;
+  d.kind = RequestKind::kRepeat;
+  d.speculation = SpeculativeStep{};
+  return {a, b, c, d};
+}
+
+TEST(TraceJson, DefaultHeaderIsTheDocumentedLine) {
+  TraceHeader h;
+  h.source = "kvtwin gen --seed 1";
+  EXPECT_EQ(HeaderToJson(h),
+            R"({"budget":0,"capture_interval":8,"chunk":5,"format":"kvtwin-trace",)"
+            R"("kind":"requests","model":{"dtype":"f32","layers":4,"preset":"mixed",)"
+            R"("window":4},"pre_thinking":4,"seed":1,"source":"kvtwin gen --seed 1","version":1})");
+}
+
+TEST(TraceJson, OpsHeaderHasNoDriverOptionsAndNoEmptySource) {
+  TraceHeader h;
+  h.kind = TraceKind::kOps;
+  EXPECT_EQ(HeaderToJson(h), kOpsHeader);
+}
+
+TEST(TraceJson, EventsAreWrittenWithSortedKeysAndDefaultsLeftOut) {
+  RequestPlan plan;
+  plan.index = 5;  // not written: the reader numbers requests by position
+  plan.conversation = 2;
+  plan.inputs = {1, 2, 3};
+  plan.outputs = {4, 5};
+  EXPECT_EQ(EventToJson(plan), R"({"conversation":2,"inputs":[1,2,3],"outputs":[4,5]})");
+  Op speculate = MakeOp(OpKind::kSpeculate, 0);
+  speculate.tokens = {4, 1, 2};
+  speculate.value = 1;
+  EXPECT_EQ(EventToJson(speculate), R"({"accepted":1,"op":"speculate","tokens":[4,1,2]})");
+  Op write = MakeOp(OpKind::kWrite, 0);
+  write.tokens = {7};
+  EXPECT_EQ(EventToJson(write), R"({"op":"write","tokens":[7]})");
+  Op restore = MakeOp(OpKind::kRestore, 0);
+  restore.value = 3;
+  EXPECT_EQ(EventToJson(restore), R"({"layer":0,"op":"restore","slot":-1,"target":3})");
+}
+
+TEST(TraceJson, AnOpWritesOnlyTheFieldsItsKindUses) {
+  Op snapshot = EveryOpKind()[0];  // a write's tokens, pad, mask, ...
+  snapshot.kind = OpKind::kSnapshot;
+  snapshot.layer = 1;
+  snapshot.value = 7;
+  snapshot.slot = 3;
+  snapshot.offsets = {1};
+  EXPECT_EQ(EventToJson(snapshot), R"({"from":7,"layer":1,"op":"snapshot"})");
+  const std::string path = WriteFile(Lines({kOpsHeader, EventToJson(snapshot)}));
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  Op expected = MakeOp(OpKind::kSnapshot, 1);
+  expected.value = 7;
+  EXPECT_EQ(Tie(std::get<Op>(trace->events.at(0))), Tie(expected));
+}
+
+TEST(TraceRoundTrip, HeaderWithEveryFieldSet) {
+  TraceHeader h;
+  h.seed = std::numeric_limits<uint64_t>::max();
+  h.preset = "sliding";
+  h.layers = 7;
+  h.window = 9;
+  h.dtype = "bf16";
+  h.budget_bytes = 123456;
+  h.chunk = 3;
+  h.capture_interval = 16;
+  h.pre_thinking = 2;
+  h.source = "kvtwin gen --seed 18446744073709551615";
+  const std::string path = (TestDir() / "h.jsonl").string();
+  ASSERT_TRUE(WriteTrace(path, Trace{h, {}}).ok());
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  EXPECT_EQ(trace->header, h);
+  EXPECT_TRUE(trace->events.empty());
+  EXPECT_EQ(ReadFile(path), HeaderToJson(h) + "\n");
+}
+
+TEST(TraceRoundTrip, OpsHeaderKeepsTheDriverOptionDefaults) {
+  TraceHeader h;
+  h.kind = TraceKind::kOps;
+  h.preset = "recurrent";
+  h.layers = 8;
+  const std::string path = (TestDir() / "h.jsonl").string();
+  ASSERT_TRUE(WriteTrace(path, Trace{h, {}}).ok());
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  EXPECT_EQ(trace->header, h);
+}
+
+TEST(TraceRoundTrip, EveryOpKindWithEveryFieldItUses) {
+  TraceHeader h;
+  h.kind = TraceKind::kOps;
+  Trace written{h, {}};
+  for (const Op& op : EveryOpKind()) written.events.emplace_back(op);
+  const std::string path = (TestDir() / "ops.jsonl").string();
+  ASSERT_TRUE(WriteTrace(path, written).ok());
+  const Result<Trace> read = ReadTrace(path);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_EQ(read->events.size(), written.events.size());
+  std::string text = HeaderToJson(h) + "\n";
+  for (size_t i = 0; i < written.events.size(); ++i) {
+    const Op& want = std::get<Op>(written.events[i]);
+    EXPECT_EQ(Tie(std::get<Op>(read->events[i])), Tie(want)) << want.ToString();
+    text += EventToJson(written.events[i]) + "\n";
+  }
+  EXPECT_EQ(ReadFile(path), text);
+}
+
+TEST(TraceRoundTrip, RequestsWithEveryOptionalField) {
+  Trace written{TraceHeader{}, {}};
+  for (const RequestPlan& plan : EveryRequestField()) written.events.emplace_back(plan);
+  const std::string path = (TestDir() / "requests.jsonl").string();
+  ASSERT_TRUE(WriteTrace(path, written).ok());
+  const Result<Trace> read = ReadTrace(path);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_EQ(read->events.size(), written.events.size());
+  for (size_t i = 0; i < written.events.size(); ++i) {
+    const RequestPlan& want = std::get<RequestPlan>(written.events[i]);
+    EXPECT_EQ(Tie(std::get<RequestPlan>(read->events[i])), Tie(want)) << want.ToString();
+  }
+  EXPECT_EQ(EventToJson(written.events[0]),
+            R"({"budget_pct":250,"conversation":3,"dropped":2,"inputs":[1,2,3,4,5,6],)"
+            R"("outputs":[7,8,9,10],"request_kind":"extend","schedule":false,)"
+            R"("speculation":{"accepted":2,"rejected":[11,12],"step":1},"user_points":[2,5]})");
+}
+
+TEST(TraceBlocks, BlocksAndOutputLenExpandThroughTheTokenFunctions) {
+  const std::string path = WriteFile(Lines({
+      kRequestsHeader,
+      R"({"inputs":[1],"outputs":[2]})",
+      R"({"blocks":[7,8],"block_len":16,"conversation":0,"output_len":3,"prompt_len":20})",
+      R"({"blocks":[9],"block_len":5,"outputs":[1,2],"prompt_len":5})",
+  }));
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  ASSERT_EQ(trace->events.size(), 3u);
+  const auto& blocks = std::get<RequestPlan>(trace->events[1]);
+  std::vector<int32_t> inputs = BlockTokens(7, 16);
+  const std::vector<int32_t> last = BlockTokens(8, 4);  // 20 - 16: the last block is cut
+  inputs.insert(inputs.end(), last.begin(), last.end());
+  EXPECT_EQ(blocks.index, 1);
+  EXPECT_EQ(blocks.inputs, inputs);
+  EXPECT_EQ(blocks.outputs, GeneratedTokens(1, 3));  // of the request's index, not the line's
+  const auto& whole = std::get<RequestPlan>(trace->events[2]);
+  EXPECT_EQ(whole.inputs, BlockTokens(9, 5));
+  EXPECT_EQ(whole.outputs, (std::vector<int32_t>{1, 2}));
+}
+
+TEST(TraceBlocks, PromptLenMustFitTheBlocks) {
+  const std::string too_short = R"({"blocks":[1,2],"block_len":16,"outputs":[1],"prompt_len":16})";
+  EXPECT_EQ(ErrorOf({kRequestsHeader, too_short}),
+            "FILE:2: /prompt_len: 2 blocks of 16 tokens hold 17..32 tokens, not 16");
+  const std::string too_long = R"({"blocks":[1,2],"block_len":16,"outputs":[1],"prompt_len":33})";
+  EXPECT_EQ(ErrorOf({kRequestsHeader, too_long}),
+            "FILE:2: /prompt_len: 2 blocks of 16 tokens hold 17..32 tokens, not 33");
+  EXPECT_EQ(ErrorOf({kRequestsHeader, R"({"blocks":[1],"outputs":[1],"prompt_len":3})"}),
+            "FILE:2: /block_len: missing required field");
+  EXPECT_EQ(ErrorOf({kRequestsHeader, R"({"blocks":[],"block_len":1,"outputs":[1],)"
+                                      R"("prompt_len":1})"}),
+            "FILE:2: /blocks: must not be empty");
+  EXPECT_EQ(ErrorOf({kRequestsHeader, R"({"blocks":[-1],"block_len":1,"outputs":[1],)"
+                                      R"("prompt_len":1})"}),
+            "FILE:2: /blocks/0: must be >= 0, got -1");
+  EXPECT_EQ(ErrorOf({kRequestsHeader, R"({"inputs":[1],"output_len":16777217})"}),
+            "FILE:2: /output_len: too long: 16777217 (at most 16777216)");
+}
+
+TEST(TraceReaderErrors, FileLevelProblems) {
+  EXPECT_EQ(ErrorOfText(""), "FILE:1: /: empty trace (no header)");
+  EXPECT_EQ(ErrorOfText("\n"), "FILE:1: /: empty trace (no header)");
+  EXPECT_EQ(ErrorOfText("\n" + kRequestsHeader + "\n"), "FILE:1: /: empty line");
+  const std::string event = R"({"inputs":[1],"outputs":[2]})";
+  EXPECT_EQ(ErrorOf({kRequestsHeader, event, "", event}), "FILE:3: /: empty line");
+  EXPECT_EQ(ErrorOf({kRequestsHeader, event, "", ""}), "FILE:3: /: empty line");
+  const std::string missing = (TestDir() / "no-such.jsonl").string();
+  const Result<Trace> none = ReadTrace(missing);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kIo);
+  EXPECT_EQ(none.status().message(), missing + ": cannot open: No such file or directory");
+}
+
+TEST(TraceReaderErrors, NotJson) {
+  const std::string bad_header = ErrorOf({R"({"format":)"});
+  EXPECT_EQ(bad_header.rfind("FILE:1: /: not JSON: ", 0), 0u) << bad_header;
+  const std::string bad_event = ErrorOf({kRequestsHeader, R"({"inputs":[1],"outputs":[2]})", "{"});
+  EXPECT_EQ(bad_event.rfind("FILE:3: /: not JSON: ", 0), 0u) << bad_event;
+  EXPECT_EQ(ErrorOf({kRequestsHeader, "[1,2]"}), "FILE:2: /: expected an object, got array");
+  EXPECT_EQ(ErrorOf({"42"}), "FILE:1: /: expected an object, got 42");
+}
+
+TEST(TraceReaderErrors, HeaderFormatAndVersionComeFirst) {
+  EXPECT_EQ(ErrorOf({Header([](Json& j) { j["format"] = "other"; })}),
+            "FILE:1: /format: not a kvtwin trace");
+  // A Mooncake line has no "format" at all.
+  EXPECT_EQ(ErrorOf({R"({"hash_ids":[1],"input_length":5,"output_length":1,"timestamp":0})"}),
+            "FILE:1: /format: not a kvtwin trace");
+  EXPECT_EQ(ErrorOf({Header([](Json& j) {
+              j["version"] = 2;
+              j["new_field"] = true;  // the version is what the reader must report
+            })}),
+            "FILE:1: /version: unsupported version 2 (this kvtwin reads version 1)");
+  EXPECT_EQ(ErrorOf({Header([](Json& j) { j["version"] = "1"; })}),
+            "FILE:1: /version: expected an integer, got string");
+  EXPECT_EQ(ErrorOf({Header([](Json& j) { j.erase("version"); })}),
+            "FILE:1: /version: missing required field");
+}
+
+TEST(TraceReaderErrors, HeaderFields) {
+  const std::vector<std::pair<std::function<void(Json&)>, std::string>> cases = {
+      {[](Json& j) { j["kind"] = "events"; },
+       R"(/kind: unknown trace kind "events" (expected "requests" or "ops"))"},
+      {[](Json& j) { j["extra"] = 1; }, "/extra: unknown field"},
+      {[](Json& j) { j["a/b~"] = 1; }, "/a~1b~0: unknown field"},
+      {[](Json& j) { j["seed"] = -1; }, "/seed: must be >= 0, got -1"},
+      {[](Json& j) { j["seed"] = 1.5; }, "/seed: expected an integer, got 1.5"},
+      {[](Json& j) { j.erase("model"); }, "/model: missing required field"},
+      {[](Json& j) { j["model"] = "mixed"; }, "/model: expected an object, got string"},
+      {[](Json& j) { j["model"]["heads"] = 2; }, "/model/heads: unknown field"},
+      {[](Json& j) { j["model"]["layers"] = 0; }, "/model/layers: must be >= 1, got 0"},
+      {[](Json& j) { j["model"]["layers"] = 128; }, "/model/layers: must be <= 127, got 128"},
+      {[](Json& j) { j["model"]["window"] = "4"; },
+       "/model/window: expected an integer, got string"},
+      {[](Json& j) { j["model"]["window"] = 0; }, "/model/window: must be >= 1, got 0"},
+      {[](Json& j) { j["model"]["preset"] = "huge"; },
+       R"(/model/preset: unknown preset "huge" (expected one of dense, sliding, recurrent, mixed))"},
+      {[](Json& j) { j["model"]["dtype"] = "f64"; },
+       "/model/dtype: unknown dtype 'f64' (f32, bf16)"},
+      {[](Json& j) { j["source"] = 3; }, "/source: expected a string, got 3"},
+      {[](Json& j) { j.erase("chunk"); }, "/chunk: missing required field"},
+      {[](Json& j) { j["chunk"] = 0; }, "/chunk: must be >= 1, got 0"},
+      {[](Json& j) { j["budget"] = -5; }, "/budget: must be >= 0, got -5"},
+      {[](Json& j) { j["pre_thinking"] = true; },
+       "/pre_thinking: expected an integer, got boolean"},
+      {[](Json& j) {
+         j["kind"] = "ops";  // an ops trace has no request driver options
+       },
+       R"(/budget: only allowed in a "requests" trace)"},
+  };
+  for (const auto& [edit, want] : cases) EXPECT_EQ(ErrorOf({Header(edit)}), "FILE:1: " + want);
+}
+
+TEST(TraceReaderErrors, RequestFields) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"inputs":[1],"outputs":[2],"colour":1})", "/colour: unknown field"},
+      {R"({"op":"free","layer":0})", R"(/op: an op event in a "requests" trace)"},
+      {R"({"outputs":[2]})", R"(/inputs: missing required field (or "blocks"))"},
+      {R"({"inputs":[1]})", R"(/outputs: missing required field (or "output_len"))"},
+      {R"({"inputs":[],"outputs":[2]})", "/inputs: must not be empty"},
+      {R"({"inputs":[1],"outputs":[]})", "/outputs: must not be empty"},
+      {R"({"inputs":1,"outputs":[2]})", "/inputs: expected an array, got 1"},
+      {R"({"inputs":[1,-2],"outputs":[2]})", "/inputs/1: must be >= 0, got -2"},
+      {R"({"inputs":[1.5],"outputs":[2]})", "/inputs/0: expected an integer, got 1.5"},
+      {R"({"inputs":["1"],"outputs":[2]})", "/inputs/0: expected an integer, got string"},
+      {R"({"inputs":[1],"outputs":[2147483648]})",
+       "/outputs/0: must be <= 2147483647, got 2147483648"},
+      {R"({"inputs":[1],"outputs":[2],"blocks":[3]})", R"(/blocks: not allowed with "inputs")"},
+      {R"({"inputs":[1],"outputs":[2],"output_len":1})",
+       R"(/output_len: not allowed with "outputs")"},
+      {R"({"inputs":[1],"output_len":0})", "/output_len: must be >= 1, got 0"},
+      {R"({"conversation":-1,"inputs":[1],"outputs":[2]})", "/conversation: must be >= 0, got -1"},
+      {R"({"inputs":[1],"outputs":[2],"schedule":1})", "/schedule: expected true or false, got 1"},
+      {R"({"inputs":[1],"outputs":[2],"user_points":[0]})", "/user_points/0: must be >= 1, got 0"},
+      {R"({"cancel_after":-1,"inputs":[1],"outputs":[2]})", "/cancel_after: must be >= 0, got -1"},
+      {R"({"budget_pct":0,"inputs":[1],"outputs":[2]})", "/budget_pct: must be >= 1, got 0"},
+      {R"({"dropped":-3,"inputs":[1],"outputs":[2]})", "/dropped: must be >= 0, got -3"},
+      {R"({"inputs":[1],"outputs":[2],"request_kind":"resume"})",
+       R"(/request_kind: unknown request kind "resume" (expected new, extend, diverge, repeat or retry))"},
+  };
+  for (const auto& [event, want] : cases) {
+    EXPECT_EQ(ErrorOf({kRequestsHeader, event}), "FILE:2: " + want) << event;
+  }
+}
+
+TEST(TraceReaderErrors, SpeculationMustFitTheDecode) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"cancel_after":2,"inputs":[1],"outputs":[2,3],)"
+       R"("speculation":{"accepted":0,"rejected":[4],"step":0}})",
+       R"(/speculation: not allowed with "cancel_after" (a cancelled request has no decode))"},
+      {R"({"inputs":[1],"outputs":[2,3,4],"speculation":{"accepted":2,"rejected":[],"step":1}})",
+       "/speculation/accepted: step 1 + accepted 2 + 1 exceeds the 3 outputs"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":0,"rejected":[],"step":2}})",
+       "/speculation/step: step 2 is past the last of the 2 outputs"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":0,"step":0}})",
+       "/speculation/rejected: missing required field"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":0,"rejected":[-1],"step":0}})",
+       "/speculation/rejected/0: must be >= 0, got -1"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":-1,"rejected":[],"step":0}})",
+       "/speculation/accepted: must be >= 0, got -1"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"rejected":[],"step":0,"x":1}})",
+       "/speculation/x: unknown field"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":[0]})",
+       "/speculation: expected an object, got array"},
+  };
+  for (const auto& [event, want] : cases) {
+    EXPECT_EQ(ErrorOf({kRequestsHeader, event}), "FILE:2: " + want) << event;
+  }
+  // The last planned token can be the bonus of a step that accepts every draft.
+  const std::string fits =
+      R"({"inputs":[1],"outputs":[2,3,4],"speculation":{"accepted":1,"rejected":[],"step":1}})";
+  EXPECT_EQ(ErrorOf({kRequestsHeader, fits}), "(read without error)");
+}
+
+TEST(TraceReaderErrors, OpFields) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"inputs":[1],"outputs":[2]})", "/op: missing required field"},
+      {R"({"op":"jump","layer":0})", R"(/op: unknown op "jump")"},
+      {R"({"op":7})", "/op: expected a string, got 7"},
+      {R"({"layer":4,"op":"free"})", "/layer: layer 4 out of range (the stack has 4 layers)"},
+      {R"({"layer":-1,"op":"take"})", "/layer: must be >= 0, got -1"},
+      {R"({"op":"take"})", "/layer: missing required field"},
+      {R"({"layer":0,"op":"free","slot":1})", R"(/slot: unknown field for op "free")"},
+      {R"({"layer":0,"op":"write","tokens":[1]})", R"(/layer: unknown field for op "write")"},
+      {R"({"op":"write","tokens":[]})", "/tokens: must not be empty"},
+      {R"({"op":"write","tokens":[-1]})", "/tokens/0: must be >= 0, got -1"},
+      {R"({"op":"write","pad":-1,"tokens":[1]})", "/pad: must be >= 0, got -1"},
+      {R"({"op":"write","segmented":"yes","tokens":[1]})",
+       "/segmented: expected true or false, got string"},
+      {R"({"mask":"full","op":"write","tokens":[1]})",
+       R"(/mask: unknown mask "full" (expected causal, zero or relax))"},
+      {R"({"mask":"zero","op":"write","rect":[0,1,0,1],"tokens":[1]})",
+       R"(/rect: only allowed with mask "relax")"},
+      {R"({"mask":"relax","op":"write","tokens":[1]})",
+       R"(/rect: missing required field (mask "relax"))"},
+      {R"({"mask":"relax","op":"write","rect":[0,1,0],"tokens":[1]})",
+       "/rect: expected [q_lo, q_hi, k_lo, k_hi], got 3 entries"},
+      {R"({"mask":"relax","op":"write","rect":[0,1,-1,1],"tokens":[1]})",
+       "/rect/2: must be >= 0, got -1"},
+      {R"({"mask":"relax","op":"write","rect":[3,2,0,1],"tokens":[1]})",
+       "/rect/1: 2 is below the lower bound 3"},
+      {R"({"mask":"relax","op":"write","rect":[0,1,5,4],"tokens":[1]})",
+       "/rect/3: 4 is below the lower bound 5"},
+      {R"({"accepted":0,"op":"speculate","tokens":[1]})",
+       "/tokens: needs at least 2 entries, got 1"},
+      {R"({"op":"speculate","tokens":[1,2]})", "/accepted: missing required field"},
+      {R"({"accepted":1,"isolated":0,"op":"speculate","tokens":[1,2]})",
+       "/isolated: expected true or false, got 0"},
+      {R"({"layer":0,"op":"snapshot"})", "/from: missing required field"},
+      {R"({"from":-1,"layer":0,"op":"snapshot"})", "/from: must be >= 0, got -1"},
+      {R"({"layer":0,"op":"restore","slot":-2,"target":0})", "/slot: must be >= -1, got -2"},
+      {R"({"layer":0,"op":"restore","slot":0})", "/target: missing required field"},
+      {R"({"child":0,"layer":0,"op":"merge"})", "/parent: missing required field"},
+      {R"({"at":1,"layer":0,"op":"split","slot":-3})", "/slot: must be >= -1, got -3"},
+      {R"({"layer":0,"op":"close","slot":-1})", "/slot: must be >= 0, got -1"},
+      {R"({"layer":0,"offsets":3,"op":"prepare"})", "/offsets: expected an array, got 3"},
+      {R"({"layer":0,"op":"prepare"})", "/offsets: missing required field"},
+  };
+  for (const auto& [event, want] : cases) {
+    EXPECT_EQ(ErrorOf({kOpsHeader, event}), "FILE:2: " + want) << event;
+  }
+}
+
+TEST(TraceReader, AcceptsAHeaderOnlyFileAndOneTrailingEmptyLine) {
+  const std::string path = WriteFile(kRequestsHeader);  // no newline at all
+  const Result<Trace> empty = ReadTrace(path);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty->events.empty());
+  const std::string event = R"({"inputs":[1],"outputs":[2]})";
+  EXPECT_EQ(ErrorOf({kRequestsHeader, event, ""}), "(read without error)");
+  EXPECT_EQ(ErrorOfText(Lines({kRequestsHeader, event}) + "\r\n"), "(read without error)");
+}
+
+TEST(TraceReader, StreamsEventsWithTheirLinesAndRequestIndices) {
+  const std::string path = WriteFile(Lines(
+      {kRequestsHeader, R"({"inputs":[1],"outputs":[2]})", R"({"inputs":[3],"output_len":2})"}));
+  Result<std::unique_ptr<TraceReader>> reader = TraceReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ((*reader)->path(), path);
+  EXPECT_EQ((*reader)->header(), TraceHeader{});
+  for (int64_t i = 0; i < 2; ++i) {
+    Result<std::optional<TraceEvent>> event = (*reader)->Next();
+    ASSERT_TRUE(event.ok()) << event.status().ToString();
+    ASSERT_TRUE(event->has_value());
+    EXPECT_EQ(std::get<RequestPlan>(**event).index, i);
+    EXPECT_EQ((*reader)->line(), i + 2);
+  }
+  Result<std::optional<TraceEvent>> end = (*reader)->Next();
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(end->has_value());
+}
+
+TEST(TraceWriter, LeavesNoFileUnlessCommitted) {
+  const fs::path dir = TestDir();
+  const std::string path = (dir / "t.jsonl").string();
+  {
+    Result<std::unique_ptr<TraceWriter>> writer = TraceWriter::Create(path, TraceHeader{});
+    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+    ASSERT_TRUE((*writer)->Write(EveryRequestField()[0]).ok());
+    EXPECT_FALSE(fs::exists(path));
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  }
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_TRUE(fs::is_empty(dir));  // no temporary file either
+}
+
+TEST(TraceWriter, CommitReplacesTheDestinationInOneRename) {
+  const fs::path dir = TestDir();
+  const std::string path = (dir / "t.jsonl").string();
+  std::ofstream(path) << "old\n";
+  Trace trace{TraceHeader{}, {}};
+  for (const RequestPlan& plan : EveryRequestField()) trace.events.emplace_back(plan);
+  Result<std::unique_ptr<TraceWriter>> writer = TraceWriter::Create(path, trace.header);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  for (const TraceEvent& e : trace.events) ASSERT_TRUE((*writer)->Write(e).ok());
+  EXPECT_EQ(ReadFile(path), "old\n");  // a reader sees the old trace until the commit
+  ASSERT_TRUE((*writer)->Commit().ok());
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"t.jsonl"});
+  const Result<Trace> read = ReadTrace(path);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->events.size(), trace.events.size());
+  writer->reset();  // destroying a committed writer keeps the file
+  EXPECT_TRUE(fs::exists(path));
+}
+
+TEST(TraceWriter, ReportsADirectoryThatDoesNotExist) {
+  const std::string path = (TestDir() / "missing" / "t.jsonl").string();
+  Result<std::unique_ptr<TraceWriter>> writer = TraceWriter::Create(path, TraceHeader{});
+  ASSERT_FALSE(writer.ok());
+  EXPECT_EQ(writer.status().code(), StatusCode::kIo);
+  EXPECT_EQ(writer.status().message().rfind(path + ": cannot create " + path + ".tmp.", 0), 0u)
+      << writer.status().message();
+}
+
+TEST(TraceWriterDeathTest, AnEventOfTheWrongKindIsAProgrammerError) {
+  const std::string path = (TestDir() / "t.jsonl").string();
+  EXPECT_DEATH(
+      {
+        Result<std::unique_ptr<TraceWriter>> writer = TraceWriter::Create(path, TraceHeader{});
+        (void)(*writer)->Write(MakeOp(OpKind::kFree, 0));
+      },
+      "wrong kind");
+}
+
+}  // namespace
+}  // namespace kvtwin::sim
