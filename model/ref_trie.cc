@@ -101,8 +101,10 @@ std::vector<const RefNode*> RefPreOrder(const RefNode& root) {
 
 std::string RenderRefTrie(const RefNode& root, bool with_bytes, bool raw_ticks) {
   const std::vector<const RefNode*> nodes = RefPreOrder(root);
-  std::set<int64_t> ticks;
-  for (const RefNode* n : nodes) ticks.insert(n->last_used);
+  std::vector<int64_t> ticks;
+  for (const RefNode* n : nodes) ticks.push_back(n->last_used);
+  std::sort(ticks.begin(), ticks.end());
+  ticks.erase(std::unique(ticks.begin(), ticks.end()), ticks.end());
   std::ostringstream out;
   for (const RefNode* n : nodes) {
     out << std::string(static_cast<size_t>(2 * Depth(*n)), ' ');
@@ -111,7 +113,8 @@ std::string RenderRefTrie(const RefNode& root, bool with_bytes, bool raw_ticks) 
     if (n->user) out << " user";
     // Dense rank: the number of distinct older ticks.
     out << " t"
-        << (raw_ticks ? n->last_used : std::distance(ticks.begin(), ticks.find(n->last_used)));
+        << (raw_ticks ? n->last_used
+                      : std::lower_bound(ticks.begin(), ticks.end(), n->last_used) - ticks.begin());
     // A node's line depends on the node alone, so the first differing line names the node
     // that differs: no slots at all when it holds no snapshot (an empty and an all-null slot
     // set are alike), else every slot of its set.

@@ -135,11 +135,14 @@ int main(int argc, char** argv) {
   if (*requests) return cli::Requests(request_options, request_flags);
   if (*replay) return cli::Replay(replay_flags);
   if (*gen) {
-    // Op generation shares the stack options with requests.
-    gen_flags.ops.preset = gen_flags.requests.preset;
-    gen_flags.ops.layers = gen_flags.requests.layers;
-    gen_flags.ops.window = gen_flags.requests.window;
-    gen_flags.ops.dtype = gen_flags.requests.dtype;
+    // Op generation shares the stack options with requests, but keeps the defaults of
+    // `sweep` for those not given, so `gen --kind ops --seed S` records what `sweep --seeds
+    // S` runs.
+    auto given = [gen](const char* name) { return gen->get_option(name)->count() > 0; };
+    if (given("--preset")) gen_flags.ops.preset = gen_flags.requests.preset;
+    if (given("--layers")) gen_flags.ops.layers = gen_flags.requests.layers;
+    if (given("--window")) gen_flags.ops.window = gen_flags.requests.window;
+    if (given("--dtype")) gen_flags.ops.dtype = gen_flags.requests.dtype;
     gen_flags.ops.swarm = gen_flags.requests.swarm;
     return cli::Gen(gen_flags);
   }

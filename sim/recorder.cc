@@ -65,8 +65,6 @@ Status TraceRecorder::Cancel(int64_t prefill_tokens) {
   if (prefill_tokens < 0) return InvalidArgument("Cancel: negative prefill token count");
   if (!open_->outputs.empty()) return FailedPrecondition("Cancel: decode already started");
   open_->cancel_after_tokens = prefill_tokens;
-  // A cancelled request never samples; the format still carries one placeholder output.
-  open_->outputs.push_back(0);
   return EndRequest();
 }
 
@@ -81,18 +79,20 @@ Status TraceRecorder::Sampled(std::span<const int32_t> tokens) {
 
 Status TraceRecorder::Speculated(std::span<const int32_t> drafts, int64_t accepted, int32_t bonus) {
   if (Status s = NeedRequest("Speculated"); !s.ok()) return s;
-  if (open_->speculation.step >= 0) {
-    return FailedPrecondition("Speculated: format v1 holds one speculative step per request");
-  }
   if (accepted < 0 || accepted > static_cast<int64_t>(drafts.size())) {
     return InvalidArgument(
         fmt::format("Speculated: accepted {} of {} drafts", accepted, drafts.size()));
   }
+  for (const int32_t t : drafts) {
+    if (t < 0) return InvalidArgument(fmt::format("Speculated: negative draft {}", t));
+  }
   if (bonus < 0) return InvalidArgument("Speculated: negative bonus token");
-  SpeculativeStep& step = open_->speculation;
+  // At the decode forward of the next sampled token: after every earlier step's end.
+  SpeculativeStep step;
   step.step = static_cast<int64_t>(open_->outputs.size());
   step.accepted = accepted;
   step.rejected.assign(drafts.begin() + accepted, drafts.end());
+  open_->speculation.push_back(std::move(step));
   open_->outputs.insert(open_->outputs.end(), drafts.begin(), drafts.begin() + accepted);
   open_->outputs.push_back(bonus);
   return Status::Ok();
@@ -100,7 +100,9 @@ Status TraceRecorder::Speculated(std::span<const int32_t> drafts, int64_t accept
 
 Status TraceRecorder::EndRequest() {
   if (Status s = NeedRequest("EndRequest"); !s.ok()) return s;
-  if (open_->outputs.empty()) return FailedPrecondition("EndRequest: no sampled token");
+  if (open_->outputs.empty() && open_->cancel_after_tokens < 0) {
+    return FailedPrecondition("EndRequest: no sampled token");
+  }
   if (Status s = writer_->Write(*open_); !s.ok()) return s;
   open_.reset();
   ++next_index_;

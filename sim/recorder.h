@@ -9,14 +9,14 @@
 //   rec->BeginRequest(conversation, prompt);
 //   rec->UserPoint(12);                       // optional
 //   rec->Sampled(first_token);                // after the prefill
-//   rec->Speculated(drafts, accepted, bonus); // a speculative decode step
+//   rec->Speculated(drafts, accepted, bonus); // a speculative decode step (any number)
 //   rec->Sampled(token); ...
 //   rec->EndRequest();
 //   rec->Finish();
 //
-// Misuse (an event outside a request, a request without any sampled token, an op in a
-// requests trace) is a FailedPrecondition / InvalidArgument Status; nothing is recorded
-// for the offending call. Single-threaded.
+// Misuse (an event outside a request, a request that ends without any sampled token and
+// was not cancelled, an op in a requests trace) is a FailedPrecondition / InvalidArgument
+// Status; nothing is recorded for the offending call. Single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -38,13 +38,14 @@ class TraceRecorder {
   Status UserPoint(int64_t prefix_length);  // a prefix the caller wants restorable
   Status NoCaptures();                      // the caller asks for no prefill captures
   Status BudgetPercent(int64_t pct);        // this request's memory headroom
-  // The prefill was cancelled after `prefill_tokens`; the request ends (no decode).
+  // The prefill was cancelled after `prefill_tokens`; the request ends with no decode and
+  // no outputs. Refused once a token was sampled.
   Status Cancel(int64_t prefill_tokens);
   // Tokens sampled by ordinary decode steps (one per step).
   Status Sampled(std::span<const int32_t> tokens);
   // One speculative decode step: `drafts` proposed, the first `accepted` of them kept,
-  // plus the target model's `bonus` token. Format v1 holds one speculative step per
-  // request: a second is a FailedPrecondition (record it as ordinary samples instead).
+  // plus the target model's `bonus` token. A request may have any number of them, between
+  // and after ordinary samples (each starts where the tokens sampled so far end).
   Status Speculated(std::span<const int32_t> drafts, int64_t accepted, int32_t bonus);
   Status EndRequest();
 

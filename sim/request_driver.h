@@ -1,10 +1,11 @@
 // RequestDriver: runs requests through a PrefixCache over a real layer stack, the way an
 // inference server drives it (spec §3.4): Begin -> SchedulePrefillSnapshots -> chunked
 // prefill of inputs[cached : len-1] -> AttachPrefillSnapshots -> decode (the seed, then
-// every sampled token but the last, optionally one speculative step through
+// every sampled token but the last, optionally with speculative steps through
 // BeginSpeculation) with AddOutputs -> Close; a cancelled request closes after part of
-// its prefill without the attach. Rows come from the synthetic forward (sim/synthetic.h),
-// so every row carries the provenance of the prefix that produced it.
+// its prefill without the attach or any decode (its outputs, if any, are never used). Rows come
+// from the synthetic forward (sim/synthetic.h), so every row carries the provenance of the prefix
+// that produced it.
 //
 // After every session call it checks (spec §4.2, §5.4):
 //   Begin   the report (cached <= matched <= len, cached <= len - 1, left == len - cached)
@@ -92,7 +93,8 @@ class RequestDriver {
   RequestDriver(StackConfig config, RequestDriverOptions options, uint64_t value_seed);
   ~RequestDriver();
 
-  // Runs one request; returns the first divergence. REQUIRES: no divergence before.
+  // Runs one request; returns the first divergence. REQUIRES: no divergence before; the
+  // plan's speculative steps are sorted, apart and within its outputs (RequestPlan).
   std::optional<RequestDivergence> Run(const RequestPlan& plan);
 
   uint64_t digest() const { return digest_; }

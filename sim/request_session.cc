@@ -179,7 +179,7 @@ class RequestDriver::Session {
     cov.retries += plan_.kind == RequestKind::kRetry;
     cov.user_offsets += !plan_.user_offsets.empty();
     cov.unscheduled += !plan_.schedule;
-    cov.speculative += plan_.speculation.step >= 0 && plan_.cancel_after_tokens < 0;
+    cov.speculative += !plan_.speculation.empty() && plan_.cancel_after_tokens < 0;
     cov.branch_points += !pc().pending().empty();
   }
 
@@ -238,16 +238,19 @@ class RequestDriver::Session {
     return std::nullopt;
   }
 
-  // Forwards the seed and every sampled token but the last; reports each sampled token.
+  // Forwards the seed and every sampled token but the last; reports each sampled token. A
+  // speculative step forwards drafts too and reports its accepted drafts and bonus token.
   Check Decode() {
     const int64_t n = static_cast<int64_t>(plan_.outputs.size());
-    const SpeculativeStep& spec = plan_.speculation;
+    auto next = plan_.speculation.begin();
     for (int64_t i = 0; i < n;) {
       const int64_t pos = len() - 1 + i;  // the forward's current token
       int64_t sampled = 1;
-      if (i == spec.step) {
+      if (next != plan_.speculation.end() && i == next->step) {
+        const SpeculativeStep& spec = *next++;
+        KV_CHECK(spec.end() <= n, "a speculative step past the planned outputs");
         phase_ = fmt::format("speculative decode at {} (accept {})", pos, spec.accepted);
-        if (Check c = ForwardSpeculative(pos)) return c;
+        if (Check c = ForwardSpeculative(pos, spec)) return c;
         sampled = spec.accepted + 1;  // the accepted drafts and the bonus token
       } else {
         phase_ = fmt::format("decode at {}", pos);
@@ -264,6 +267,9 @@ class RequestDriver::Session {
       }
       i += sampled;
     }
+    // A step skipped over was unsorted, overlapping or past the outputs (the reader and
+    // the generators never make one).
+    KV_CHECK(next == plan_.speculation.end(), "a speculative step the decode never reached");
     return std::nullopt;
   }
 
@@ -351,8 +357,7 @@ class RequestDriver::Session {
   }
 
   // [current, accepted drafts, rejected drafts] through BeginSpeculation, commit a + 1.
-  Check ForwardSpeculative(int64_t pos) {
-    const SpeculativeStep& spec = plan_.speculation;
+  Check ForwardSpeculative(int64_t pos, const SpeculativeStep& spec) {
     model::TokenLog tokens(stored_.begin() + pos, stored_.begin() + pos + 1 + spec.accepted);
     for (const int32_t t : spec.rejected) tokens.push_back({t, NextHash(tokens.back().h, t)});
     std::vector<LayerCache*> live;

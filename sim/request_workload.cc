@@ -11,6 +11,7 @@ namespace {
 constexpr int64_t kUserTurnMax = 8;
 constexpr int64_t kOutputsMax = 6;
 constexpr int64_t kSpeculativeRejectedMax = 3;
+constexpr size_t kSpeculativeStepsMax = 2;
 
 }  // namespace
 
@@ -59,10 +60,12 @@ std::string RequestPlan::ToString() const {
   if (!user_offsets.empty()) s += fmt::format(" user {}", fmt::join(user_offsets, ","));
   if (!schedule) s += " unscheduled";
   if (cancel_after_tokens >= 0) s += fmt::format(" cancel after {} tokens", cancel_after_tokens);
-  if (speculation.step >= 0) {
-    s += fmt::format(" spec(step {} accept {} reject {})", speculation.step, speculation.accepted,
-                     speculation.rejected.size());
+  for (size_t k = 0; k < speculation.size(); ++k) {
+    const SpeculativeStep& spec = speculation[k];
+    s += fmt::format("{}step {} accept {} reject {}", k == 0 ? " spec(" : "; ", spec.step,
+                     spec.accepted, spec.rejected.size());
   }
+  if (!speculation.empty()) s += ")";
   return s;
 }
 
@@ -93,10 +96,12 @@ RequestPlan RequestWorkload::Next() {
   plan.outputs = Tokens(rng_.Range(1, kOutputsMax));
   AddDecoration(plan);
   const bool cancelled = plan.cancel_after_tokens >= 0;
+  // A cancelled request samples nothing (the outputs were drawn before the cancel was).
+  if (cancelled) plan.outputs.clear();
   c.started = true;
   c.cancelled = cancelled;
   c.inputs = plan.inputs;
-  c.outputs = cancelled ? std::vector<int32_t>{} : plan.outputs;
+  c.outputs = plan.outputs;
   recent_ = plan.conversation;
   return plan;
 }
@@ -158,18 +163,29 @@ void RequestWorkload::AddDecoration(RequestPlan& plan) {
     plan.cancel_after_tokens = rng_.Range(0, 16);
     return;  // no decode, so no speculation
   }
-  // Decode forwards F = [seed, g1 .. g(n-1)]; a step at i may accept up to n-1-i drafts.
+  AddSpeculation(plan);
+}
+
+// Decode forwards F = [seed, g1 .. g(n-1)]; a step at i may accept up to n-1-i drafts. The
+// first step is drawn over the whole decode; a second one, at even odds, where the first
+// left at least one decode forward.
+void RequestWorkload::AddSpeculation(RequestPlan& plan) {
   const auto n = static_cast<int64_t>(plan.outputs.size());
   if (n < 2 || !rng_.Chance(options_.speculate_pct, 100)) return;
-  SpeculativeStep& spec = plan.speculation;
-  spec.step = rng_.Range(0, n - 1);
-  spec.accepted = rng_.Range(0, n - 1 - spec.step);
-  const int64_t rejected = rng_.Range(spec.accepted == 0 ? 1 : 0, kSpeculativeRejectedMax);
-  spec.rejected = Tokens(rejected);
-  // The first rejected draft differs from the token the target samples instead (the bonus).
-  const int32_t bonus = plan.outputs[static_cast<size_t>(spec.step + spec.accepted)];
-  if (!spec.rejected.empty() && spec.rejected.front() == bonus) {
-    spec.rejected.front() = bonus % options_.vocab + 1;
+  for (int64_t from = 0; from <= n - 1 && plan.speculation.size() < kSpeculativeStepsMax &&
+                         (plan.speculation.empty() || rng_.Chance(1, 2));) {
+    SpeculativeStep spec;
+    spec.step = rng_.Range(from, n - 1);
+    spec.accepted = rng_.Range(0, n - 1 - spec.step);
+    const int64_t rejected = rng_.Range(spec.accepted == 0 ? 1 : 0, kSpeculativeRejectedMax);
+    spec.rejected = Tokens(rejected);
+    // The first rejected draft differs from the token the target samples instead (the bonus).
+    const int32_t bonus = plan.outputs[static_cast<size_t>(spec.step + spec.accepted)];
+    if (!spec.rejected.empty() && spec.rejected.front() == bonus) {
+      spec.rejected.front() = bonus % options_.vocab + 1;
+    }
+    from = spec.end();
+    plan.speculation.push_back(std::move(spec));
   }
 }
 

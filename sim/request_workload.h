@@ -9,11 +9,12 @@
 //   repeats its last prompt exactly, or
 //   retries a prefill that was cancelled.
 // On top, at per-seed rates (WorkloadOptions): a cancel after a random number of prefill
-// chunks, extra user restore points, a caller that asks for no captures at all, one
-// speculative decode step, and a budget above or below the run's for one request. Tokens come from
-// a small vocabulary so equal tokens at equal positions on different branches are common (partial
-// edge matches, splits, look-alike branches). Outputs are planned here: the driver replays them as
-// the sampled tokens. Single-threaded.
+// chunks (the request then has no outputs), extra user restore points, a caller that asks
+// for no captures at all, speculative decode (one step, or two when the outputs leave
+// room), and a budget above or below the run's for one request. Tokens come from a small
+// vocabulary so equal tokens at equal positions on different branches are common (partial
+// edge matches, splits, look-alike branches). Outputs are planned here: the driver replays
+// them as the sampled tokens. Single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -29,11 +30,15 @@ const char* RequestKindName(RequestKind kind);
 
 // One speculative decode step: at decode forward `step` (0 = the seed) forward the current
 // token, `accepted` drafts equal to the next planned tokens, then `rejected` other drafts,
-// and commit accepted + 1.
+// and commit accepted + 1. It samples outputs [step, step + accepted + 1): the accepted
+// drafts and the bonus token.
 struct SpeculativeStep {
-  int64_t step = -1;  // -1: no speculation
+  int64_t step = 0;
   int64_t accepted = 0;
   std::vector<int32_t> rejected;
+  // The first decode forward after the step: where the next step may start.
+  int64_t end() const { return step + accepted + 1; }
+  friend bool operator==(const SpeculativeStep&, const SpeculativeStep&) = default;
 };
 
 struct RequestPlan {
@@ -41,14 +46,19 @@ struct RequestPlan {
   RequestKind kind = RequestKind::kNew;
   int32_t conversation = 0;
   std::vector<int32_t> inputs;
-  std::vector<int32_t> outputs;  // every sampled token (>= 1); the last is never forwarded
-  int64_t dropped = 0;           // kExtend: tokens of the last response left out
+  // Every sampled token; the last is never forwarded. At least one unless cancelled (a
+  // cancelled request never decodes, so it may have none).
+  std::vector<int32_t> outputs;
+  int64_t dropped = 0;  // kExtend: tokens of the last response left out
   std::vector<int64_t> user_offsets;
   bool schedule = true;  // call SchedulePrefillSnapshots at all
   // >= 0: cancel once that many prefill tokens were forwarded (the last chunk is cut to
   // fit; 0 = before the first chunk) and close without attach or decode.
   int64_t cancel_after_tokens = -1;
-  SpeculativeStep speculation;
+  // Speculative decode steps (none: plain decode), sorted and apart: each step starts at
+  // or after the previous one's end(), and every end() <= outputs.size(). None when
+  // cancelled.
+  std::vector<SpeculativeStep> speculation;
   // Memory pressure: the eviction budget for this request, in percent of the run's budget
   // (a server whose headroom changes between requests).
   int64_t budget_pct = 100;
@@ -65,7 +75,7 @@ struct WorkloadOptions {
   uint32_t user_pct = 25;           // extra user restore points
   uint32_t unscheduled_pct = 10;    // no SchedulePrefillSnapshots at all
   uint32_t cancel_pct = 12;         // close after part of the prefill
-  uint32_t speculate_pct = 33;      // one speculative decode step
+  uint32_t speculate_pct = 33;      // speculative decode (one step, or two with room)
   uint32_t pressure_pct = 0;        // a budget other than the run's for one request
   // A mix drawn from `rng` (the conversation count is kept).
   static WorkloadOptions Swarm(Rng& rng, int32_t conversations);
@@ -88,6 +98,7 @@ class RequestWorkload {
   RequestKind ChooseKind(const Conversation& c);
   void FillInputs(RequestPlan& plan, const Conversation& c);
   void AddDecoration(RequestPlan& plan);
+  void AddSpeculation(RequestPlan& plan);
   std::vector<int32_t> Tokens(int64_t count);
   int32_t Token();
 

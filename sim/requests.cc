@@ -79,6 +79,24 @@ std::string RequestsReproduceCommand(const RequestOptions& o) {
       o.budget_bytes, o.chunk, o.capture_interval, o.pre_thinking);
 }
 
+// The header of a recorded run, member by member: a member added to TraceHeader keeps its
+// default (no expected verdict).
+TraceHeader RecordHeader(const RequestOptions& o, const std::string& source) {
+  TraceHeader h;
+  h.kind = TraceKind::kRequests;
+  h.seed = o.seed;
+  h.preset = o.preset;
+  h.layers = o.layers;
+  h.window = o.window;
+  h.dtype = o.dtype;
+  h.budget_bytes = o.budget_bytes;
+  h.chunk = o.chunk;
+  h.capture_interval = o.capture_interval;
+  h.pre_thinking = o.pre_thinking;
+  h.source = source;
+  return h;
+}
+
 RequestResult RunRequests(const RequestOptions& given, Trace* record) {
   RequestOptions options = given;
   std::string derived;
@@ -102,10 +120,7 @@ RequestResult RunRequests(const RequestOptions& given, Trace* record) {
   result.mix = mix.ToString();
   RequestWorkload workload(Rng::Derive(options.seed, "requests"), mix);
   if (record != nullptr) {
-    record->header = TraceHeader{TraceKind::kRequests, options.seed,    options.preset,
-                                 options.layers,       options.window,  options.dtype,
-                                 options.budget_bytes, options.chunk,   options.capture_interval,
-                                 options.pre_thinking, result.reproduce};
+    record->header = RecordHeader(options, result.reproduce);
     record->events.clear();
   }
   for (int64_t i = 0; i < options.requests; ++i) {

@@ -146,11 +146,16 @@ class Shrinker {
   static Op& OpOf(TraceEvent& e) { return std::get<Op>(e); }
 
   void SimplifyRequest(size_t i) {
+    SimplifySpeculation(i);
+    // A cancelled request without outputs stays cancelled: an uncancelled one needs one.
     TryEvent(
-        i, [](TraceEvent& e) { return std::exchange(Plan(e).speculation, {}).step >= 0; },
-        "no speculation");
-    TryEvent(
-        i, [](TraceEvent& e) { return std::exchange(Plan(e).cancel_after_tokens, -1) >= 0; },
+        i,
+        [](TraceEvent& e) {
+          RequestPlan& p = Plan(e);
+          if (p.cancel_after_tokens < 0 || p.outputs.empty()) return false;
+          p.cancel_after_tokens = -1;
+          return true;
+        },
         "no cancel");
     TryEvent(
         i, [](TraceEvent& e) { return !std::exchange(Plan(e).user_offsets, {}).empty(); },
@@ -164,11 +169,43 @@ class Shrinker {
     ShrinkList(
         i, [](TraceEvent& e) -> std::vector<int32_t>& { return Plan(e).inputs; }, 1,
         "shorter prompt");
-    if (i < best_.events.size() && Plan(best_.events[i]).speculation.step < 0) {
+    if (i < best_.events.size()) {
       ShrinkList(
-          i, [](TraceEvent& e) -> std::vector<int32_t>& { return Plan(e).outputs; }, 1,
-          "fewer outputs");
+          i, [](TraceEvent& e) -> std::vector<int32_t>& { return Plan(e).outputs; },
+          MinOutputs(Plan(best_.events[i])), "fewer outputs");
     }
+  }
+
+  // Every step at once, then one step at a time while two or more are left (dropping the
+  // last one is what "no speculation" tried); what is left stays sorted and apart.
+  void SimplifySpeculation(size_t i) {
+    if (TryEvent(
+            i, [](TraceEvent& e) { return !std::exchange(Plan(e).speculation, {}).empty(); },
+            "no speculation")) {
+      return;
+    }
+    auto steps = [&] {
+      return i < best_.events.size() ? Plan(best_.events[i]).speculation.size() : size_t{0};
+    };
+    for (size_t k = 0; k < steps() && steps() >= 2 && Budget();) {
+      const bool ok = TryEvent(
+          i,
+          [k](TraceEvent& e) {
+            std::vector<SpeculativeStep>& spec = Plan(e).speculation;
+            spec.erase(spec.begin() + static_cast<ptrdiff_t>(k));
+            return true;
+          },
+          "one speculative step fewer");
+      if (!ok) ++k;
+    }
+  }
+
+  // The outputs a request must keep: what its speculative steps sample (a speculative step
+  // reports outputs up to its end), at least one unless it is cancelled (no decode at all).
+  static size_t MinOutputs(const RequestPlan& plan) {
+    int64_t min = plan.cancel_after_tokens >= 0 ? 0 : 1;
+    for (const SpeculativeStep& s : plan.speculation) min = std::max(min, s.end());
+    return static_cast<size_t>(min);
   }
 
   void SimplifyOp(size_t i) {

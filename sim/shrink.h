@@ -2,10 +2,11 @@
 // still reports the same kind of divergence (DivergenceKind, sim/replay.h). Passes, run to
 // a fixpoint: drop events (ddmin: halves, quarters, ... single events), shrink the setup
 // (fewer layers, a smaller window, no periodic captures), then simplify each event —
-// requests: no speculation, no cancel, no user points, shorter prompts and outputs, smaller
-// token values; ops: shorter token lists, no padding or relaxed masks, fewer offsets,
-// values pulled toward 0. A candidate counts only if it replays without an input error and
-// diverges with the same kind. Deterministic: no randomness, no clock. Single-threaded.
+// requests: no speculation (every step, then one at a time), no cancel, no user points,
+// shorter prompts and outputs (a cancelled request's down to none), smaller token values; ops:
+// shorter token lists, no padding or relaxed masks, fewer offsets, values pulled toward 0. A
+// candidate counts only if it replays without an input error and diverges with the same kind.
+// Deterministic: no randomness, no clock. Single-threaded.
 #pragma once
 
 #include <cstdint>

@@ -242,6 +242,29 @@ Status DecodeModel(const Fields& f, TraceHeader* h) {
   return Status::Ok();
 }
 
+// Characters as JSON Schema's maxLength counts them: code points (UTF-8 lead bytes).
+size_t CodePoints(std::string_view s) {
+  return static_cast<size_t>(std::ranges::count_if(
+      s, [](const char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+// "pass" or "divergence: KIND"; "" is the default (no expectation). The kind is not
+// checked against the known mismatches: new checks bring new kinds.
+Status DecodeExpect(const Fields& f, TraceHeader* h) {
+  KV_RETURN_IF_ERROR(f.String("expect", &h->expect, Need::kOptional));
+  const std::string& e = h->expect;
+  const size_t chars = CodePoints(e);
+  if (chars > kExpectMaxChars) {
+    return f.Error("expect",
+                   fmt::format("too long: {} characters (at most {})", chars, kExpectMaxChars));
+  }
+  const bool divergence =
+      e.starts_with(kExpectDivergencePrefix) && e.size() > kExpectDivergencePrefix.size();
+  if (e.empty() || e == kExpectPass || divergence) return Status::Ok();
+  return f.Error("expect", fmt::format("expected \"pass\" or \"divergence: KIND\", got {}",
+                                       Quote(e.size() > 60 ? e.substr(0, 60) + "..." : e)));
+}
+
 // Required in a requests header so the replay's driver options are explicit.
 Status DecodeDriverOptions(const Fields& f, TraceHeader* h) {
   static constexpr std::string_view kRequestOnly[] = {"budget", "capture_interval", "chunk",
@@ -282,7 +305,7 @@ Status DecodeHeader(const Where& w, const Json& j, TraceHeader* h) {
   }
   h->kind = kind == "ops" ? TraceKind::kOps : TraceKind::kRequests;
   static constexpr std::string_view kKeys[] = {
-      "budget", "capture_interval", "chunk", "format", "kind",
+      "budget", "capture_interval", "chunk", "expect", "format", "kind",
       "model",  "pre_thinking",     "seed",  "source", "version"};
   KV_RETURN_IF_ERROR(f.OnlyKeys(kKeys));
   const Json* seed = f.Find("seed");
@@ -294,6 +317,7 @@ Status DecodeHeader(const Where& w, const Json& j, TraceHeader* h) {
   h->seed = seed->get<uint64_t>();
   KV_RETURN_IF_ERROR(DecodeModel(f, h));
   KV_RETURN_IF_ERROR(f.String("source", &h->source, Need::kOptional));
+  KV_RETURN_IF_ERROR(DecodeExpect(f, h));
   return DecodeDriverOptions(f, h);
 }
 
@@ -332,45 +356,88 @@ Status DecodePrompt(const Fields& f, std::vector<int32_t>* inputs) {
   return Status::Ok();
 }
 
-// "outputs", or "output_len" expanded through GeneratedTokens of the request's index.
-Status DecodeOutputs(const Fields& f, int64_t index, std::vector<int32_t>* outputs) {
+// "outputs", or "output_len" expanded through GeneratedTokens of the request's index. At
+// least one unless the request is cancelled: a cancelled request never decodes, so it may
+// have none (both absent, an empty "outputs" or "output_len" 0).
+Status DecodeOutputs(const Fields& f, int64_t index, bool cancelled,
+                     std::vector<int32_t>* outputs) {
+  const size_t min = cancelled ? 0 : 1;
   if (f.Has("outputs")) {
     if (f.Has("output_len")) return f.Error("output_len", "not allowed with \"outputs\"");
-    return f.Ints("outputs", 0, kMaxInt32, 1, outputs, Need::kRequired);
+    const Json& v = *f.Find("outputs");
+    if (!cancelled && v.is_array() && v.empty()) {
+      return f.Error("outputs",
+                     "must not be empty (only a request with \"cancel_after\" may "
+                     "have no outputs)");
+    }
+    return f.Ints("outputs", 0, kMaxInt32, min, outputs, Need::kRequired);
+  }
+  if (!f.Has("output_len")) {
+    if (cancelled) return Status::Ok();
+    return f.Error("outputs", "missing required field (or \"output_len\")");
   }
   int64_t n = 0;
-  if (!f.Has("output_len")) return f.Error("outputs", "missing required field (or \"output_len\")");
-  KV_RETURN_IF_ERROR(f.Length("output_len", 1, &n, Need::kRequired));
+  KV_RETURN_IF_ERROR(f.Length("output_len", static_cast<int64_t>(min), &n, Need::kRequired));
   *outputs = GeneratedTokens(index, n);
   return Status::Ok();
 }
 
-// The step must fit the decode (request_session.cc Decode): it forwards at step `step` and
-// reports outputs [step, step + accepted + 1) as sampled, so all of them must exist.
-// `rejected` may be empty (every draft accepted, or none drafted).
-Status DecodeSpeculation(const Fields& f, RequestPlan* plan) {
-  const Json* v = nullptr;
-  KV_RETURN_IF_ERROR(f.Object("speculation", &v, Need::kOptional));
-  if (v == nullptr) return Status::Ok();
-  if (plan->cancel_after_tokens >= 0) {
-    return f.Error("speculation",
-                   "not allowed with \"cancel_after\" (a cancelled request has "
-                   "no decode)");
-  }
-  const Fields s(f.where(), *v, f.Ptr("speculation"));
+// One step of "speculation" (at `ptr`): its fields, then its place among the steps. The
+// step must fit the decode (request_session.cc Decode): it forwards at step `step` and
+// reports outputs [step, step + accepted + 1) as sampled, so all of them must exist, and the
+// next step can start only after them. `rejected` may be empty (every draft accepted, or
+// none drafted). `previous`: the step before (null for the first).
+Status DecodeStep(const Fields& f, const Json& v, const std::string& ptr,
+                  const SpeculativeStep* previous, int64_t outputs, SpeculativeStep* step) {
+  if (!v.is_object()) return f.where().Error(ptr, Expected("an object", v));
+  const Fields s(f.where(), v, ptr);
   static constexpr std::string_view kKeys[] = {"accepted", "rejected", "step"};
   KV_RETURN_IF_ERROR(s.OnlyKeys(kKeys));
-  SpeculativeStep& spec = plan->speculation;
-  KV_RETURN_IF_ERROR(s.Length("accepted", 0, &spec.accepted, Need::kRequired));
-  KV_RETURN_IF_ERROR(s.Ints("rejected", 0, kMaxInt32, 0, &spec.rejected, Need::kRequired));
-  KV_RETURN_IF_ERROR(s.Length("step", 0, &spec.step, Need::kRequired));
-  const auto n = static_cast<int64_t>(plan->outputs.size());
-  if (spec.step >= n) {
-    return s.Error("step", fmt::format("step {} is past the last of the {} outputs", spec.step, n));
+  KV_RETURN_IF_ERROR(s.Length("accepted", 0, &step->accepted, Need::kRequired));
+  KV_RETURN_IF_ERROR(s.Ints("rejected", 0, kMaxInt32, 0, &step->rejected, Need::kRequired));
+  KV_RETURN_IF_ERROR(s.Length("step", 0, &step->step, Need::kRequired));
+  if (previous != nullptr && step->step <= previous->step) {
+    return s.Error("step", fmt::format("steps must be sorted: step {} after step {}", step->step,
+                                       previous->step));
   }
-  if (spec.step + spec.accepted + 1 > n) {
+  if (previous != nullptr && step->step < previous->end()) {
+    return s.Error("step",
+                   fmt::format("step {} overlaps the previous step, which samples up to "
+                               "step {} + accepted {} + 1 = {}",
+                               step->step, previous->step, previous->accepted, previous->end()));
+  }
+  if (step->step >= outputs) {
+    return s.Error("step",
+                   fmt::format("step {} is past the last of the {} outputs", step->step, outputs));
+  }
+  if (step->end() > outputs) {
     return s.Error("accepted", fmt::format("step {} + accepted {} + 1 exceeds the {} outputs",
-                                           spec.step, spec.accepted, n));
+                                           step->step, step->accepted, outputs));
+  }
+  return Status::Ok();
+}
+
+// An empty array is the default (no speculation), allowed with "cancel_after" too.
+Status DecodeSpeculation(const Fields& f, RequestPlan* plan) {
+  const Json* v = f.Find("speculation");
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_array()) return f.Error("speculation", Expected("an array", *v));
+  if (v->size() > static_cast<size_t>(kMaxLength)) {
+    return f.Error("speculation",
+                   fmt::format("too long: {} entries (at most {})", v->size(), kMaxLength));
+  }
+  if (!v->empty() && plan->cancel_after_tokens >= 0) {
+    return f.Error("speculation",
+                   "not allowed with \"cancel_after\" (a cancelled request has no decode)");
+  }
+  const auto n = static_cast<int64_t>(plan->outputs.size());
+  std::vector<SpeculativeStep>& steps = plan->speculation;
+  steps.clear();
+  for (size_t k = 0; k < v->size(); ++k) {
+    SpeculativeStep step;
+    KV_RETURN_IF_ERROR(DecodeStep(f, (*v)[k], fmt::format("{}/{}", f.Ptr("speculation"), k),
+                                  steps.empty() ? nullptr : &steps.back(), n, &step));
+    steps.push_back(std::move(step));
   }
   return Status::Ok();
 }
@@ -401,9 +468,10 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
   KV_RETURN_IF_ERROR(f.OnlyKeys(kKeys));
   plan->index = index;
   KV_RETURN_IF_ERROR(DecodePrompt(f, &plan->inputs));
-  KV_RETURN_IF_ERROR(DecodeOutputs(f, index, &plan->outputs));
-  KV_RETURN_IF_ERROR(f.Int("budget_pct", 1, kMaxBudgetPct, &plan->budget_pct, Need::kOptional));
+  // Before the outputs: whether the request may have none depends on it.
   KV_RETURN_IF_ERROR(f.Length("cancel_after", 0, &plan->cancel_after_tokens, Need::kOptional));
+  KV_RETURN_IF_ERROR(DecodeOutputs(f, index, plan->cancel_after_tokens >= 0, &plan->outputs));
+  KV_RETURN_IF_ERROR(f.Int("budget_pct", 1, kMaxBudgetPct, &plan->budget_pct, Need::kOptional));
   KV_RETURN_IF_ERROR(f.Int("conversation", 0, kMaxInt32, &plan->conversation, Need::kOptional));
   KV_RETURN_IF_ERROR(f.Length("dropped", 0, &plan->dropped, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeRequestKind(f, &plan->kind));

@@ -4,20 +4,30 @@
 // Line 1 is the header, every further line one event. Keys are sorted and optional fields
 // at their default are left out, so equal traces are equal files and diffs are per event:
 //
-//   {"budget":0,"capture_interval":8,"chunk":5,"format":"kvtwin-trace","kind":"requests",
-//    "model":{"dtype":"f32","layers":4,"preset":"mixed","window":4},"pre_thinking":4,
-//    "seed":1,"source":"kvtwin gen --seed 1","version":1}
-//   {"conversation":2,"inputs":[1,2,3],"outputs":[4,5]}
+//   {"budget":0,"capture_interval":8,"chunk":5,"expect":"pass","format":"kvtwin-trace",
+//    "kind":"requests","model":{"dtype":"f32","layers":4,"preset":"mixed","window":4},
+//    "pre_thinking":4,"seed":1,"source":"kvtwin gen --seed 1","version":1}
+//   {"conversation":2,"inputs":[1,2,3],"outputs":[4,5,6,7],
+//    "speculation":[{"accepted":1,"rejected":[9],"step":0},{"accepted":0,"rejected":[],"step":2}]}
 //   {"blocks":[7,8],"block_len":16,"conversation":0,"output_len":3,"prompt_len":20}
+//   {"cancel_after":3,"inputs":[1,2,3,4,5]}
 //   {"accepted":1,"op":"speculate","tokens":[4,1,2]}
+//
+// The header's optional "expect" is the verdict a regression trace must replay to: "pass"
+// or "divergence: KIND", KIND being DivergenceKind (sim/replay.h) of the mismatch; absent
+// (TraceHeader::expect "") = no expectation. At most 1000 characters.
 //
 // kind "requests": every event is a request (RequestPlan): "inputs" (prompt token ids) or
 // "blocks" + "block_len" + "prompt_len" (block ids expanded by BlockTokens, the last block
 // cut so the prompt has prompt_len tokens); "outputs" (every sampled token) or
-// "output_len" (GeneratedTokens of the request's index); optional "conversation",
-// "user_points", "schedule" (false: the caller asks for no captures), "cancel_after"
-// (prefill tokens before a cancel), "speculation" {"step","accepted","rejected"},
-// "budget_pct", "dropped" and "request_kind" (informational).
+// "output_len" (GeneratedTokens of the request's index), at least one unless the request
+// has "cancel_after" (prefill tokens before a cancel; a cancelled request never decodes,
+// so it may have no outputs at all); optional "conversation", "user_points", "schedule"
+// (false: the caller asks for no captures), "speculation", "budget_pct", "dropped" and
+// "request_kind" (informational). "speculation" is an array of speculative decode steps
+// {"step","accepted","rejected"} (not with "cancel_after"): sorted, each at or after the
+// previous one's step + accepted + 1 (a step samples accepted + 1 outputs), and each with
+// step + accepted + 1 <= the number of outputs.
 // kind "ops": every event is an op of a layer stack (sim/ops.h), named by "op": write,
 // snapshot, restore, merge, split, free, prepare, take, close, speculate.
 //
@@ -34,6 +44,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -45,6 +56,10 @@ namespace kvtwin::sim {
 
 inline constexpr const char* kTraceFormat = "kvtwin-trace";
 inline constexpr int kTraceVersion = 1;
+// TraceHeader::expect: "pass", or the prefix then DivergenceKind; at most 1000 characters.
+inline constexpr std::string_view kExpectPass = "pass";
+inline constexpr std::string_view kExpectDivergencePrefix = "divergence: ";
+inline constexpr size_t kExpectMaxChars = 1000;
 
 enum class TraceKind : uint8_t { kRequests, kOps };
 
@@ -61,6 +76,10 @@ struct TraceHeader {
   int64_t capture_interval = 8;
   int64_t pre_thinking = 4;
   std::string source;  // how the trace was made; informational
+  // The verdict a replay must give (regression traces): "" = none, "pass", or
+  // "divergence: KIND" with KIND = DivergenceKind(mismatch). Last: aggregate
+  // initializations elsewhere list the members above in order.
+  std::string expect;
   friend bool operator==(const TraceHeader&, const TraceHeader&) = default;
 };
 

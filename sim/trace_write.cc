@@ -37,17 +37,22 @@ const char* MaskName(MaskForm mask) {
 Json RequestJson(const RequestPlan& plan) {
   Json j = Json::object();
   j["inputs"] = plan.inputs;
-  j["outputs"] = plan.outputs;
+  // Only a cancelled request may have none (the reader's rule); then the key is left out.
+  if (!plan.outputs.empty()) j["outputs"] = plan.outputs;
   if (plan.conversation != 0) j["conversation"] = plan.conversation;
   if (!plan.user_offsets.empty()) j["user_points"] = plan.user_offsets;
   if (!plan.schedule) j["schedule"] = false;
   if (plan.cancel_after_tokens != -1) j["cancel_after"] = plan.cancel_after_tokens;
-  if (plan.speculation.step != -1) {
-    Json s = Json::object();
-    s["step"] = plan.speculation.step;
-    s["accepted"] = plan.speculation.accepted;
-    s["rejected"] = plan.speculation.rejected;
-    j["speculation"] = std::move(s);
+  if (!plan.speculation.empty()) {
+    Json steps = Json::array();
+    for (const SpeculativeStep& step : plan.speculation) {
+      Json s = Json::object();
+      s["step"] = step.step;
+      s["accepted"] = step.accepted;
+      s["rejected"] = step.rejected;
+      steps.push_back(std::move(s));
+    }
+    j["speculation"] = std::move(steps);
   }
   if (plan.budget_pct != 100) j["budget_pct"] = plan.budget_pct;
   if (plan.dropped != 0) j["dropped"] = plan.dropped;
@@ -124,6 +129,7 @@ std::string HeaderToJson(const TraceHeader& header) {
   model["dtype"] = header.dtype;
   j["model"] = std::move(model);
   if (!header.source.empty()) j["source"] = header.source;
+  if (!header.expect.empty()) j["expect"] = header.expect;
   // Written even at their defaults: a replay's driver setup is then explicit in the file.
   if (header.kind == TraceKind::kRequests) {
     j["budget"] = header.budget_bytes;

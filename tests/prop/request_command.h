@@ -3,7 +3,7 @@
 // request stored (inputs, and outputs unless it was cancelled); a command is one request
 // (sim::RequestPlan) built from that pool the way sim::RequestWorkload builds them (new,
 // extend with an optional dropped tail, diverge, repeat, retry after a cancel, plus user
-// offsets, unscheduled captures, cancels, one speculative step, memory pressure). The
+// offsets, unscheduled captures, cancels, speculative steps, memory pressure). The
 // system under test is a RequestDriver, which checks the manager after every session call.
 // A plan carries its tokens, so any subsequence of commands is still a valid run: shrinking
 // only needs the conversation it names to exist. A KV_CHECK abort cannot be shrunk, so the
@@ -102,18 +102,30 @@ inline void GenInputs(const RequestModel& m, const Conversation* c, RequestPlan&
   plan.inputs.insert(plan.inputs.end(), turn.begin(), turn.end());
 }
 
-// One speculative decode step, as RequestWorkload draws it: decode forwards are [seed,
-// g1 .. g(n-1)], so a step at i accepts at most n-1-i drafts; the first rejected draft
-// differs from the bonus token the target samples instead.
-inline void GenSpeculation(const RequestModel& m, RequestPlan& plan) {
+// One speculative decode step at or after decode forward `from`, as RequestWorkload draws
+// it: decode forwards are [seed, g1 .. g(n-1)], so a step at i accepts at most n-1-i
+// drafts; the first rejected draft differs from the bonus token the target samples instead.
+// REQUIRES: from <= n - 1.
+inline SpeculativeStep GenStep(const RequestModel& m, const RequestPlan& plan, int64_t from) {
   const auto n = static_cast<int64_t>(plan.outputs.size());
-  SpeculativeStep& spec = plan.speculation;
-  spec.step = Pick<int64_t>(0, n - 1);
+  SpeculativeStep spec;
+  spec.step = Pick<int64_t>(from, n - 1);
   spec.accepted = Pick<int64_t>(0, n - 1 - spec.step);
   spec.rejected = Tokens(m, Pick<int64_t>(spec.accepted == 0 ? 1 : 0, 3));
   const int32_t bonus = plan.outputs[static_cast<size_t>(spec.step + spec.accepted)];
   if (!spec.rejected.empty() && spec.rejected.front() == bonus) {
     spec.rejected.front() = bonus % m.vocab + 1;
+  }
+  return spec;
+}
+
+// One step, then more while the outputs leave room (each one after the previous one's
+// end), so requests with two or three steps are common. Shrinks towards one step.
+inline void GenSpeculation(const RequestModel& m, RequestPlan& plan) {
+  const auto n = static_cast<int64_t>(plan.outputs.size());
+  for (int64_t from = 0; from <= n - 1 && (plan.speculation.empty() || Chance(50));) {
+    plan.speculation.push_back(GenStep(m, plan, from));
+    from = plan.speculation.back().end();
   }
 }
 
@@ -129,7 +141,10 @@ inline void GenDecoration(const RequestModel& m, RequestPlan& plan) {
   if (Chance(10)) plan.budget_pct = Chance(50) ? 200 : 25;
   if (Chance(15)) {
     plan.cancel_after_tokens = Pick<int64_t>(0, 16);
-    return;  // no decode, so no speculation
+    // No decode, so no speculation; the planned outputs are never used, and a recorded
+    // cancel has none at all (both forms must run).
+    if (Chance(50)) plan.outputs.clear();
+    return;
   }
   if (plan.outputs.size() >= 2 && Chance(33)) GenSpeculation(m, plan);
 }
@@ -156,8 +171,9 @@ inline std::string PlanText(const RequestPlan& p) {
   std::string s = summary.substr(summary.find(' ') + 1);
   s += fmt::format(" | inputs [{}] outputs [{}]", fmt::join(p.inputs, " "),
                    fmt::join(p.outputs, " "));
-  if (p.speculation.step >= 0) {
-    s += fmt::format(" rejected [{}]", fmt::join(p.speculation.rejected, " "));
+  for (size_t k = 0; k < p.speculation.size(); ++k) {
+    s += fmt::format("{}[{}]", k == 0 ? " rejected " : " ",
+                     fmt::join(p.speculation[k].rejected, " "));
   }
   if (p.budget_pct != 100) s += fmt::format(" budget {}%", p.budget_pct);
   return s;

@@ -10,6 +10,7 @@
 #include "sim/trace.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -18,12 +19,20 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
 namespace kvtwin::sim {
+
+// Found by argument-dependent lookup, so gtest prints a step readably in a mismatch.
+void PrintTo(const SpeculativeStep& s, std::ostream* os) {
+  *os << fmt::format("{{step {} accepted {} rejected [{}]}}", s.step, s.accepted,
+                     fmt::join(s.rejected, ","));
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -89,8 +98,7 @@ std::string Header(const std::function<void(Json&)>& edit) {
 
 auto Tie(const RequestPlan& p) {
   return std::tie(p.index, p.kind, p.conversation, p.inputs, p.outputs, p.dropped, p.user_offsets,
-                  p.schedule, p.cancel_after_tokens, p.speculation.step, p.speculation.accepted,
-                  p.speculation.rejected, p.budget_pct);
+                  p.schedule, p.cancel_after_tokens, p.speculation, p.budget_pct);
 }
 auto Tie(const Op& o) {
   return std::tie(o.kind, o.layer, o.tokens, o.pad, o.segmented, o.mask, o.rect_q_lo, o.rect_q_hi,
@@ -153,7 +161,8 @@ std::vector<Op> EveryOpKind() {
 }
 
 // Requests with every optional field away from its default (a cancel and a speculation
-// cannot share a request).
+// cannot share a request): two speculative steps back to back, one that accepts every
+// draft, a cancel without outputs and one that keeps its planned outputs.
 std::vector<RequestPlan> EveryRequestField() {
   RequestPlan a;
   a.index = 0;
@@ -164,25 +173,29 @@ std::vector<RequestPlan> EveryRequestField() {
   a.dropped = 2;
   a.user_offsets = {2, 5};
   a.schedule = false;
-  a.speculation = SpeculativeStep{1, 2, {11, 12}};
+  // The first samples output 0, so the second may start at decode forward 1.
+  a.speculation = {SpeculativeStep{0, 0, {13}}, SpeculativeStep{1, 2, {11, 12}}};
   a.budget_pct = 250;
   RequestPlan b;
   b.index = 1;
   b.kind = RequestKind::kRetry;
   b.inputs = {0, 2147483647};
-  b.outputs = {1};
   b.cancel_after_tokens = 0;
   RequestPlan c;
   c.index = 2;
   c.kind = RequestKind::kDiverge;
   c.inputs = {3};
   c.outputs = {4, 5};
-  c.speculation = SpeculativeStep{0, 1, {}};  // every draft accepted: nothing rejected
+  c.speculation = {SpeculativeStep{0, 1, {}}};  // every draft accepted: nothing rejected
   RequestPlan d = c;
   d.index = 3;
   d.kind = RequestKind::kRepeat;
-  d.speculation = SpeculativeStep{};
-  return {a, b, c, d};
+  d.speculation = {};
+  RequestPlan e = b;
+  e.index = 4;
+  e.outputs = {1};
+  e.cancel_after_tokens = 7;
+  return {a, b, c, d, e};
 }
 
 TEST(TraceJson, DefaultHeaderIsTheDocumentedLine) {
@@ -247,6 +260,7 @@ TEST(TraceRoundTrip, HeaderWithEveryFieldSet) {
   h.capture_interval = 16;
   h.pre_thinking = 2;
   h.source = "kvtwin gen --seed 18446744073709551615";
+  h.expect = "divergence: layer # history";
   const std::string path = (TestDir() / "h.jsonl").string();
   ASSERT_TRUE(WriteTrace(path, Trace{h, {}}).ok());
   const Result<Trace> trace = ReadTrace(path);
@@ -266,6 +280,38 @@ TEST(TraceRoundTrip, OpsHeaderKeepsTheDriverOptionDefaults) {
   const Result<Trace> trace = ReadTrace(path);
   ASSERT_TRUE(trace.ok()) << trace.status().ToString();
   EXPECT_EQ(trace->header, h);
+}
+
+TEST(TraceJson, ExpectIsWrittenOnlyWhenSet) {
+  TraceHeader h;
+  h.kind = TraceKind::kOps;
+  EXPECT_EQ(HeaderToJson(h).find("expect"), std::string::npos);
+  h.expect = "pass";
+  EXPECT_EQ(HeaderToJson(h),
+            R"({"expect":"pass","format":"kvtwin-trace","kind":"ops",)"
+            R"("model":{"dtype":"f32","layers":4,"preset":"mixed","window":4},"seed":1,)"
+            R"("version":1})");
+}
+
+TEST(TraceRoundTrip, ExpectedVerdictsOfBothKinds) {
+  for (const TraceKind kind : {TraceKind::kRequests, TraceKind::kOps}) {
+    // The longest expectations: 12 characters of prefix, the rest kind. Characters are code
+    // points: "§" is two bytes of UTF-8 but one character.
+    const std::vector<std::string> expects = {
+        "pass", "divergence: Begin outcome (the greedy switch of spec §#.#)",
+        "divergence: " + std::string(kExpectMaxChars - 12, 'k'),
+        "divergence: " + std::string(kExpectMaxChars - 13, 'k') + "§"};
+    for (const std::string& expect : expects) {
+      TraceHeader h;
+      h.kind = kind;
+      h.expect = expect;
+      const std::string path = (TestDir() / "h.jsonl").string();
+      ASSERT_TRUE(WriteTrace(path, Trace{h, {}}).ok());
+      const Result<Trace> trace = ReadTrace(path);
+      ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+      EXPECT_EQ(trace->header, h);
+    }
+  }
 }
 
 TEST(TraceRoundTrip, EveryOpKindWithEveryFieldItUses) {
@@ -302,7 +348,10 @@ TEST(TraceRoundTrip, RequestsWithEveryOptionalField) {
   EXPECT_EQ(EventToJson(written.events[0]),
             R"({"budget_pct":250,"conversation":3,"dropped":2,"inputs":[1,2,3,4,5,6],)"
             R"("outputs":[7,8,9,10],"request_kind":"extend","schedule":false,)"
-            R"("speculation":{"accepted":2,"rejected":[11,12],"step":1},"user_points":[2,5]})");
+            R"("speculation":[{"accepted":0,"rejected":[13],"step":0},)"
+            R"({"accepted":2,"rejected":[11,12],"step":1}],"user_points":[2,5]})");
+  EXPECT_EQ(EventToJson(written.events[1]),
+            R"({"cancel_after":0,"inputs":[0,2147483647],"request_kind":"retry"})");
 }
 
 TEST(TraceBlocks, BlocksAndOutputLenExpandThroughTheTokenFunctions) {
@@ -416,8 +465,23 @@ TEST(TraceReaderErrors, HeaderFields) {
          j["kind"] = "ops";  // an ops trace has no request driver options
        },
        R"(/budget: only allowed in a "requests" trace)"},
+      {[](Json& j) { j["expect"] = 3; }, "/expect: expected a string, got 3"},
+      {[](Json& j) { j["expect"] = "fail"; },
+       R"(/expect: expected "pass" or "divergence: KIND", got "fail")"},
+      {[](Json& j) { j["expect"] = "Pass"; },
+       R"(/expect: expected "pass" or "divergence: KIND", got "Pass")"},
+      {[](Json& j) { j["expect"] = "divergence"; },
+       R"(/expect: expected "pass" or "divergence: KIND", got "divergence")"},
+      {[](Json& j) { j["expect"] = "divergence: "; },  // the kind is missing
+       R"(/expect: expected "pass" or "divergence: KIND", got "divergence: ")"},
+      {[](Json& j) { j["expect"] = "divergence: " + std::string(989, 'k'); },
+       "/expect: too long: 1001 characters (at most 1000)"},
+      {[](Json& j) { j["expect"] = "divergence: " + std::string(987, 'k') + "§§"; },
+       "/expect: too long: 1001 characters (at most 1000)"},
   };
   for (const auto& [edit, want] : cases) EXPECT_EQ(ErrorOf({Header(edit)}), "FILE:1: " + want);
+  // "" is the default spelled out: no expectation.
+  EXPECT_EQ(ErrorOf({Header([](Json& j) { j["expect"] = ""; })}), "(read without error)");
 }
 
 TEST(TraceReaderErrors, RequestFields) {
@@ -427,7 +491,8 @@ TEST(TraceReaderErrors, RequestFields) {
       {R"({"outputs":[2]})", R"(/inputs: missing required field (or "blocks"))"},
       {R"({"inputs":[1]})", R"(/outputs: missing required field (or "output_len"))"},
       {R"({"inputs":[],"outputs":[2]})", "/inputs: must not be empty"},
-      {R"({"inputs":[1],"outputs":[]})", "/outputs: must not be empty"},
+      {R"({"inputs":[1],"outputs":[]})",
+       R"(/outputs: must not be empty (only a request with "cancel_after" may have no outputs))"},
       {R"({"inputs":1,"outputs":[2]})", "/inputs: expected an array, got 1"},
       {R"({"inputs":[1,-2],"outputs":[2]})", "/inputs/1: must be >= 0, got -2"},
       {R"({"inputs":[1.5],"outputs":[2]})", "/inputs/0: expected an integer, got 1.5"},
@@ -455,30 +520,91 @@ TEST(TraceReaderErrors, RequestFields) {
 TEST(TraceReaderErrors, SpeculationMustFitTheDecode) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"cancel_after":2,"inputs":[1],"outputs":[2,3],)"
-       R"("speculation":{"accepted":0,"rejected":[4],"step":0}})",
+       R"("speculation":[{"accepted":0,"rejected":[4],"step":0}]})",
        R"(/speculation: not allowed with "cancel_after" (a cancelled request has no decode))"},
-      {R"({"inputs":[1],"outputs":[2,3,4],"speculation":{"accepted":2,"rejected":[],"step":1}})",
-       "/speculation/accepted: step 1 + accepted 2 + 1 exceeds the 3 outputs"},
-      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":0,"rejected":[],"step":2}})",
-       "/speculation/step: step 2 is past the last of the 2 outputs"},
-      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":0,"step":0}})",
-       "/speculation/rejected: missing required field"},
-      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":0,"rejected":[-1],"step":0}})",
-       "/speculation/rejected/0: must be >= 0, got -1"},
-      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":-1,"rejected":[],"step":0}})",
-       "/speculation/accepted: must be >= 0, got -1"},
-      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"rejected":[],"step":0,"x":1}})",
-       "/speculation/x: unknown field"},
+      {R"({"inputs":[1],"outputs":[2,3,4],"speculation":[{"accepted":2,"rejected":[],"step":1}]})",
+       "/speculation/0/accepted: step 1 + accepted 2 + 1 exceeds the 3 outputs"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":[{"accepted":0,"rejected":[],"step":2}]})",
+       "/speculation/0/step: step 2 is past the last of the 2 outputs"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":[{"accepted":0,"step":0}]})",
+       "/speculation/0/rejected: missing required field"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":[{"accepted":0,"rejected":[-1],"step":0}]})",
+       "/speculation/0/rejected/0: must be >= 0, got -1"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":[{"accepted":-1,"rejected":[],"step":0}]})",
+       "/speculation/0/accepted: must be >= 0, got -1"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":[{"rejected":[],"step":0,"x":1}]})",
+       "/speculation/0/x: unknown field"},
+      {R"({"inputs":[1],"outputs":[2,3],"speculation":{"accepted":0,"rejected":[],"step":0}})",
+       "/speculation: expected an array, got object"},
       {R"({"inputs":[1],"outputs":[2,3],"speculation":[0]})",
-       "/speculation: expected an object, got array"},
+       "/speculation/0: expected an object, got 0"},
   };
   for (const auto& [event, want] : cases) {
     EXPECT_EQ(ErrorOf({kRequestsHeader, event}), "FILE:2: " + want) << event;
   }
   // The last planned token can be the bonus of a step that accepts every draft.
   const std::string fits =
-      R"({"inputs":[1],"outputs":[2,3,4],"speculation":{"accepted":1,"rejected":[],"step":1}})";
+      R"({"inputs":[1],"outputs":[2,3,4],"speculation":[{"accepted":1,"rejected":[],"step":1}]})";
   EXPECT_EQ(ErrorOf({kRequestsHeader, fits}), "(read without error)");
+}
+
+// Each step samples outputs [step, step + accepted + 1): the next one starts after them.
+TEST(TraceReaderErrors, SpeculativeStepsAreSortedApartAndWithinTheOutputs) {
+  const std::string outputs = R"({"inputs":[1],"outputs":[2,3,4,5,6],"speculation":[)";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"accepted":1,"rejected":[],"step":2},{"accepted":0,"rejected":[9],"step":0}]})",
+       "/speculation/1/step: steps must be sorted: step 0 after step 2"},
+      {R"({"accepted":0,"rejected":[9],"step":1},{"accepted":0,"rejected":[9],"step":1}]})",
+       "/speculation/1/step: steps must be sorted: step 1 after step 1"},
+      {R"({"accepted":1,"rejected":[],"step":1},{"accepted":0,"rejected":[9],"step":2}]})",
+       "/speculation/1/step: step 2 overlaps the previous step, which samples up to "
+       "step 1 + accepted 1 + 1 = 3"},
+      {R"({"accepted":0,"rejected":[9],"step":0},{"accepted":2,"rejected":[],"step":3}]})",
+       "/speculation/1/accepted: step 3 + accepted 2 + 1 exceeds the 5 outputs"},
+      {R"({"accepted":0,"rejected":[9],"step":0},{"accepted":0,"rejected":[],"step":5}]})",
+       "/speculation/1/step: step 5 is past the last of the 5 outputs"},
+      {R"({"accepted":0,"rejected":[9],"step":0},{"accepted":0,"rejected":[],"step":1},)"
+       R"({"accepted":0,"rejected":[],"step":1}]})",
+       "/speculation/2/step: steps must be sorted: step 1 after step 1"},
+  };
+  for (const auto& [steps, want] : cases) {
+    EXPECT_EQ(ErrorOf({kRequestsHeader, outputs + steps}), "FILE:2: " + want) << steps;
+  }
+  // Back to back up to the last output, and an empty list (no speculation, the default).
+  const std::string whole = outputs + R"({"accepted":1,"rejected":[9],"step":0},)"
+                                      R"({"accepted":0,"rejected":[9],"step":2},)"
+                                      R"({"accepted":1,"rejected":[],"step":3}]})";
+  const std::string path = WriteFile(Lines({kRequestsHeader, whole, outputs + "]}"}));
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  const std::vector<SpeculativeStep> want = {{0, 1, {9}}, {2, 0, {9}}, {3, 1, {}}};
+  EXPECT_EQ(std::get<RequestPlan>(trace->events.at(0)).speculation, want);
+  EXPECT_TRUE(std::get<RequestPlan>(trace->events.at(1)).speculation.empty());
+}
+
+// A cancelled request never decodes: its outputs may be absent, empty or a count of 0.
+TEST(TraceReader, ACancelledRequestMayHaveNoOutputs) {
+  const std::string path = WriteFile(Lines({
+      kRequestsHeader,
+      R"({"cancel_after":2,"inputs":[1,2,3]})",
+      R"({"cancel_after":0,"inputs":[1],"outputs":[]})",
+      R"({"cancel_after":0,"inputs":[1],"output_len":0})",
+      R"({"cancel_after":1,"inputs":[1,2],"outputs":[5]})",
+      R"({"cancel_after":1,"inputs":[1,2],"speculation":[]})",
+  }));
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  ASSERT_EQ(trace->events.size(), 5u);
+  for (const size_t i : {0u, 1u, 2u, 4u}) {
+    EXPECT_TRUE(std::get<RequestPlan>(trace->events[i]).outputs.empty()) << i;
+  }
+  EXPECT_EQ(std::get<RequestPlan>(trace->events[0]).cancel_after_tokens, 2);
+  EXPECT_EQ(std::get<RequestPlan>(trace->events[3]).outputs, std::vector<int32_t>{5});
+  // Without "cancel_after" every form of "no outputs" is refused.
+  EXPECT_EQ(ErrorOf({kRequestsHeader, R"({"inputs":[1],"speculation":[]})"}),
+            R"(FILE:2: /outputs: missing required field (or "output_len"))");
+  EXPECT_EQ(ErrorOf({kRequestsHeader, R"({"inputs":[1],"output_len":0})"}),
+            "FILE:2: /output_len: must be >= 1, got 0");
 }
 
 TEST(TraceReaderErrors, OpFields) {

@@ -1,0 +1,120 @@
+// Goal: pin TraceRecorder (sim/recorder.h) to its contract: a server's events become the
+// RequestPlans of format v1 — any number of speculative steps per request, each placed at
+// the decode forward of the next sampled token; a cancelled request with no outputs at all
+// — and the recorded trace reads back and replays through the RequestDriver with a pass;
+// misuse is a Status and records nothing.
+// Method: record into a file under testing::TempDir(), read it with ReadTrace and replay
+// it with ReplayFile. Expected plans are written out by hand from the calls made.
+#include "sim/recorder.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sim/replay.h"
+#include "sim/trace.h"
+
+namespace kvtwin::sim {
+namespace {
+
+std::string TracePath() {
+  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+  return fmt::format("{}recorder_{}_{}.jsonl", testing::TempDir(), info->test_suite_name(),
+                     info->name());
+}
+
+std::unique_ptr<TraceRecorder> OpenRecorder(const std::string& path) {
+  Result<std::unique_ptr<TraceRecorder>> rec = TraceRecorder::Open(path, TraceHeader{});
+  EXPECT_TRUE(rec.ok()) << rec.status().ToString();
+  return rec.ok() ? std::move(*rec) : nullptr;
+}
+
+RequestPlan PlanAt(const Trace& trace, size_t i) {
+  return std::get<RequestPlan>(trace.events.at(i));
+}
+
+TEST(TraceRecorder, RecordsSeveralSpeculativeStepsPerRequest) {
+  const std::string path = TracePath();
+  std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);
+  ASSERT_NE(rec, nullptr);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7};
+  ASSERT_TRUE(rec->BeginRequest(0, prompt).ok());
+  ASSERT_TRUE(rec->Speculated(std::vector<int32_t>{8}, 0, 9).ok());            // samples 9
+  ASSERT_TRUE(rec->Sampled(std::vector<int32_t>{10}).ok());                    // 10
+  ASSERT_TRUE(rec->Speculated(std::vector<int32_t>{11, 12, 13}, 2, 14).ok());  // 11 12 14
+  ASSERT_TRUE(rec->Speculated(std::vector<int32_t>{15}, 1, 16).ok());          // 15 16
+  ASSERT_TRUE(rec->Sampled(std::vector<int32_t>{17}).ok());                    // 17
+  ASSERT_TRUE(rec->EndRequest().ok());
+  ASSERT_TRUE(rec->Finish().ok());
+
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  ASSERT_EQ(trace->events.size(), 1u);
+  const RequestPlan plan = PlanAt(*trace, 0);
+  EXPECT_EQ(plan.inputs, prompt);
+  EXPECT_EQ(plan.outputs, (std::vector<int32_t>{9, 10, 11, 12, 14, 15, 16, 17}));
+  const std::vector<SpeculativeStep> steps = {{0, 0, {8}}, {2, 2, {13}}, {5, 1, {}}};
+  EXPECT_EQ(plan.speculation, steps);
+  const ReplayResult r = ReplayFile(path, {});
+  EXPECT_TRUE(r.passed()) << r.verdict() << "\n" << r.divergence.value_or("");
+  EXPECT_EQ(r.coverage.speculative, 1);
+}
+
+TEST(TraceRecorder, ACancelledRequestHasNoOutputs) {
+  const std::string path = TracePath();
+  std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);
+  ASSERT_NE(rec, nullptr);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ASSERT_TRUE(rec->BeginRequest(0, prompt).ok());
+  ASSERT_TRUE(rec->Cancel(3).ok());  // ends the request
+  // The retry of the same prompt, then a continuation of it.
+  ASSERT_TRUE(rec->BeginRequest(0, prompt).ok());
+  ASSERT_TRUE(rec->Sampled(std::vector<int32_t>{10, 11}).ok());
+  ASSERT_TRUE(rec->EndRequest().ok());
+  ASSERT_TRUE(rec->BeginRequest(0, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12}).ok());
+  ASSERT_TRUE(rec->Cancel(0).ok());
+  ASSERT_TRUE(rec->Finish().ok());
+
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  ASSERT_EQ(trace->events.size(), 3u);
+  EXPECT_EQ(PlanAt(*trace, 0).cancel_after_tokens, 3);
+  EXPECT_TRUE(PlanAt(*trace, 0).outputs.empty());
+  EXPECT_EQ(EventToJson(trace->events[0]), R"({"cancel_after":3,"inputs":[1,2,3,4,5,6,7,8,9]})");
+  EXPECT_EQ(PlanAt(*trace, 1).outputs, (std::vector<int32_t>{10, 11}));
+  EXPECT_TRUE(PlanAt(*trace, 2).outputs.empty());
+  const ReplayResult r = ReplayFile(path, {});
+  EXPECT_TRUE(r.passed()) << r.verdict() << "\n" << r.divergence.value_or("");
+  EXPECT_EQ(r.coverage.cancelled, 2);
+  EXPECT_EQ(r.coverage.completed, 1);
+}
+
+TEST(TraceRecorder, MisuseIsAStatusAndRecordsNothing) {
+  const std::string path = TracePath();
+  std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);
+  ASSERT_NE(rec, nullptr);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  EXPECT_EQ(rec->EndRequest().code(), StatusCode::kFailedPrecondition);  // nothing open
+  ASSERT_TRUE(rec->BeginRequest(0, prompt).ok());
+  EXPECT_EQ(rec->EndRequest().code(), StatusCode::kFailedPrecondition);  // nothing sampled
+  EXPECT_EQ(rec->Speculated(std::vector<int32_t>{4}, 2, 5).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rec->Speculated(std::vector<int32_t>{-4}, 0, 5).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rec->Speculated(std::vector<int32_t>{4}, 1, -5).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rec->Speculated(std::vector<int32_t>{4}, 1, 5).ok());
+  EXPECT_EQ(rec->Cancel(1).code(), StatusCode::kFailedPrecondition);  // decode started
+  ASSERT_TRUE(rec->EndRequest().ok());
+  ASSERT_TRUE(rec->Finish().ok());
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  ASSERT_EQ(trace->events.size(), 1u);
+  EXPECT_EQ(PlanAt(*trace, 0).outputs, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(PlanAt(*trace, 0).speculation, (std::vector<SpeculativeStep>{{0, 1, {}}}));
+  EXPECT_EQ(PlanAt(*trace, 0).cancel_after_tokens, -1);
+}
+
+}  // namespace
+}  // namespace kvtwin::sim
