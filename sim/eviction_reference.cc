@@ -18,7 +18,10 @@ EvictionReference::~EvictionReference() { manager_.set_eviction_hook(nullptr); }
 Check EvictionReference::TakeMismatch() { return std::exchange(mismatch_, std::nullopt); }
 
 void EvictionReference::OnPass(bool ended) {
+  if (!ended && !enabled_) return;
+  if (ended && !std::exchange(in_pass_, false)) return;
   if (!ended) {
+    in_pass_ = true;
     ++passes_;
     budget_ = manager_.options().max_paged_out_bytes;
     TrieMirror m = MirrorTrie(manager_.trie(), manager_.active_path());

@@ -27,6 +27,8 @@ class EvictionReference {
   EvictionReference(const EvictionReference&) = delete;
   EvictionReference& operator=(const EvictionReference&) = delete;
 
+  // Disabled, passes go unchecked (the driver's amortized audits); enabled by default.
+  void set_enabled(bool enabled) { enabled_ = enabled; }
   // The first pass that disagreed since the last call, if any.
   Check TakeMismatch();
   int64_t passes() const { return passes_; }
@@ -41,6 +43,8 @@ class EvictionReference {
   std::string victims_;   // its evictions, for the report
   Check mismatch_;
   int64_t passes_ = 0, evictions_ = 0;
+  bool enabled_ = true;
+  bool in_pass_ = false;  // a checked pass is under way
 };
 
 }  // namespace kvtwin::sim

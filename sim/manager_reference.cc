@@ -36,8 +36,7 @@ Check ManagerReference::Begin(const model::TokenLog& inputs, const PrefixCache& 
                     Outcome(want.matched, want.cached, want.left, want.free_all),
                     Outcome(got.matched, got.cached, got.left, got.free_all)};
   }
-  if (Check c = CheckPending(pc)) return c;
-  return CheckTrie(pc, "Begin");
+  return CheckPending(pc);
 }
 
 Check ManagerReference::CheckPending(const PrefixCache& pc) const {

@@ -26,7 +26,7 @@ class ManagerReference {
 
   model::RefPrefixCache& manager() { return ref_; }
   // Runs the reference Begin on `inputs` (production's Begin already ran and reported
-  // `got`) and compares the report, the pending branch point, the trie and the active path.
+  // `got`) and compares the report and the pending branch point (CheckTrie does the rest).
   Check Begin(const model::TokenLog& inputs, const PrefixCache& pc, const BeginReport& got);
   // After SchedulePrefillSnapshots: the pending offsets and their user flags.
   Check CheckPending(const PrefixCache& pc) const;

@@ -27,10 +27,10 @@ std::string RequestCoverage::ToString() const {
       "completed {}, cancelled {}, cache hits {}, extensions {} (dropped tails {}), "
       "continuations {} (resumed exactly {}), divergent {}, new {}, repeats {}, retries {}, "
       "user offsets {}, unscheduled {}, speculative {}, branch points {}, splits {}, "
-      "evictions {} (checked passes {}), free-all {}, kv gaps {}",
+      "evictions {} (checked passes {}), free-all {}, kv gaps {}, audited calls {}/{}",
       completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
       divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
-      branch_points, splits, evictions, eviction_passes, free_all, kv_gaps);
+      branch_points, splits, evictions, eviction_passes, free_all, kv_gaps, audited_calls, calls);
 }
 
 namespace {
@@ -42,7 +42,8 @@ auto Counters(Coverage& c) {
                     &c.dropped_tails, &c.divergent,       &c.new_conversations, &c.repeats,
                     &c.retries,       &c.user_offsets,    &c.unscheduled,       &c.speculative,
                     &c.continuations, &c.resumed_exactly, &c.branch_points,     &c.free_all,
-                    &c.kv_gaps,       &c.splits,          &c.evictions,         &c.eviction_passes};
+                    &c.kv_gaps,       &c.splits,          &c.evictions,         &c.eviction_passes,
+                    &c.calls,         &c.audited_calls};
 }
 
 }  // namespace
@@ -137,6 +138,18 @@ void RequestDriver::CountChanges(const Census& before, const Census& after) {
       ++coverage_.splits;
     }
   }
+}
+
+bool RequestDriver::StartCall() {
+  const int64_t nodes = manager_->trie().num_nodes();
+  // Credit accrues per call and is capped, so a small trie is audited on every call.
+  audit_credit_ = std::min(audit_credit_ + kAuditNodesPerCall, nodes + kAuditNodesPerCall);
+  audit_ = audit_credit_ >= nodes;
+  if (audit_) audit_credit_ -= nodes;
+  ++coverage_.calls;
+  coverage_.audited_calls += audit_;
+  if (eviction_ref_) eviction_ref_->set_enabled(audit_);
+  return audit_;
 }
 
 void RequestDriver::Fold(uint64_t value) {

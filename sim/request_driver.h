@@ -18,6 +18,11 @@
 //   decode  the attention history of every forward (rows and visible positions);
 //   Close   the caches held exactly the stored tokens before it, and the active path ends at
 //           the offset afterwards.
+// Whole-trie checks (structure, soundness of every snapshot, the reference trie, eviction
+// passes, the census) cost O(trie) per session call, which is quadratic over a long trace.
+// They run on every call while the trie has at most kAuditNodesPerCall nodes, and beyond
+// that on a share of the calls that keeps their amortized cost near that many nodes per
+// call ("audited" calls). The report, live soundness and history checks run on every call.
 // At an unlimited budget the reference manager (sim/manager_reference.h) runs in lock step
 // and every session call must leave exactly its trie, active path and pending offsets.
 // Under a budget every eviction pass that evicts must give exactly the reference pass's
@@ -43,6 +48,7 @@
 #include "sim/request_workload.h"
 #include "sim/stack.h"
 #include "sim/synthetic.h"
+#include "sim/trie_checks.h"
 #include "src/kernels.h"
 #include "src/prefix_cache.h"
 
@@ -76,6 +82,8 @@ struct RequestCoverage {
   int64_t splits = 0, evictions = 0;
   // Eviction passes that evicted, each checked against the reference pass.
   int64_t eviction_passes = 0;
+  // Session calls, and those that ran the whole-trie checks (all while the trie is small).
+  int64_t calls = 0, audited_calls = 0;
   std::string ToString() const;
   RequestCoverage& operator+=(const RequestCoverage& o);
 };
@@ -116,6 +124,10 @@ class RequestDriver {
     std::set<uint64_t> active_key_path;
   };
 
+  static constexpr int64_t kAuditNodesPerCall = 512;
+  // Starts a session call; returns (and remembers) whether it is audited.
+  bool StartCall();
+
   std::vector<LayerCache*> Caches() const;
   std::vector<std::optional<model::RefCache>> Shadows() const;
   Census TakeCensus() const;
@@ -142,6 +154,9 @@ class RequestDriver {
   RequestCoverage coverage_;
   std::string last_outcome_;
   BeginReport last_report_;
+  int64_t audit_credit_ = 0;
+  bool audit_ = true;
+  SoundnessMemo soundness_memo_;
 };
 
 }  // namespace kvtwin::sim

@@ -65,7 +65,8 @@ class RequestDriver::Session {
         ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(), plan_.inputs, d_.synth_.seed());
     // Described now: a faulty eviction inside Begin may free these nodes.
     const std::string want_path = DescribePath(want.active_path);
-    const Census before = d_.TakeCensus();
+    const bool audit = d_.StartCall();
+    const Census before = audit ? d_.TakeCensus() : Census{};
     d_.last_outcome_ = "(no Begin report)";
     ++d_.steps_;
     Result<BeginReport> begun = d_.manager_->Begin(plan_.inputs);
@@ -78,7 +79,7 @@ class RequestDriver::Session {
                                    report_.matched, report_.free_all ? " FREE-ALL" : "");
     phase_ = "after Begin";
     if (Check c = CheckReport()) return c;
-    if (Check c = AfterEvictionPoint()) return c;
+    if (Check c = AfterEvictionPoint(audit)) return c;
     if (Check c = CheckExpectation(want, want_path)) return c;
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
@@ -86,8 +87,11 @@ class RequestDriver::Session {
     if (d_.reference_) {
       const model::TokenLog inputs(stored_.begin(), stored_.begin() + len());
       if (Check c = d_.reference_->Begin(inputs, pc(), report_)) return c;
+      if (audit) {
+        if (Check c = d_.reference_->CheckTrie(pc(), "Begin")) return c;
+      }
     }
-    d_.CountChanges(before, d_.TakeCensus());
+    if (audit) d_.CountChanges(before, d_.TakeCensus());
     Count();
     d_.coverage_.kv_gaps += !want.kv_chain;
     return std::nullopt;
@@ -152,13 +156,18 @@ class RequestDriver::Session {
   }
 
   // Structure, soundness and the eviction bound: after every call that may have evicted.
-  Check AfterEvictionPoint() const {
+  // Nothing on a call that is not audited (RequestDriver::StartCall).
+  Check AfterEvictionPoint(bool audit) const {
+    if (!audit) return std::nullopt;
     int64_t min_offset = -1;
     for (const auto& c : d_.caches_) {
       if (c != nullptr && (min_offset < 0 || c->Offset() < min_offset)) min_offset = c->Offset();
     }
     if (Check c = CheckTrieStructure(pc().trie(), pc().active_path(), min_offset)) return c;
-    if (Check c = CheckTrieSoundness(pc().trie(), d_.oracle_ptrs_, d_.synth_.seed())) return c;
+    if (Check c = CheckTrieSoundness(pc().trie(), d_.oracle_ptrs_, d_.synth_.seed(),
+                                     &d_.soundness_memo_)) {
+      return c;
+    }
     if (Check c = CheckEvictionBound(pc().trie(), pc().active_path(), budget_bytes_)) return c;
     if (d_.eviction_ref_) {
       d_.coverage_.eviction_passes = d_.eviction_ref_->passes();
@@ -222,19 +231,22 @@ class RequestDriver::Session {
 
   Check Attach() {
     phase_ = "AttachPrefillSnapshots";
-    const Census before = d_.TakeCensus();
+    const bool audit = d_.StartCall();
+    const Census before = audit ? d_.TakeCensus() : Census{};
     ++d_.steps_;
     if (Check c = StatusIsOk(d_.manager_->AttachPrefillSnapshots(), "AttachPrefillSnapshots")) {
       return c;
     }
     phase_ = "after AttachPrefillSnapshots";
-    if (Check c = AfterEvictionPoint()) return c;
+    if (Check c = AfterEvictionPoint(audit)) return c;
     if (d_.reference_) {
       d_.reference_->manager().AttachPrefillSnapshots();
-      if (Check c = d_.reference_->CheckTrie(pc(), "AttachPrefillSnapshots")) return c;
+      if (audit) {
+        if (Check c = d_.reference_->CheckTrie(pc(), "AttachPrefillSnapshots")) return c;
+      }
     }
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
-    d_.CountChanges(before, d_.TakeCensus());
+    if (audit) d_.CountChanges(before, d_.TakeCensus());
     return std::nullopt;
   }
 
@@ -276,22 +288,25 @@ class RequestDriver::Session {
   Check Close() {
     phase_ = "before Close";
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
-    const Census before = d_.TakeCensus();
+    const bool audit = d_.StartCall();
+    const Census before = audit ? d_.TakeCensus() : Census{};
     phase_ = "Close";
     ++d_.steps_;
     if (Check c = StatusIsOk(d_.manager_->Close(), "Close")) return c;
     phase_ = "after Close";
-    if (Check c = AfterEvictionPoint()) return c;
+    if (Check c = AfterEvictionPoint(audit)) return c;
     if (d_.reference_) {
       d_.reference_->manager().Close();
-      if (Check c = d_.reference_->CheckTrie(pc(), "Close")) return c;
+      if (audit) {
+        if (Check c = d_.reference_->CheckTrie(pc(), "Close")) return c;
+      }
     }
     const auto offset = static_cast<int64_t>(d_.live_.size());
     const int64_t end = pc().active_path().back()->end_offset();
     if (offset > 0 && end != offset) {
       return Mismatch{"active path end after Close", std::to_string(offset), std::to_string(end)};
     }
-    d_.CountChanges(before, d_.TakeCensus());
+    if (audit) d_.CountChanges(before, d_.TakeCensus());
     d_.coverage_.completed += !cancelled_;
     d_.coverage_.cancelled += cancelled_;
     d_.previous_stored_ = plan_.inputs;
@@ -300,8 +315,13 @@ class RequestDriver::Session {
                                  plan_.outputs.end());
     }
     d_.previous_offset_ = offset;
-    const std::string dump = DumpTrie(pc().trie(), pc().active_path());
-    d_.Fold(XXH3_64bits(dump.data(), dump.size()));
+    if (audit) {
+      const std::string dump = DumpTrie(pc().trie(), pc().active_path());
+      d_.Fold(XXH3_64bits(dump.data(), dump.size()));
+    } else {
+      d_.Fold(static_cast<uint64_t>(pc().trie().num_nodes()));
+      d_.Fold(static_cast<uint64_t>(pc().trie().paged_out_bytes()));
+    }
     return std::nullopt;
   }
 
@@ -319,10 +339,11 @@ class RequestDriver::Session {
     }
     budget_bytes_ = std::max<int64_t>(1, budget_bytes_ / 2);
     d_.manager_->set_max_paged_out_bytes(budget_bytes_);
+    const bool audit = d_.StartCall();
     // A coarse clock (a server stamping time.Now() at low resolution): every other squeeze
     // first rounds every age down to a multiple of 4, keeping the LRU order but making equal
     // ages common, so the tie-breaks (deeper, larger, pre-order) decide real evictions.
-    if (plan_.index % 2 == 1) {
+    if (audit && plan_.index % 2 == 1) {
       pc().trie().Walk([](TrieNode* n) {
         const auto t = static_cast<uint64_t>(n->last_used());
         n->set_last_used(Tick{t - t % 4});
@@ -330,7 +351,7 @@ class RequestDriver::Session {
     }
     ++d_.steps_;
     d_.manager_->EnforceEvictionPolicy();
-    if (Check c = AfterEvictionPoint()) return c;
+    if (Check c = AfterEvictionPoint(audit)) return c;
     for (size_t i = 0; i < held.size(); ++i) {
       const auto& [node, slots] = held[i];
       std::vector<const CacheSnapshot*> now;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "model/ref_cache.h"
@@ -42,9 +43,9 @@ model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind, const mod
 // every non-root edge is non-empty with start == parent end and length == end - start; no
 // two siblings share a first key; every slot set has 0 or num_layers slots, a stateless
 // cache's slot is null, and a snapshot's kind is its cache's; the byte counter equals the
-// sum of SizeBytes over a Walk. The active path starts at the root, holds only nodes of
-// the trie (checked before any of them is dereferenced), runs parent -> child and ends at
-// or below `min_offset` (the minimum cache offset).
+// sum of SizeBytes over a Walk, and the node counter the number of nodes it visits. The active path
+// starts at the root, holds only nodes of the trie (checked before any of them is dereferenced),
+// runs parent -> child and ends at or below `min_offset` (the minimum cache offset).
 Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
                          int64_t min_offset);
 
@@ -53,8 +54,15 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
 // `oracles[layer]` (null for a stateless layer). Also the scenario invariant: a KV
 // snapshot spans exactly its node's edge and a whole-state snapshot ends at its node's
 // end; the root holds no snapshot. REQUIRES: CheckTrieStructure passed.
+// `memo` (optional) remembers what was verified, keyed by everything soundness depends on:
+// the node's key path (its provenance hash at the end), range, layer, kind and the
+// snapshot's contents. A snapshot verified once in the same place with the same contents is
+// not recomputed; the memo keeps only the entries of the trie it last checked.
+struct SoundnessMemo {
+  std::unordered_set<uint64_t> verified;
+};
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
-                         uint64_t hash_seed);
+                         uint64_t hash_seed, SoundnessMemo* memo = nullptr);
 
 // Live soundness: every non-null cache is at log.size() and holds exactly `log` (content
 // only, LayerOracle::CheckLiveContent). `caches` and `oracles` are parallel.

@@ -121,6 +121,7 @@ TrieNode* PrefixTrie::AppendChild(TrieNode* node, std::span<const TrieKey> keys,
   child->parent_ = node;
   child->last_used_ = node->last_used_;
   node->children_.push_back(std::move(child));
+  ++num_nodes_;
   return node->children_.back().get();
 }
 
@@ -133,6 +134,7 @@ void PrefixTrie::RemoveNode(TrieNode* node) {
   auto it = SlotInParent(siblings, node);
   std::unique_ptr<TrieNode> owned = std::move(*it);
   siblings.erase(it);  // keeps sibling order
+  --num_nodes_;
   // Out of the counter now; the snapshots are closed with the node at the end of scope.
   Detach(owned.get());
 }
@@ -144,6 +146,7 @@ TrieNode* PrefixTrie::SplitNode(TrieNode* node, int64_t at) {
            "SplitNode at " + std::to_string(at) + " outside (0, " + std::to_string(len) + ")");
   auto parent = std::make_unique<TrieNode>();
   TrieNode* p = parent.get();
+  ++num_nodes_;
   p->edge_.assign(node->edge_.begin(), node->edge_.begin() + at);
   p->end_offset_ = node->start_offset() + at;
   p->parent_ = node->parent_;
@@ -182,6 +185,7 @@ void PrefixTrie::MergeWithChild(TrieNode* node) {
                                             std::to_string(node->children_.size()));
   std::unique_ptr<TrieNode> child = std::move(node->children_.front());
   node->children_.clear();
+  --num_nodes_;
 
   if (node->HasSnapshots() || child->HasSnapshots()) {
     std::vector<SnapshotPtr> heads = Detach(node);

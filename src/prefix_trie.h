@@ -66,6 +66,8 @@ class PrefixTrie {
   size_t num_layers() const { return caches_.size(); }
   LayerCache* cache(size_t layer) const { return caches_.at(layer); }
   int64_t paged_out_bytes() const { return paged_out_bytes_; }
+  // Nodes in the trie, the root included (kept, not counted by a walk).
+  int64_t num_nodes() const { return num_nodes_; }
 
   struct Match {
     std::vector<TrieNode*> path;  // starts with `from` (empty when from is null)
@@ -108,6 +110,7 @@ class PrefixTrie {
   std::vector<LayerCache*> caches_;
   std::unique_ptr<TrieNode> root_;
   int64_t paged_out_bytes_ = 0;
+  int64_t num_nodes_ = 1;
 };
 
 }  // namespace kvtwin
