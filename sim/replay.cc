@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <memory>
 #include <utility>
@@ -193,10 +194,19 @@ const char* ReplayResult::verdict() const {
 }
 
 std::string DivergenceKind(const std::string& what) {
+  // The first ": "-separated segment that is not a node's name ("node [5,9) keys ...",
+  // "root"): node names change with every shrinking step, the check's name does not.
+  std::string segment;
+  for (size_t at = 0; at <= what.size();) {
+    const size_t next = std::min(what.find(": ", at), what.size());
+    segment = what.substr(at, next - at);
+    if (!segment.starts_with("node [") && segment != "root") break;
+    at = next + 2;
+  }
   std::string kind;
-  for (size_t i = 0; i < what.size() && what[i] != ':'; ++i) {
-    if (std::isdigit(static_cast<unsigned char>(what[i])) == 0) {
-      kind += what[i];
+  for (const char c : segment) {
+    if (std::isdigit(static_cast<unsigned char>(c)) == 0) {
+      kind += c;
     } else if (kind.empty() || kind.back() != '#') {
       kind += '#';
     }

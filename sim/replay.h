@@ -60,8 +60,9 @@ struct ReplayResult {
   const char* verdict() const;
 };
 
-// The stable kind of a mismatch: its `what` up to the first ':' with every run of digits
-// replaced by '#' ("layer # history", "trie after eviction pass #, under budget # B, ...").
+// The stable kind of a mismatch, kept while shrinking: the first ": "-separated segment of
+// its `what` that does not name a node, with every run of digits replaced by '#'
+// ("layer # history", "layer # rotating snapshot range", "Restore outcome").
 std::string DivergenceKind(const std::string& what);
 
 // Replays `path`: a kvtwin trace, or Mooncake JSONL (detected by LooksLikeMooncake).

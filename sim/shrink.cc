@@ -45,7 +45,7 @@ class Shrinker {
   bool Try(Trace candidate, const char* what) {
     if (!Budget()) return false;
     ++replays_;
-    ReplayResult r = ReplayTrace(candidate);
+    ReplayResult r = o_.replay ? o_.replay(candidate) : ReplayTrace(candidate);
     if (!r.divergence || r.divergence_kind != kind_) return false;
     ++replays_accepted_;
     // The failing event may move earlier: later events are dead weight.
@@ -298,7 +298,7 @@ class Shrinker {
 }  // namespace
 
 ShrinkResult Shrink(const Trace& trace, const ShrinkOptions& options) {
-  ReplayResult first = ReplayTrace(trace);
+  ReplayResult first = options.replay ? options.replay(trace) : ReplayTrace(trace);
   KV_CHECK(first.divergence.has_value(), "Shrink needs a diverging trace");
   Shrinker s(options, trace, std::move(first));
   return s.Run(static_cast<int64_t>(trace.events.size()));

@@ -21,6 +21,9 @@ namespace kvtwin::sim {
 struct ShrinkOptions {
   int64_t max_replays = 20000;                       // stop early after this many replays
   std::function<void(const std::string&)> progress;  // one line per accepted step; optional
+  // How a candidate is judged; empty = ReplayTrace. Tests substitute an oracle with a
+  // known minimum to check the passes themselves.
+  std::function<ReplayResult(const Trace&)> replay;
 };
 
 struct ShrinkResult {

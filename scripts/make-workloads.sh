@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Regenerates the bundled workloads in traces/workloads/ (README "Bundled traces"):
+# one generated request workload per preset, two op-level workloads, and a down-sampled
+# Mooncake trace made by the importer. Usage: scripts/make-workloads.sh [KVTWIN]
+# (default build/default/sim/kvtwin); run from the repository root.
+set -euo pipefail
+kvtwin=${1:-build/default/sim/kvtwin}
+out=traces/workloads
+mooncake=../shared/traces-external/mooncake_synthetic_trace.jsonl
+mkdir -p "$out"
+"$kvtwin" gen --kind requests --seed 101 --preset dense --requests 120 --conversations 12 -o "$out/requests-dense.jsonl"
+"$kvtwin" gen --kind requests --seed 102 --preset sliding --requests 120 --budget 3000 -o "$out/requests-sliding-budget3000.jsonl"
+"$kvtwin" gen --kind requests --seed 103 --preset recurrent --requests 120 -o "$out/requests-recurrent.jsonl"
+"$kvtwin" gen --kind requests --seed 104 --preset mixed --requests 120 --budget 1500 -o "$out/requests-mixed-budget1500.jsonl"
+"$kvtwin" gen --kind requests --seed 105 --swarm --requests 120 -o "$out/requests-swarm.jsonl"
+"$kvtwin" gen --kind ops --seed 106 --preset mixed --steps 3000 -o "$out/ops-mixed.jsonl"
+"$kvtwin" gen --kind ops --seed 107 --swarm --steps 3000 -o "$out/ops-swarm.jsonl"
+"$kvtwin" import "$mooncake" --block-scale 1 --limit 800 --preset dense -o "$out/mooncake-800-scale1-dense.jsonl"
+"$kvtwin" import "$mooncake" --block-scale 2 --limit 500 --preset mixed --budget 1000000 -o "$out/mooncake-500-scale2-mixed-budget1m.jsonl"

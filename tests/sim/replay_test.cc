@@ -1,0 +1,202 @@
+// Goal: replay, shrinking and reports do what the CLI promises: a recorded run replays to
+// the same digest as the run itself, from memory and from a file; an event naming state
+// that does not exist is an input error naming the event; the Mooncake replay's prefix
+// reuse at an unlimited budget equals the independent block-level computation; the
+// shrinker finds a known minimum; divergence kinds ignore node names and numbers; reports
+// are exact and escape what they echo.
+#include "sim/replay.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "sim/mooncake.h"
+#include "sim/report.h"
+#include "sim/requests.h"
+#include "sim/run.h"
+#include "sim/shrink.h"
+
+namespace kvtwin::sim {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::path(testing::TempDir()) /
+          (std::string(testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" + name))
+      .string();
+}
+
+TEST(Replay, ARecordedOpRunReplaysToItsDigestFromMemoryAndFromAFile) {
+  for (const char* preset : {"dense", "sliding", "recurrent", "mixed"}) {
+    RunOptions o;
+    o.preset = preset;
+    o.steps = 400;
+    Trace trace;
+    const RunResult run = RunSeed(o, 11, &trace);
+    ASSERT_FALSE(run.divergence) << run.divergence->ToString();
+    const ReplayResult mem = ReplayTrace(trace);
+    EXPECT_TRUE(mem.passed()) << mem.verdict();
+    EXPECT_EQ(mem.digest, run.digest) << preset;
+    EXPECT_EQ(mem.events, 400);
+    const std::string path = TempPath(std::string(preset) + ".jsonl");
+    ASSERT_TRUE(WriteTrace(path, trace).ok());
+    const ReplayResult file = ReplayFile(path, {});
+    EXPECT_EQ(file.digest, run.digest) << preset;
+  }
+}
+
+TEST(Replay, ARecordedRequestRunReplaysToItsDigest) {
+  RequestOptions o;
+  o.seed = 4;
+  o.requests = 40;
+  o.budget_bytes = 3000;
+  Trace trace;
+  const RequestResult run = RunRequests(o, &trace);
+  ASSERT_FALSE(run.divergence);
+  const ReplayResult r = ReplayTrace(trace);
+  EXPECT_TRUE(r.passed());
+  EXPECT_EQ(r.digest, run.digest);
+  EXPECT_GT(r.prompt_tokens, 0);
+  EXPECT_LE(r.cached_tokens, r.matched_tokens);
+}
+
+TEST(Replay, AnEventNamingAMissingSnapshotIsAnInputErrorAtThatEvent) {
+  Trace t;
+  t.header.kind = TraceKind::kOps;
+  t.header.preset = "dense";
+  t.header.layers = 1;
+  Op write;
+  write.tokens = {1, 2};
+  Op restore;
+  restore.kind = OpKind::kRestore;
+  restore.slot = 3;  // nothing was pooled
+  t.events = {write, restore};
+  const ReplayResult r = ReplayTrace(t);
+  ASSERT_TRUE(r.input_error);
+  EXPECT_EQ(r.input_error->message(),
+            "event 1: /: restore layer=0 snap=#3 target=0 names a layer or snapshot slot that "
+            "does not exist at this point");
+  EXPECT_STREQ(r.verdict(), "input error");
+}
+
+TEST(Replay, StopAfterReplaysAPrefix) {
+  RunOptions o;
+  o.steps = 50;
+  Trace trace;
+  RunSeed(o, 3, &trace);
+  ReplayOptions options;
+  options.stop_after = 9;
+  const ReplayResult r = ReplayTrace(trace, options);
+  EXPECT_EQ(r.events, 10);
+  EXPECT_NE(r.state.find("layer 0 "), std::string::npos);
+}
+
+// The acceptance check of the Mooncake import: at an unlimited budget the manager matches
+// exactly the tokens the block ids say are shared (dense stack: every restore succeeds).
+TEST(Replay, MooncakePrefixReuseEqualsTheBlockLevelComputation) {
+  const std::string path = TempPath("mooncake.jsonl");
+  {
+    std::ofstream out(path);
+    int64_t t = 0;
+    for (int i = 0; i < 40; ++i) {
+      // Shared first blocks, a branch every few requests, a short last block.
+      const int64_t a = i % 3, b = 10 + i % 5, c = 100 + i;
+      out << "{\"timestamp\": " << t++ << ", \"input_length\": " << (i % 2 == 0 ? 1400 : 1536)
+          << ", \"output_length\": 3, \"hash_ids\": [" << a << ", " << (a * 100 + b) << ", " << c
+          << "]}\n";
+    }
+  }
+  for (const int64_t scale : {1, 4, 32}) {
+    ReplayOptions options;
+    options.mooncake.block_scale = scale;
+    options.mooncake_setup.preset = "dense";
+    options.mooncake_setup.layers = 2;
+    const ReplayResult r = ReplayFile(path, options);
+    ASSERT_TRUE(r.passed()) << r.verdict() << r.divergence.value_or("");
+    const Result<BlockReuse> want = MooncakeBlockReuse(path, options.mooncake);
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(r.prompt_tokens, want->prompt_tokens) << "scale " << scale;
+    EXPECT_EQ(r.matched_tokens, want->matched_tokens) << "scale " << scale;
+    EXPECT_GT(want->matched_tokens, 0);
+  }
+}
+
+TEST(DivergenceKind, KeepsTheCheckAndDropsNodeNamesAndNumbers) {
+  EXPECT_EQ(DivergenceKind("layer 2 history: row 3 holds token 7"), "layer # history");
+  EXPECT_EQ(DivergenceKind("node [0,8) keys 1 2 1 2 ...: layer 1 rotating snapshot range"),
+            "layer # rotating snapshot range");
+  EXPECT_EQ(DivergenceKind("root: snapshots"), "snapshots");
+  EXPECT_EQ(DivergenceKind("Restore outcome"), "Restore outcome");
+  EXPECT_EQ(DivergenceKind("trie after eviction pass #12 under budget 300 B, line 4: x"),
+            "trie after eviction pass # under budget # B, line #");
+}
+
+// An oracle with a known minimum: the trace "diverges" (kind K) while it still holds a
+// write containing token 7 after a write containing token 3, on at least one layer.
+ReplayResult Oracle(const Trace& t) {
+  ReplayResult r;
+  bool three = false;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const Op& op = std::get<Op>(t.events[i]);
+    if (op.kind != OpKind::kWrite) continue;
+    const bool has7 = std::find(op.tokens.begin(), op.tokens.end(), 7) != op.tokens.end();
+    if (three && has7) {
+      r.divergence = "K";
+      r.divergence_kind = "K";
+      r.failing_event = static_cast<int64_t>(i);
+      return r;
+    }
+    three = three || std::find(op.tokens.begin(), op.tokens.end(), 3) != op.tokens.end();
+  }
+  return r;
+}
+
+TEST(Shrink, FindsTheKnownMinimumAndKeepsTheKind) {
+  Trace t;
+  t.header.kind = TraceKind::kOps;
+  t.header.layers = 4;
+  t.header.window = 8;
+  for (int i = 0; i < 60; ++i) {
+    Op op;
+    op.tokens = {i % 11, 5, i % 13, 9};
+    op.pad = i % 3;
+    if (i % 7 == 2) {
+      op.kind = OpKind::kFree;
+      op.tokens.clear();
+      op.pad = 0;
+    }
+    t.events.emplace_back(op);
+  }
+  ShrinkOptions options;
+  options.replay = Oracle;
+  const ShrinkResult r = Shrink(t, options);
+  EXPECT_EQ(r.kind, "K");
+  ASSERT_EQ(r.trace.events.size(), 2u);
+  EXPECT_EQ(std::get<Op>(r.trace.events[0]).tokens, std::vector<int32_t>{3});
+  EXPECT_EQ(std::get<Op>(r.trace.events[1]).tokens, std::vector<int32_t>{7});
+  EXPECT_EQ(std::get<Op>(r.trace.events[1]).pad, 0);
+  EXPECT_EQ(r.trace.header.layers, 1);
+  EXPECT_EQ(r.trace.header.window, 1);
+  EXPECT_EQ(r.original_events, 60);
+}
+
+TEST(Report, JsonAndJunitAreExactAndEscaped) {
+  CaseReport pass{"a.jsonl", "pass", "", "", "", 3, 7, 0x1234, 10, 6, 5};
+  CaseReport fail{
+      "b<&>.jsonl", "divergence", "layer # history", "row \"3\"", "kvtwin replay b", 2, 4, 0xff};
+  const std::string json = SummaryJson("replay", {pass, fail});
+  EXPECT_TRUE(json.starts_with(R"({"cases":[{"cached_tokens":5,"digest":"0000000000001234","eve)"));
+  EXPECT_NE(json.find(R"("verdict":"fail")"), std::string::npos);
+  EXPECT_NE(json.find(R"("detail":"row \"3\"")"), std::string::npos);
+  EXPECT_EQ(SummaryJson("replay", {pass, fail}), json);  // byte-identical
+  const std::string xml = JunitXml("kvtwin replay", {pass, fail});
+  EXPECT_NE(xml.find(R"(<testsuite name="kvtwin replay" tests="2" failures="1" errors="0">)"),
+            std::string::npos);
+  EXPECT_NE(xml.find(R"(name="b&lt;&amp;&gt;.jsonl")"), std::string::npos);
+  EXPECT_NE(xml.find(R"(<failure message="layer # history" type="divergence">row &quot;3&quot;)"),
+            std::string::npos);
+  EXPECT_NE(RunDigest({pass, fail}), RunDigest({fail, pass}));
+}
+
+}  // namespace
+}  // namespace kvtwin::sim
