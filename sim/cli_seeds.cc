@@ -103,7 +103,7 @@ bool RunBundledTraces(uint64_t& files, uint64_t& events) {
                    sim::ReplayCommand(p.string(), options));
         return false;
       }
-      fmt::print("  trace {:<40} {} events: pass\n",
+      fmt::print("  trace {:<52} {} events: pass\n",
                  fmt::format("{}/{}", folder, p.filename().string()), r.events);
       std::fflush(stdout);
     }
