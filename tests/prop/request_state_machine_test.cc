@@ -7,9 +7,10 @@
 // (prop/request_command.h); the system under test is a RequestDriver over a preset stack,
 // which runs the checks above after every session call. Two properties per preset: a tiny
 // budget drawn per case (1500-6000 bytes, a few tokens of snapshots) so eviction runs at
-// every pass, and an unlimited budget, where nothing is evicted and the driver's exact
-// ExpectBegin comparison pins matched, cached and the active path. Each case also draws the
-// window, dtype, vocabulary (2-4 tokens, so branches look alike), system prompt, prefill
+// every pass, each pass checked against the reference pass; and an unlimited budget, where
+// nothing is evicted and the reference manager runs in lock step, pinning the report
+// (matched, cached), the whole trie and the active path after every session call. Each case also
+// draws the window, dtype, vocabulary (2-4 tokens, so branches look alike), system prompt, prefill
 // chunk and capture schedule. 300 pinned cases per property; a failure prints the shrunk
 // request list with its tokens and the driver's divergence report.
 #include <gtest/gtest.h>

@@ -70,5 +70,17 @@ head -1 "$tmp/t.dot" | grep -q '^digraph trie {$' || say "explain --dot did not 
 expect 2 'has only'                  -- explain "$tmp/req.jsonl" --at 100000
 expect 2 'does not diverge'          -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl"
 [ -e "$tmp/min.jsonl" ] && say "shrink wrote a file for a passing trace"
+# Ctrl-C: a valid partial summary and exit 130 (the replay is long enough to be caught).
+{ head -1 "$tmp/req.jsonl"; for _ in $(seq 500); do tail -n +2 "$tmp/req.jsonl"; done; } >"$tmp/long.jsonl"
+"$kvtwin" replay "$tmp/long.jsonl" --json "$tmp/partial.json" >"$tmp/int.out" 2>&1 &
+pid=$!
+sleep 1
+kill -INT $pid
+wait $pid
+code=$?
+[ $code -eq 130 ] || say "interrupted replay exited $code (want 130): $(tail -2 "$tmp/int.out")"
+grep -q '^INTERRUPTED: ' "$tmp/int.out" || say "no partial summary after Ctrl-C: $(tail -2 "$tmp/int.out")"
+grep -q '"verdict":"interrupted"' "$tmp/partial.json" 2>/dev/null ||
+  say "the --json summary of an interrupted replay is missing or does not say so"
 [ $fail -eq 0 ] && echo "trace cli: ok"
 exit $fail
