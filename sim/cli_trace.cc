@@ -51,16 +51,7 @@ Status ValidateSetup(const sim::TraceHeader& h, const sim::MooncakeOptions& m) {
                                        sim::kMooncakeBlockTokens, m.block_scale));
   }
   if (m.limit < 0) return InvalidArgument(fmt::format("--limit must be >= 0, got {}", m.limit));
-  sim::RequestOptions o;
-  o.preset = h.preset;
-  o.layers = h.layers;
-  o.window = h.window;
-  o.dtype = h.dtype;
-  o.budget_bytes = h.budget_bytes;
-  o.chunk = h.chunk;
-  o.capture_interval = h.capture_interval;
-  o.pre_thinking = h.pre_thinking;
-  return sim::ValidateRequestOptions(o);
+  return sim::ValidateRequestOptions(sim::OptionsFromHeader(h));
 }
 
 }  // namespace

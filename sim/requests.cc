@@ -97,6 +97,20 @@ TraceHeader RecordHeader(const RequestOptions& o, const std::string& source) {
   return h;
 }
 
+RequestOptions OptionsFromHeader(const TraceHeader& h) {
+  RequestOptions o;
+  o.preset = h.preset;
+  o.layers = h.layers;
+  o.window = h.window;
+  o.dtype = h.dtype;
+  o.budget_bytes = h.budget_bytes;
+  o.chunk = h.chunk;
+  o.capture_interval = h.capture_interval;
+  o.pre_thinking = h.pre_thinking;
+  o.seed = h.seed;
+  return o;
+}
+
 RequestResult RunRequests(const RequestOptions& given, Trace* record) {
   RequestOptions options = given;
   std::string derived;

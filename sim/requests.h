@@ -52,6 +52,9 @@ Status ValidateRequestOptions(const RequestOptions& options);
 // REQUIRES: ValidateRequestOptions(options).ok(). With `record`, the run is also kept as a
 // request trace that replays to the same digest.
 RequestResult RunRequests(const RequestOptions& options, Trace* record = nullptr);
+// The request options a request trace's header describes (stack, budget, prefill cadence,
+// seed); workload fields keep their defaults.
+RequestOptions OptionsFromHeader(const TraceHeader& header);
 // The `kvtwin requests` command line that reproduces RunRequests(options).
 std::string RequestsReproduceCommand(const RequestOptions& options);
 
