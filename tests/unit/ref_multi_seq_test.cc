@@ -1,0 +1,491 @@
+// Goal: pin the multi-sequence references (model/ref_multi_seq.h) to spec §2.8, §2.9.1,
+// §5.2 and §6.13-§6.14, since the production ggml causal and LFM2 hybrid caches are checked
+// against them in lock step.
+// Method: the §6.13 scenarios of the original causal_test.go, run with the same Init
+// arguments and re-expressed as visible-position sets per batch token (mask rows read by
+// position), plus retention, cell counts and CanResume worked out by hand from the window
+// maintenance rule; Remove/CopyPrefix lineage (shared-cell refusal, shifts, missing shift
+// callback); conv state in both modes against hand-computed rows where the input row of a
+// token is {id, written position}; slot groups through forks, copy-on-write and failures.
+#include "model/ref_multi_seq.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace kvtwin::model {
+namespace {
+
+using Positions = std::vector<int64_t>;
+using Rows = std::vector<Positions>;
+
+SeqId S(int32_t seq) { return static_cast<SeqId>(seq); }
+
+// SplitMix64 finalizer: a stand-in for the driver's provenance hash.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+Token Tok(int32_t id) { return Token{id, Mix(static_cast<uint64_t>(id))}; }
+
+// Token values as in causal_test.go: the k-th token of a test carries value `first + k`.
+MsBatch Batch(const std::vector<int32_t>& seqs, const Positions& positions, int32_t first) {
+  MsBatch batch;
+  for (size_t k = 0; k < seqs.size(); ++k) {
+    batch.push_back(MsToken{S(seqs[k]), positions[k], Tok(first + static_cast<int32_t>(k))});
+  }
+  return batch;
+}
+MsBatch OneSeq(int32_t seq, const Positions& positions, int32_t first) {
+  return Batch(std::vector<int32_t>(positions.size(), seq), positions, first);
+}
+
+// Forward, then the visible positions of every batch token.
+Rows ForwardRows(RefMultiSeqCache& cache, const MsBatch& batch) {
+  Status status = cache.Forward(batch);
+  if (!status.ok()) {
+    ADD_FAILURE() << status.ToString();
+    return {};
+  }
+  Rows rows;
+  for (size_t i = 0; i < batch.size(); ++i) rows.push_back(cache.VisiblePositions(batch, i, false));
+  return rows;
+}
+
+std::vector<int32_t> Ids(const std::vector<MsEntry>& entries) {
+  std::vector<int32_t> out;
+  for (const MsEntry& e : entries) out.push_back(e.token.id);
+  return out;
+}
+
+MultiSeqConfig Resolved(const MultiSeqInit& init) {
+  Result<MultiSeqConfig> config = ResolveMultiSeqConfig(init);
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  return *config;
+}
+// Init(maxSeqs, capacity = 16, maxBatch) of the original tests.
+MultiSeqConfig Ggml(int64_t window, int64_t memory, int32_t max_seqs, int64_t max_batch,
+                    int64_t chunk = kUnbounded) {
+  return Resolved(MultiSeqInit{window, memory, chunk, max_seqs, 16, max_batch, 1, true});
+}
+
+TEST(RefMultiSeqConfig, InitRulesResolveMemoryAndCellCount) {
+  const MultiSeqConfig plain = Ggml(kUnbounded, 0, 1, 16);
+  EXPECT_EQ(plain.memory, kUnbounded);
+  EXPECT_EQ(plain.cells, 16);
+  EXPECT_EQ(Ggml(kUnbounded, 0, 3, 4).cells, 48);
+  const MultiSeqConfig swa = Ggml(1, 0, 1, 16);
+  EXPECT_EQ(swa.memory, 1);
+  EXPECT_EQ(swa.cells, 1 + 16);
+  const MultiSeqConfig two = Ggml(1, 0, 2, 2);  // the stop token: memory window + 1
+  EXPECT_EQ(two.memory, 2);
+  EXPECT_EQ(two.cells, 2 * 2 + 2);
+  EXPECT_EQ(Ggml(1, 3, 1, 16).memory, 3);
+  EXPECT_EQ(Ggml(4, 20, 1, 16).memory, kUnbounded);  // memory >= capacity
+  EXPECT_EQ(Ggml(4, 20, 1, 16).cells, 16);
+  EXPECT_EQ(Resolved(MultiSeqInit{1, 0, kUnbounded, 2, 16, 2, 4, true}).cells, 8);  // padding
+  Result<MultiSeqConfig> bad = ResolveMultiSeqConfig(MultiSeqInit{4, 3, kUnbounded, 1, 16, 4});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(RefMultiSeqCache, StoreSeesTheCausalPrefix) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16));
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1)),
+            (Rows{{0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3}}));
+  const MsBatch second = OneSeq(0, {4}, 5);
+  EXPECT_EQ(ForwardRows(cache, second), (Rows{{0, 1, 2, 3, 4}}));
+  const std::vector<MsEntry> seen = cache.Visible(second, 0, false);
+  EXPECT_EQ(Ids(seen), (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  for (const MsEntry& e : seen) {
+    EXPECT_EQ(e.written_pos, e.pos);
+    EXPECT_TRUE(e.shifts.empty());
+    EXPECT_TRUE(e.has_data);
+  }
+  EXPECT_EQ(cache.UsedCells(), 5);
+}
+
+TEST(RefMultiSeqCache, SlidingWindowOfOneSeesTwoTokens) {
+  RefMultiSeqCache cache(Ggml(1, 0, 1, 16));
+  // Mask rows [0 x x x][0 0 x x][x 0 0 x][x x 0 0].
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1)), (Rows{{0}, {0, 1}, {1, 2}, {2, 3}}));
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{0, 1, 2, 3}));  // pruning is lazy
+  // lowest 4, memory 1: cells below 3 are freed; view [5 6 3 4], masks [0 x x 0][0 0 x x].
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {4, 5}, 5)), (Rows{{3, 4}, {4, 5}}));
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{3, 4, 5}));
+  EXPECT_EQ(cache.UsedCells(), 3);
+  EXPECT_EQ(cache.History(S(0)).size(), 6u);  // the ideal log keeps the pruned entries
+}
+
+TEST(RefMultiSeqCache, SeparateBatchesPruneTheIdleSequence) {
+  RefMultiSeqCache cache(Ggml(1, 0, 2, 2));  // memory 2, 6 cells
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {0, 1}, 1)), (Rows{{0}, {0, 1}}));
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {2, 3}, 3)), (Rows{{1, 2}, {2, 3}}));  // view [2 3 4]
+  EXPECT_EQ(cache.UsedCells(), 4);
+  // seq 0 is idle: lowest = 3 + 1, so its cells below 2 are freed for seq 1.
+  EXPECT_EQ(ForwardRows(cache, OneSeq(1, {0, 1}, 5)), (Rows{{0}, {0, 1}}));
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{2, 3}));
+  EXPECT_EQ(cache.UsedCells(), 4);
+  EXPECT_EQ(ForwardRows(cache, OneSeq(1, {2, 3}, 7)), (Rows{{1, 2}, {2, 3}}));  // view [6 3 4 7 8]
+  EXPECT_EQ(cache.UsedCells(), 6);
+  const MsBatch third = OneSeq(0, {4, 5}, 9);
+  EXPECT_EQ(ForwardRows(cache, third), (Rows{{3, 4}, {4, 5}}));  // view [9 10 3 4]
+  EXPECT_EQ(Ids(cache.Visible(third, 0, false)), (std::vector<int32_t>{4, 9}));
+  EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{2, 3}));
+  EXPECT_EQ(cache.UsedCells(), 6);
+}
+
+TEST(RefMultiSeqCache, MemoryKeepsCellsTheWindowMasks) {
+  RefMultiSeqCache cache(Ggml(1, 3, 1, 16));
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
+  // View [5 2 3 4 6]: positions 1 and 2 are kept by memory but masked by the window.
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {4, 5}, 5)), (Rows{{3, 4}, {4, 5}}));
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{1, 2, 3, 4, 5}));
+  EXPECT_EQ(cache.RetainedAtLeast(S(0)), (Positions{5}));  // what a resume at 6 attends
+}
+
+TEST(RefMultiSeqCache, ChunkedAttentionSeesOnlyTheCurrentChunk) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16, /*chunk=*/2));
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1)), (Rows{{0}, {0, 1}, {2}, {2, 3}}));
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {4, 5, 6}, 5)), (Rows{{4}, {4, 5}, {6}}));
+  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {7, 8}, 8)), (Rows{{6, 7}, {8}}));
+}
+
+TEST(RefMultiSeqCache, SequencesInOneBatchAreMutuallyInvisible) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16));
+  const MsBatch first = Batch({0, 0, 1, 1}, {0, 1, 0, 1}, 1);
+  EXPECT_EQ(ForwardRows(cache, first), (Rows{{0}, {0, 1}, {0}, {0, 1}}));
+  EXPECT_EQ(Ids(cache.Visible(first, 3, false)), (std::vector<int32_t>{3, 4}));
+  const MsBatch second = Batch({0, 1}, {2, 2}, 5);
+  EXPECT_EQ(ForwardRows(cache, second), (Rows{{0, 1, 2}, {0, 1, 2}}));
+  EXPECT_EQ(Ids(cache.Visible(second, 0, false)), (std::vector<int32_t>{1, 2, 5}));
+  EXPECT_EQ(Ids(cache.Visible(second, 1, false)), (std::vector<int32_t>{3, 4, 6}));
+}
+
+TEST(RefMultiSeqCache, CausalDisabledSeesLaterPositionsInsideWindowAndChunk) {
+  RefMultiSeqCache plain(Ggml(kUnbounded, 0, 1, 16));
+  const MsBatch batch = OneSeq(0, {0, 1, 2, 3, 4}, 1);
+  ASSERT_TRUE(plain.Forward(batch).ok());
+  EXPECT_EQ(plain.VisiblePositions(batch, 2, true), (Positions{0, 1, 2, 3, 4}));
+  EXPECT_EQ(plain.VisiblePositions(batch, 2, false), (Positions{0, 1, 2}));
+  RefMultiSeqCache windowed(Ggml(1, 0, 1, 16));
+  ASSERT_TRUE(windowed.Forward(batch).ok());
+  EXPECT_EQ(windowed.VisiblePositions(batch, 2, true), (Positions{1, 2, 3, 4}));
+  RefMultiSeqCache chunked(Ggml(kUnbounded, 0, 1, 16, 2));
+  ASSERT_TRUE(chunked.Forward(batch).ok());
+  EXPECT_EQ(chunked.VisiblePositions(batch, 2, true), (Positions{2, 3, 4}));
+}
+
+TEST(RefMultiSeqCache, RemoveTailThenMiddleShiftsTheLaterKey) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16));
+  ForwardRows(cache, Batch({0, 0, 1, 1}, {0, 1, 0, 1}, 1));
+  ASSERT_TRUE(cache.Remove(S(0), 1, kUnbounded).ok());
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{0}));
+  EXPECT_EQ(ForwardRows(cache, Batch({0, 1}, {1, 2}, 5)), (Rows{{0, 1}, {0, 1, 2}}));
+  ASSERT_TRUE(cache.Remove(S(0), 0, 1).ok());
+  // The token written at 1 now sits at 0 with its key shifted by -1 (view value 5 - 1).
+  const std::vector<MsEntry> held = cache.Retained(S(0));
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].pos, 0);
+  EXPECT_EQ(held[0].token.id, 5);
+  EXPECT_EQ(held[0].written_pos, 1);
+  EXPECT_EQ(held[0].shifts, (std::vector<int64_t>{-1}));
+  EXPECT_EQ(held[0].Shift(), -1);
+  const MsBatch next = OneSeq(0, {1, 2}, 7);
+  EXPECT_EQ(ForwardRows(cache, next), (Rows{{0, 1}, {0, 1, 2}}));
+  EXPECT_EQ(Ids(cache.Visible(next, 1, false)), (std::vector<int32_t>{5, 7, 8}));
+  EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{0, 1, 2}));  // untouched
+}
+
+TEST(RefMultiSeqCache, CopyPrefixSharesTheFirstLenCells) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16));
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
+  cache.CopyPrefix(S(0), S(1), 2);
+  EXPECT_EQ(cache.UsedCells(), 4);  // shared, not copied
+  const MsBatch batch = OneSeq(1, {3, 4}, 5);
+  EXPECT_EQ(ForwardRows(cache, batch), (Rows{{0, 1, 3}, {0, 1, 3, 4}}));
+  EXPECT_EQ(Ids(cache.Visible(batch, 1, false)), (std::vector<int32_t>{1, 2, 5, 6}));
+  EXPECT_EQ(cache.Retained(S(1))[1].cell, cache.Retained(S(0))[1].cell);
+  EXPECT_EQ(cache.UsedCells(), 6);
+  EXPECT_EQ(cache.Sequences(), (std::vector<SeqId>{S(0), S(1)}));
+}
+
+TEST(RefMultiSeqCache, CopyPrefixAfterPruningCopiesOnlyRetainedCells) {
+  RefMultiSeqCache cache(MultiSeqConfig{1, 1, kUnbounded, 2, kUnbounded, true});
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
+  ForwardRows(cache, OneSeq(0, {4}, 5));  // prunes below 3
+  cache.CopyPrefix(S(0), S(1), 4);
+  EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{3}));
+  EXPECT_EQ(cache.History(S(1)).size(), 4u);
+  EXPECT_TRUE(cache.CanResume(S(1), 4));
+  EXPECT_FALSE(cache.CanResume(S(1), 3));  // 3 - 1 = 2 was pruned
+  EXPECT_EQ(ForwardRows(cache, OneSeq(1, {4}, 9)), (Rows{{3, 4}}));
+}
+
+TEST(RefMultiSeqCache, CopyPrefixOntoItselfEmptiesTheSequence) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16));
+  ForwardRows(cache, OneSeq(0, {0, 1, 2}, 1));
+  cache.CopyPrefix(S(0), S(0), 2);
+  EXPECT_TRUE(cache.RetainedPositions(S(0)).empty());
+  EXPECT_EQ(cache.UsedCells(), 0);
+}
+
+TEST(RefMultiSeqCache, CanResumeFollowsTheWindowAfterPruning) {
+  RefMultiSeqCache cache(Ggml(4, 0, 1, 16));
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3, 4}, 1));
+  for (int64_t pos = 0; pos <= 5; ++pos) EXPECT_TRUE(cache.CanResume(S(0), pos)) << pos;
+  EXPECT_FALSE(cache.CanResume(S(0), 6));
+  ForwardRows(cache, OneSeq(0, {5}, 6));  // prunes position 0
+  for (int64_t pos = 0; pos <= 4; ++pos) EXPECT_FALSE(cache.CanResume(S(0), pos)) << pos;
+  EXPECT_TRUE(cache.CanResume(S(0), 5));
+  EXPECT_TRUE(cache.CanResume(S(0), 6));
+  EXPECT_FALSE(cache.CanResume(S(1), 0));  // no cells
+}
+
+TEST(RefMultiSeqCache, CanResumeWithExtraMemoryKeepsTheLastTwo) {
+  RefMultiSeqCache cache(Ggml(4, 5, 1, 16));
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3, 4, 5, 6}, 1));
+  ForwardRows(cache, OneSeq(0, {7}, 8));  // prunes below 2
+  for (int64_t pos = 0; pos <= 5; ++pos) EXPECT_FALSE(cache.CanResume(S(0), pos)) << pos;
+  EXPECT_TRUE(cache.CanResume(S(0), 6));
+  EXPECT_TRUE(cache.CanResume(S(0), 7));
+}
+
+TEST(RefMultiSeqCache, CanResumeIsAlwaysTrueWithUnboundedMemory) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16));
+  EXPECT_TRUE(cache.CanResume(S(3), 100));
+  RefMultiSeqCache windowed(Ggml(4, 0, 1, 16));
+  EXPECT_FALSE(windowed.CanResume(S(3), 0));
+}
+
+TEST(RefMultiSeqCache, ShiftingASharedCellIsRefusedUntilTheSequenceIsCleared) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 2, 16));
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
+  cache.CopyPrefix(S(0), S(1), 4);
+  const Status refused = cache.Remove(S(1), 0, 1);
+  EXPECT_EQ(refused.code(), StatusCode::kUnsupported);
+  EXPECT_FALSE(cache.Determinate(S(1)));
+  EXPECT_EQ(cache.UsedCells(), std::nullopt);
+  EXPECT_DEATH((void)cache.Forward(OneSeq(0, {4}, 5)), "indeterminate");
+  EXPECT_DEATH(cache.CanResume(S(1), 4), "indeterminate");
+  ASSERT_TRUE(cache.Remove(S(1), 0, kUnbounded).ok());
+  EXPECT_TRUE(cache.Determinate(S(1)));
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{0, 1, 2, 3}));
+  EXPECT_EQ(cache.UsedCells(), 4);
+}
+
+TEST(RefMultiSeqCache, SharingEndsWhenOneSideDropsTheCell) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 2, 16));
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
+  cache.CopyPrefix(S(0), S(1), 2);
+  ForwardRows(cache, OneSeq(1, {2, 3}, 5));
+  // Later cells are seq 1's own: the shift is allowed.
+  ASSERT_TRUE(cache.Remove(S(1), 2, 3).ok());
+  EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{0, 1, 2}));
+  EXPECT_EQ(cache.Retained(S(1))[2].written_pos, 3);
+  EXPECT_EQ(cache.Retained(S(1))[2].shifts, (std::vector<int64_t>{-1}));
+  // Position 1 is still shared with seq 0.
+  EXPECT_EQ(cache.Remove(S(1), 0, 1).code(), StatusCode::kUnsupported);
+  ASSERT_TRUE(cache.Remove(S(1), 0, kUnbounded).ok());
+  cache.CopyPrefix(S(0), S(1), 2);
+  ASSERT_TRUE(cache.Remove(S(0), 1, kUnbounded).ok());  // seq 0 lets go of cell 1
+  ASSERT_TRUE(cache.Remove(S(1), 0, 1).ok());
+  EXPECT_EQ(cache.Retained(S(1))[0].token.id, 2);
+  EXPECT_EQ(cache.UsedCells(), 2);
+}
+
+TEST(RefMultiSeqCache, RemoveWithoutShiftCallbackMovesPositionsButNotKeys) {
+  RefMultiSeqCache cache(MultiSeqConfig{kUnbounded, kUnbounded, kUnbounded, 1, 16, false});
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
+  EXPECT_TRUE(cache.Remove(S(0), 3, kUnbounded).ok());  // no shift needed
+  EXPECT_EQ(cache.Remove(S(0), 1, 2).code(), StatusCode::kUnsupported);
+  const std::vector<MsEntry> held = cache.Retained(S(0));
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[1].pos, 1);
+  EXPECT_EQ(held[1].written_pos, 2);
+  EXPECT_TRUE(held[1].shifts.empty());
+  EXPECT_TRUE(cache.Remove(S(0), 0, 10).ok());  // no cell left: returns before the shift
+  EXPECT_TRUE(cache.Sequences().empty());
+}
+
+TEST(RefMultiSeqCache, CacheFullIsPredictedAfterPruning) {
+  RefMultiSeqCache cache(MultiSeqConfig{1, 1, kUnbounded, 2, 3, true});
+  ForwardRows(cache, OneSeq(0, {0, 1}, 1));
+  ForwardRows(cache, OneSeq(0, {2, 3}, 3));  // prunes 0: 1 + 2 cells
+  EXPECT_EQ(cache.UsedCells(), 3);
+  const Status full = cache.Forward(OneSeq(1, {0, 1, 2}, 5));
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  // The idle sequence was pruned before the failure (lowest 4: below 3 dropped).
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{3}));
+  EXPECT_TRUE(cache.RetainedPositions(S(1)).empty());
+  EXPECT_EQ(ForwardRows(cache, OneSeq(1, {0, 1}, 8)), (Rows{{0}, {0, 1}}));
+  EXPECT_EQ(cache.UsedCells(), 3);
+}
+
+TEST(RefMultiSeqCache, RewritingAPositionKeepsTheOldCellVisible) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16));
+  ForwardRows(cache, OneSeq(0, {0, 1, 2}, 1));
+  const MsBatch rewrite = OneSeq(0, {1}, 9);
+  EXPECT_EQ(ForwardRows(cache, rewrite), (Rows{{0, 1, 1}}));
+  EXPECT_EQ(Ids(cache.Visible(rewrite, 0, false)), (std::vector<int32_t>{1, 2, 9}));
+  EXPECT_EQ(Ids(cache.History(S(0))), (std::vector<int32_t>{1, 9, 3}));
+  EXPECT_EQ(cache.UsedCells(), 4);
+}
+
+TEST(RefMultiSeqCache, VisibleAnswersOnlyForTheLastForward) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 1, 16));
+  const MsBatch batch = OneSeq(0, {0, 1}, 1);
+  ForwardRows(cache, batch);
+  ASSERT_TRUE(cache.Remove(S(0), 1, kUnbounded).ok());
+  EXPECT_DEATH(cache.Visible(batch, 0, false), "last operation");
+}
+
+// ---- LFM2 hybrid (§2.9.1) ------------------------------------------------------------
+
+constexpr int64_t kDConv = 2;
+
+// The conv input of a token: {id, written position}.
+ConvRow Input(int64_t written_pos, const Token& token) {
+  return {static_cast<float>(token.id), static_cast<float>(written_pos)};
+}
+
+RefHybridCache Hybrid(int32_t max_seqs) {
+  return RefHybridCache(
+      MultiSeqConfig{kUnbounded, kUnbounded, kUnbounded, max_seqs, kUnbounded, true}, kDConv, 2,
+      Input);
+}
+
+ConvRows Conv(const RefHybridCache& cache, int32_t seq, ConvMode mode) {
+  std::optional<ConvRows> rows = cache.ExpectedConv(S(seq), mode);
+  EXPECT_TRUE(rows.has_value());
+  return rows.value_or(ConvRows{});
+}
+
+using Groups = std::vector<std::vector<SeqId>>;
+
+TEST(RefHybridCache, AppendsKeepIdealAndSpecifiedConvEqual) {
+  RefHybridCache cache = Hybrid(4);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2}, 1)).ok());
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kIdeal), (ConvRows{{2, 1}, {3, 2}}));
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kAsSpecified), (ConvRows{{2, 1}, {3, 2}}));
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {3}, 4)).ok());
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kAsSpecified), (ConvRows{{3, 2}, {4, 3}}));
+  EXPECT_FALSE(cache.ConvDivergesFromIdeal(S(0)));
+  ASSERT_TRUE(cache.Forward(OneSeq(1, {0}, 7)).ok());  // fewer tokens than rows: zeros first
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kIdeal), (ConvRows{{0, 0}, {7, 0}}));
+  EXPECT_FALSE(cache.ConvDivergesFromIdeal(S(1)));
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0)}, {S(1)}}));
+}
+
+TEST(RefHybridCache, CopyPrefixShorterThanSourceDivergesFromIdeal) {
+  RefHybridCache cache = Hybrid(4);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2, 3}, 1)).ok());
+  cache.CopyPrefix(S(0), S(1), 2);
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kIdeal), (ConvRows{{1, 0}, {2, 1}}));
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kAsSpecified), (ConvRows{{3, 2}, {4, 3}}));  // src's
+  EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(1)));
+  EXPECT_FALSE(cache.ConvDivergesFromIdeal(S(0)));
+  cache.CopyPrefix(S(0), S(2), 4);  // the whole source: sharing is exact
+  EXPECT_FALSE(cache.ConvDivergesFromIdeal(S(2)));
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0), S(1), S(2)}}));
+  // The forward of seq 1 copies the (wrong) shared state, then shifts its token in.
+  ASSERT_TRUE(cache.Forward(OneSeq(1, {2}, 9)).ok());
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kAsSpecified), (ConvRows{{4, 3}, {9, 2}}));
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kIdeal), (ConvRows{{2, 1}, {9, 2}}));
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0), S(2)}, {S(1)}}));
+  // The lowest sequence of a shared slot copies too; its partner keeps the old rows.
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {4}, 10)).ok());
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0)}, {S(1)}, {S(2)}}));
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kAsSpecified), (ConvRows{{4, 3}, {10, 4}}));
+  EXPECT_EQ(Conv(cache, 2, ConvMode::kAsSpecified), (ConvRows{{3, 2}, {4, 3}}));
+}
+
+TEST(RefHybridCache, RemoveResetsSpecifiedConvToZero) {
+  RefHybridCache cache = Hybrid(4);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2, 3}, 1)).ok());
+  ASSERT_TRUE(cache.Remove(S(0), 2, kUnbounded).ok());
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kIdeal), (ConvRows{{1, 0}, {2, 1}}));
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kAsSpecified), (ConvRows{{0, 0}, {0, 0}}));
+  EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(0)));
+  EXPECT_EQ(cache.LiveSlots(), 0);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {2}, 9)).ok());  // a fresh zeroed slot
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kAsSpecified), (ConvRows{{0, 0}, {9, 2}}));
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kIdeal), (ConvRows{{2, 1}, {9, 2}}));
+  ASSERT_TRUE(cache.Remove(S(0), 0, 1).ok());  // shifted entries keep their written inputs
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kIdeal), (ConvRows{{2, 1}, {9, 2}}));
+  EXPECT_EQ(cache.kv().RetainedPositions(S(0)), (Positions{0, 1}));
+  ASSERT_TRUE(cache.Forward(OneSeq(1, {0, 1}, 11)).ok());
+  ASSERT_TRUE(cache.Remove(S(1), 5, kUnbounded).ok());  // removes nothing, still resets
+  EXPECT_EQ(cache.kv().RetainedPositions(S(1)), (Positions{0, 1}));
+  EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(1)));
+}
+
+TEST(RefHybridCache, SlotGroupsFollowForksAndCopyOnWrite) {
+  RefHybridCache cache = Hybrid(4);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1}, 1)).ok());
+  for (int32_t dst : {1, 2, 3}) cache.CopyPrefix(S(0), S(dst), 2);  // 4-way fork
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0), S(1), S(2), S(3)}}));
+  EXPECT_EQ(cache.LiveSlots(), 1);
+  ASSERT_TRUE(cache.Forward(Batch({1, 2}, {2, 2}, 3)).ok());  // both leave by copy-on-write
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0), S(3)}, {S(1)}, {S(2)}}));
+  EXPECT_EQ(Conv(cache, 2, ConvMode::kAsSpecified), (ConvRows{{2, 1}, {4, 2}}));
+  ASSERT_TRUE(cache.Forward(Batch({0, 3}, {2, 2}, 5)).ok());  // one copies, one keeps
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0)}, {S(1)}, {S(2)}, {S(3)}}));
+  EXPECT_EQ(cache.LiveSlots(), 4);
+  cache.CopyPrefix(S(1), S(3), 3);  // overwrite frees 3's slot; chained sharing follows
+  cache.CopyPrefix(S(3), S(2), 3);
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0)}, {S(1), S(2), S(3)}}));
+  EXPECT_EQ(cache.LiveSlots(), 2);
+  EXPECT_EQ(Conv(cache, 2, ConvMode::kAsSpecified), (ConvRows{{2, 1}, {3, 2}}));
+  for (int32_t seq : {1, 2, 3}) EXPECT_FALSE(cache.ConvDivergesFromIdeal(S(seq))) << seq;
+}
+
+TEST(RefHybridCache, UnequalBatchIsUnsupportedAfterTheKvUpdate) {
+  RefHybridCache cache = Hybrid(4);
+  const Status status = cache.Forward(Batch({0, 0, 1}, {0, 1, 0}, 1));
+  EXPECT_EQ(status.code(), StatusCode::kUnsupported);
+  EXPECT_EQ(cache.kv().RetainedPositions(S(0)), (Positions{0, 1}));
+  for (const MsEntry& e : cache.kv().Retained(S(0))) EXPECT_FALSE(e.has_data);
+  EXPECT_EQ(cache.LiveSlots(), 0);
+  EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(0)));  // the KV log has tokens conv never saw
+}
+
+TEST(RefHybridCache, MoreSequencesThanSlotsIsCacheFull) {
+  RefHybridCache cache = Hybrid(2);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0}, 1)).ok());
+  const Status full = cache.Forward(Batch({1, 2}, {0, 0}, 2));
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0)}, {S(1)}}));  // seq 1 got its slot first
+  EXPECT_EQ(cache.ExpectedConv(S(1), ConvMode::kAsSpecified), std::nullopt);  // not zeroed
+  EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(1)));
+  EXPECT_FALSE(cache.kv().Retained(S(2))[0].has_data);
+}
+
+TEST(RefHybridCache, CopyOnWriteWithoutAFreeSlotIsCacheFull) {
+  RefHybridCache cache = Hybrid(2);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0}, 1)).ok());
+  cache.CopyPrefix(S(0), S(1), 1);
+  ASSERT_TRUE(cache.Forward(OneSeq(2, {0}, 2)).ok());
+  EXPECT_EQ(cache.Forward(OneSeq(1, {1}, 3)).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0), S(1)}, {S(2)}}));
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kAsSpecified), (ConvRows{{0, 0}, {1, 0}}));
+}
+
+TEST(RefHybridCache, RemoveRefusedByTheKvSideKeepsTheSlot) {
+  RefHybridCache cache = Hybrid(4);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2, 3}, 1)).ok());
+  cache.CopyPrefix(S(0), S(1), 4);
+  EXPECT_EQ(cache.Remove(S(1), 0, 1).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0), S(1)}}));
+  ASSERT_TRUE(cache.Remove(S(1), 0, kUnbounded).ok());
+  EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0)}}));
+  EXPECT_TRUE(cache.CanResume(S(1), 0));
+}
+
+}  // namespace
+}  // namespace kvtwin::model
