@@ -51,6 +51,7 @@ Status ValidateSetup(const sim::TraceHeader& h, const sim::MooncakeOptions& m) {
                                        sim::kMooncakeBlockTokens, m.block_scale));
   }
   if (m.limit < 0) return InvalidArgument(fmt::format("--limit must be >= 0, got {}", m.limit));
+  if (m.skip < 0) return InvalidArgument(fmt::format("--skip must be >= 0, got {}", m.skip));
   return sim::ValidateRequestOptions(sim::OptionsFromHeader(h));
 }
 

@@ -11,7 +11,8 @@ using kvtwin::cli::Usage;
 // The replay setup of a Mooncake file (its model, budget and prefill cadence).
 void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::MooncakeOptions& m) {
   cmd->add_option("--block-scale", m.block_scale, "Mooncake: tokens per 512-token block (1..512)");
-  cmd->add_option("--limit", m.limit, "Mooncake: the first N requests only (0 = all)");
+  cmd->add_option("--skip", m.skip, "Mooncake: leave out the first N requests");
+  cmd->add_option("--limit", m.limit, "Mooncake: N requests only (0 = all)");
   cmd->add_option("--preset", h.preset, "Mooncake: dense | sliding | recurrent | mixed");
   cmd->add_option("--layers", h.layers, "Mooncake: layers in the stack");
   cmd->add_option("--window", h.window, "Mooncake: W of rotating layers");

@@ -95,6 +95,9 @@ Status ValidateOptions(const MooncakeOptions& o) {
   if (o.limit < 0) {
     return InvalidArgument(fmt::format("mooncake request limit must be >= 0, got {}", o.limit));
   }
+  if (o.skip < 0) {
+    return InvalidArgument(fmt::format("mooncake request skip must be >= 0, got {}", o.skip));
+  }
   return Status::Ok();
 }
 
@@ -238,6 +241,7 @@ Result<std::unique_ptr<MooncakeReader>> MooncakeReader::Open(const std::string& 
   header.kind = TraceKind::kRequests;
   if (header.source.empty()) {
     header.source = fmt::format("mooncake {} block_scale {}", path, options.block_scale);
+    if (options.skip > 0) header.source += fmt::format(" skip {}", options.skip);
     if (options.limit > 0) header.source += fmt::format(" limit {}", options.limit);
   }
   return std::unique_ptr<MooncakeReader>(
@@ -246,7 +250,15 @@ Result<std::unique_ptr<MooncakeReader>> MooncakeReader::Open(const std::string& 
 
 Result<std::optional<TraceEvent>> MooncakeReader::Next() {
   // Every line read so far holds a request (NextRequest), so line_ counts the requests.
-  if (options_.limit > 0 && line_ >= options_.limit) return std::optional<TraceEvent>();
+  // Skipped requests are still read and validated, so errors keep their line.
+  while (line_ < options_.skip) {
+    auto skipped = NextRequest(in_, path_, line_, last_timestamp_);
+    if (!skipped.ok()) return skipped.status();
+    if (!skipped->has_value()) return std::optional<TraceEvent>();
+  }
+  if (options_.limit > 0 && line_ >= options_.skip + options_.limit) {
+    return std::optional<TraceEvent>();
+  }
   auto request = NextRequest(in_, path_, line_, last_timestamp_);
   if (!request.ok()) return request.status();
   if (!request->has_value()) return std::optional<TraceEvent>();
@@ -284,6 +296,7 @@ Result<BlockReuse> MooncakeBlockReuse(const std::string& path, MooncakeOptions o
     auto next = NextRequest(*in, path, line, last_timestamp);
     if (!next.ok()) return next.status();
     if (!next->has_value()) break;
+    if (line <= options.skip) continue;  // outside the window: neither counted nor seen
     const MooncakeRequest& r = **next;
     // Match first, then record: a request never reuses its own blocks.
     reuse.matched_tokens += MatchedTokens(r, longest, options.block_scale);

@@ -54,7 +54,8 @@ bool LooksLikeMooncake(const std::string& path);
 
 struct MooncakeOptions {
   int64_t block_scale = kMooncakeBlockTokens;
-  int64_t limit = 0;  // the first `limit` requests only; 0 = all
+  int64_t skip = 0;   // requests at the start left out (a later, warmer window)
+  int64_t limit = 0;  // then `limit` requests only; 0 = all
 };
 
 // Streams a Mooncake file as request events (TraceReader's interface); `header` is the
@@ -85,7 +86,8 @@ Result<int64_t> ImportMooncake(const std::string& in, const std::string& out,
                                MooncakeOptions options, TraceHeader header);
 
 // The independent block-level prefix reuse at an unlimited budget, from the hash ids
-// alone (no trie, no tokens): for each request, walk its blocks in order while the id was
+// alone (no trie, no tokens), over the same window as the reader (skip, limit): for each
+// request, walk its blocks in order while the id was
 // seen in an earlier request and add min(this block's scaled length, the longest scaled
 // length seen for that id); stop at the first unseen id or at a block only partly covered.
 // Memory: one entry per distinct id.

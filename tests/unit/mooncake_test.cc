@@ -379,6 +379,32 @@ TEST(MooncakeReader, StreamsRequestsWithIndexLineAndLimit) {
   EXPECT_EQ((*limited)->header().source, fmt::format("mooncake {} block_scale 1 limit 2", path));
   for (int i = 0; i < 2; ++i) ASSERT_TRUE((*limited)->Next().value().has_value());
   EXPECT_FALSE((*limited)->Next().value().has_value());
+
+  // A later window: requests 3 and 4 (indices keep their place in the file).
+  auto window = MooncakeReader::Open(path, {.block_scale = 1, .skip = 3, .limit = 2}, {});
+  ASSERT_TRUE(window.ok());
+  EXPECT_EQ((*window)->header().source,
+            fmt::format("mooncake {} block_scale 1 skip 3 limit 2", path));
+  for (const int64_t index : {3, 4}) {
+    auto event = (*window)->Next();
+    ASSERT_TRUE(event.ok() && event->has_value());
+    EXPECT_EQ(std::get<RequestPlan>(**event).index, index);
+  }
+  EXPECT_FALSE((*window)->Next().value().has_value());
+  EXPECT_EQ(MooncakeReader::Open(path, {.block_scale = 1, .skip = -1}, {}).status().message(),
+            "mooncake request skip must be >= 0, got -1");
+}
+
+TEST(MooncakeBlockReuse, ASkippedWindowStartsCold) {
+  const std::string path = WriteFile(HandMadeTrace());
+  const Result<BlockReuse> all = MooncakeBlockReuse(path, {.block_scale = 1});
+  const Result<BlockReuse> late = MooncakeBlockReuse(path, {.block_scale = 1, .skip = 3});
+  ASSERT_TRUE(all.ok() && late.ok());
+  EXPECT_EQ(all->requests, 7);
+  EXPECT_EQ(late->requests, 4);
+  // The window never saw the first three requests' blocks: it reuses no more than all did.
+  EXPECT_LT(late->prompt_tokens, all->prompt_tokens);
+  EXPECT_LE(late->matched_tokens, all->matched_tokens);
 }
 
 TEST(MooncakeReader, ReportsBadOptionsMissingFilesAndMidFileProblems) {
