@@ -121,4 +121,13 @@ Provenance DecodeRow(const Tensor& t, int64_t row) {
   return out;
 }
 
+void ShiftPositionTag(Tensor& t, int64_t row, int64_t delta) {
+  const Provenance tag = DecodeRow(t, row);
+  if (!tag.valid) return;
+  const auto up = static_cast<uint64_t>(tag.position + delta) & 0xFFFFFF;
+  t.Set(row, 0, Byte(up, 0));
+  t.Set(row, 1, Byte(up, 8));
+  t.Set(row, 2, Byte(up, 16));
+}
+
 }  // namespace kvtwin::sim

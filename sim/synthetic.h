@@ -65,4 +65,11 @@ class SyntheticForward {
 // Decodes the provenance tag of row `row` of `t`.
 Provenance DecodeRow(const Tensor& t, int64_t row);
 
+// The RoPE shift of a synthetic K row: RoPE rotates by position, so moving a key moves its
+// position and leaves its content; here that is re-encoding the position tag of row `row`
+// as position + delta, modulo 2^24: a cell that never received its row (a refused forward
+// committed its metadata) holds stale content that a Remove still shifts, and its tag may
+// leave the range. An untagged row is left as it is (it is wrong already; the checker says so).
+void ShiftPositionTag(Tensor& t, int64_t row, int64_t delta);
+
 }  // namespace kvtwin::sim

@@ -1,0 +1,279 @@
+// MultiSeqDriver, the op half: configuration, token hashes, op validity, and applying the
+// sequence edits (CopyPrefix, Remove, CanResume) to both caches. Forwards live in
+// multi_seq_forward.cc; the after-op state checks and the digest in multi_seq_checks.cc.
+#include "sim/multi_seq_driver.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+SeqId S(int32_t seq) { return SeqId{seq}; }
+
+std::string End(int64_t v) { return v == kvtwin::kUnbounded ? "inf" : std::to_string(v); }
+
+// Every conv layer's input row for one token, side by side: the reference carries one conv
+// state per sequence, so its rows hold all layers and the driver slices them. Without conv
+// layers the reference still needs a width; layer 0's row stands in.
+model::ConvRow ConvInputRow(const SyntheticForward& synth, const MultiSeqConfig& c,
+                            int64_t written_pos, uint64_t h) {
+  const int32_t layers = std::max(1, c.num_conv_layers);
+  MatF row(1, c.hidden);
+  model::ConvRow out;
+  for (int32_t layer = 0; layer < layers; ++layer) {
+    synth.FillConvInput(row, 0, c.dtype, layer, written_pos, h, c.hidden);
+    out.insert(out.end(), row.data(), row.data() + c.hidden);
+  }
+  return out;
+}
+
+model::RefHybridCache MakeModel(const MultiSeqConfig& c, const SyntheticForward& synth) {
+  Result<model::MultiSeqConfig> resolved = model::ResolveMultiSeqConfig(c.ToModelInit());
+  KV_CHECK(resolved.ok(), "reference refused the configuration: " + resolved.status().ToString());
+  return model::RefHybridCache(
+      *resolved, c.d_conv, std::max(1, c.num_conv_layers) * c.hidden,
+      [synth, c](int64_t pos, const model::Token& t) { return ConvInputRow(synth, c, pos, t.h); });
+}
+
+Mismatch Outcome(const std::string& what, const Status& expected, const Status& actual) {
+  return Mismatch{what + " outcome", expected.ToString(), actual.ToString()};
+}
+
+}  // namespace
+
+Status MultiSeqConfig::Validate() const {
+  if (max_seqs < 1 || max_seqs > 64 || capacity < 1 || max_batch < 1 || padding < 1) {
+    return InvalidArgument("multiseq: max_seqs (1..64), capacity, max_batch, padding >= 1");
+  }
+  if (window < 1 || (memory != kvtwin::kUnbounded && memory < window) || chunk < 0) {
+    return InvalidArgument("multiseq: window >= 1, memory >= window, chunk >= 0");
+  }
+  if (kv_cols < kTagElements || num_conv_layers < 0 || num_conv_layers > 8 || d_conv < 1 ||
+      hidden < 1) {
+    return InvalidArgument("multiseq: kv_cols >= 7, conv layers 0..8, d_conv and hidden >= 1");
+  }
+  return Status::Ok();
+}
+
+HybridConfig MultiSeqConfig::ToHybrid() const {
+  HybridConfig h;
+  h.kv = CausalConfig{max_seqs, capacity, max_batch,  window,  memory,
+                      chunk,    padding,  permuted_v, kv_cols, dtype};
+  h.num_conv_layers = num_conv_layers;
+  h.d_conv = d_conv;
+  h.hidden = hidden;
+  return h;
+}
+
+model::MultiSeqInit MultiSeqConfig::ToModelInit() const {
+  model::MultiSeqInit init;
+  init.window = window == kvtwin::kUnbounded ? model::kUnbounded : window;
+  init.memory = memory == kvtwin::kUnbounded ? 0 : memory;
+  init.chunk = chunk == 0 ? model::kUnbounded : chunk;
+  init.max_seqs = max_seqs;
+  init.capacity = capacity;
+  init.max_batch = max_batch;
+  init.padding = padding;
+  init.shift_supported = shift_supported;
+  return init;
+}
+
+std::string MultiSeqConfig::Describe() const {
+  return fmt::format(
+      "window={} memory={} chunk={} max_seqs={} capacity={} max_batch={} padding={} "
+      "permuted_v={} dtype={} conv_layers={} d_conv={} hidden={} shift={} conv={}",
+      End(window), memory == kvtwin::kUnbounded ? "default" : std::to_string(memory), chunk,
+      max_seqs, capacity, max_batch, padding, permuted_v, DTypeName(dtype), num_conv_layers, d_conv,
+      hidden, shift_supported, conv == ConvExpectation::kIdeal ? "ideal" : "as-specified");
+}
+
+std::string MsDivergence::ToString() const {
+  return fmt::format("divergence at step {} ({}):\n  {}\n  expected: {}\n  actual:   {}", step, op,
+                     mismatch.what, mismatch.expected, mismatch.actual);
+}
+
+MultiSeqDriver::MultiSeqDriver(MultiSeqConfig config, uint64_t value_seed)
+    : config_(config), synth_(value_seed), model_(MakeModel(config, synth_)) {
+  const Status valid = config_.Validate();
+  KV_CHECK(valid.ok(), valid.ToString());
+  Result<HybridCache> cache = HybridCache::Create(config_.ToHybrid());
+  KV_CHECK(cache.ok(), "production refused the configuration: " + cache.status().ToString());
+  cache_.emplace(std::move(cache).value());
+  if (config_.shift_supported) {
+    // RoPE moves a key's position, not its content: re-encode the tag of each moved row.
+    cache_->mutable_kv().set_shift(
+        [](CausalCache& kv, std::span<const int64_t> cells, int64_t delta) {
+          for (int64_t cell : cells) ShiftPositionTag(kv.mutable_k(), cell, delta);
+          return Status::Ok();
+        });
+  }
+  const model::MultiSeqConfig& m = model_.kv().config();
+  const int64_t memory = cache_->kv().config().memory;
+  const int64_t m_memory = m.memory == model::kUnbounded ? kvtwin::kUnbounded : m.memory;
+  if (cache_->kv().num_cells() != m.cells || memory != m_memory) {
+    divergence_ = MsDivergence{
+        0, "init",
+        Mismatch{"derived cell count / memory", fmt::format("{} / {}", m.cells, End(m_memory)),
+                 fmt::format("{} / {}", cache_->kv().num_cells(), End(memory))}};
+  }
+  FoldState();
+}
+
+bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref, const MsOp& op) {
+  auto seq_ok = [&config](int32_t s) { return s >= 0 && s < config.max_seqs; };
+  auto determinate = [&ref](int32_t s) { return ref.Determinate(S(s)); };
+  bool any_indeterminate = false;
+  for (int32_t s = 0; s < config.max_seqs; ++s) any_indeterminate |= !determinate(s);
+  switch (op.kind) {
+    case MsOpKind::kForward: {
+      const auto n = static_cast<int64_t>(op.batch.size());
+      if (n == 0 || n > config.max_batch) return false;
+      for (const MsBatchToken& t : op.batch) {
+        if (!seq_ok(t.seq) || t.pos < 0 || t.pos > kMaxPosition) return false;
+      }
+      for (int64_t i : op.causal_off) {
+        if (i < 0 || i >= n) return false;
+      }
+      if (op.reserve) return true;
+      if (any_indeterminate) return false;
+      // Equal counts: the hybrid reads the batch as a grid, each sequence's run contiguous.
+      const std::vector<int32_t> order = BatchSequences(op.batch);
+      if (!EqualTokenCounts(op.batch)) return true;
+      const size_t per = op.batch.size() / order.size();
+      for (size_t k = 0; k < op.batch.size(); ++k) {
+        if (op.batch[k].seq != order[k / per]) return false;
+      }
+      return true;
+    }
+    case MsOpKind::kCopyPrefix:
+      return seq_ok(op.seq) && seq_ok(op.dst) && op.begin >= 0 &&
+             (op.seq == op.dst || determinate(op.seq));
+    case MsOpKind::kRemove:
+      if (!seq_ok(op.seq) || op.begin < 0 || op.end < op.begin) return false;
+      if (op.end != kvtwin::kUnbounded && any_indeterminate) return false;
+      return determinate(op.seq) || (op.begin == 0 && op.end == kvtwin::kUnbounded);
+    case MsOpKind::kCanResume:
+      return seq_ok(op.seq) && op.begin >= 0 && determinate(op.seq);
+  }
+  return false;
+}
+
+std::optional<MsDivergence> MultiSeqDriver::Apply(const MsOp& op) {
+  KV_CHECK(!divergence_.has_value(), "the driver already diverged");
+  KV_CHECK(Valid(op), "invalid multi-sequence op: " + op.ToString());
+  ++steps_;
+  Fold(static_cast<uint64_t>(op.kind));
+  Check c;
+  switch (op.kind) {
+    case MsOpKind::kForward:
+      c = op.reserve ? ApplyReserve(op) : ApplyForward(op);
+      break;
+    case MsOpKind::kCopyPrefix:
+      c = ApplyCopyPrefix(op);
+      break;
+    case MsOpKind::kRemove:
+      c = ApplyRemove(op);
+      break;
+    case MsOpKind::kCanResume:
+      c = ApplyCanResume(op);
+      break;
+  }
+  if (!c) c = CheckState();
+  if (c) {
+    divergence_ = MsDivergence{steps_ - 1, op.ToString(), *c};
+    return divergence_;
+  }
+  FoldState();
+  return std::nullopt;
+}
+
+std::optional<MsDivergence> MultiSeqDriver::CheckNow() {
+  if (Check c = CheckState()) {
+    divergence_ = MsDivergence{steps_, "check", *c};
+    return divergence_;
+  }
+  return std::nullopt;
+}
+
+model::MsBatch MultiSeqDriver::Tokens(const MsOp& op) const {
+  // pos -> h per sequence, seeded from the sequence's own history (newest entry per
+  // position), then extended by the batch's earlier tokens: h chains over the nearest
+  // lower position, so forks that share a prefix share hashes and then part.
+  std::map<int32_t, std::map<int64_t, uint64_t>> chains;
+  model::MsBatch out;
+  for (const MsBatchToken& t : op.batch) {
+    auto [it, fresh] = chains.try_emplace(t.seq);
+    if (fresh) {
+      for (const model::MsEntry& e : model_.kv().History(S(t.seq))) it->second[e.pos] = e.token.h;
+    }
+    std::map<int64_t, uint64_t>& chain = it->second;
+    const auto below = chain.lower_bound(t.pos);
+    const uint64_t prev = below == chain.begin() ? synth_.seed() : std::prev(below)->second;
+    const uint64_t h = NextHash(prev, t.token);
+    chain[t.pos] = h;
+    out.push_back(model::MsToken{S(t.seq), t.pos, model::Token{t.token, h}});
+  }
+  return out;
+}
+
+model::ConvRow MultiSeqDriver::ConvInput(int64_t written_pos, uint64_t h) const {
+  return ConvInputRow(synth_, config_, written_pos, h);
+}
+
+Tensor MultiSeqDriver::ExpectedRow(const model::MsEntry& e, bool is_value) const {
+  Tensor row = synth_.KvRow(config_.dtype, config_.kv_cols, 0, e.written_pos, e.token.h, is_value);
+  if (!is_value) {
+    for (int64_t delta : e.shifts) ShiftPositionTag(row, 0, delta);
+  }
+  return row;
+}
+
+Check MultiSeqDriver::ApplyCopyPrefix(const MsOp& op) {
+  const Status actual = cache_->CopyPrefix(op.seq, op.dst, op.begin);
+  Fold(static_cast<uint64_t>(actual.code()));
+  if (!actual.ok()) return Outcome("CopyPrefix", Status::Ok(), actual);
+  const std::vector<model::MsEntry> src =
+      op.seq == op.dst ? std::vector<model::MsEntry>{} : model_.kv().History(S(op.seq));
+  if (!src.empty() && op.begin <= src.back().pos) ++coverage_.copy_prefix_partial;
+  model_.CopyPrefix(S(op.seq), S(op.dst), op.begin);
+  ++coverage_.copy_prefix;
+  return std::nullopt;
+}
+
+Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
+  const Status actual = cache_->Remove(op.seq, op.begin, op.end);
+  const Status expected =
+      model_.Remove(S(op.seq), op.begin, op.end == kvtwin::kUnbounded ? model::kUnbounded : op.end);
+  Fold(static_cast<uint64_t>(actual.code()));
+  if (actual.code() != expected.code()) return Outcome("Remove", expected, actual);
+  const bool finite = op.end != kvtwin::kUnbounded;
+  if (!actual.ok()) {
+    ++(model_.kv().Determinate(S(op.seq)) ? coverage_.removes_refused_no_shift
+                                          : coverage_.removes_refused_shared);
+  } else if (finite) {
+    ++coverage_.removes_middle_shift;
+  } else {
+    ++(op.begin == 0 ? coverage_.removes_whole : coverage_.removes_tail);
+  }
+  return std::nullopt;
+}
+
+Check MultiSeqDriver::ApplyCanResume(const MsOp& op) {
+  const bool actual = cache_->CanResume(op.seq, op.begin);
+  const bool expected = model_.CanResume(S(op.seq), op.begin);
+  Fold(actual);
+  ++(expected ? coverage_.can_resume_true : coverage_.can_resume_false);
+  if (actual != expected) {
+    return Mismatch{fmt::format("CanResume(s{}, {})", op.seq, op.begin),
+                    expected ? "true" : "false", actual ? "true" : "false"};
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,173 @@
+#include "sim/multi_seq_generator.h"
+
+#include <algorithm>
+
+namespace kvtwin::sim {
+namespace {
+
+SeqId S(int32_t seq) { return SeqId{seq}; }
+
+}  // namespace
+
+MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
+  MultiSeqConfig c;
+  const int64_t windows[] = {1, 2, 3, 4, 8};
+  if (rng.Chance(2, 3)) {
+    c.window = windows[rng.Below(5)];
+    // The default (= window) or more memory, which may reach the capacity (then unbounded).
+    if (rng.Chance(1, 2)) c.memory = c.window + rng.Range(0, 4);
+  }
+  if (rng.Chance(1, 3)) c.chunk = rng.Chance(1, 2) ? 2 : 4;
+  c.max_seqs = static_cast<int32_t>(rng.Range(1, 8));
+  const int64_t capacities[] = {6, 8, 12, 16, 32};
+  c.capacity = capacities[rng.Below(5)];
+  const int64_t batches[] = {1, 2, 4, 8, 8, 16};
+  c.max_batch = batches[rng.Below(6)];
+  c.padding = rng.Chance(1, 3) ? 4 : 1;
+  c.permuted_v = rng.Chance(1, 2);
+  c.dtype = rng.Chance(1, 2) ? DType::kFloat32 : DType::kBFloat16;
+  c.kv_cols = rng.Chance(1, 2) ? 8 : 12;
+  c.num_conv_layers = static_cast<int32_t>(rng.Range(0, 2));
+  c.d_conv = rng.Range(1, 3);
+  c.hidden = rng.Chance(1, 2) ? 2 : 4;
+  c.shift_supported = !rng.Chance(1, 6);
+  return c;
+}
+
+std::vector<MultiSeqGenerator::SeqState> MultiSeqGenerator::Active(
+    const MultiSeqDriver& driver) const {
+  std::vector<SeqState> out;
+  for (int32_t s = 0; s < driver.config().max_seqs; ++s) {
+    const std::vector<model::MsEntry> history = driver.model().kv().History(S(s));
+    if (history.empty()) continue;
+    const std::vector<int64_t> held = driver.model().kv().RetainedPositions(S(s));
+    const int64_t next = history.back().pos + 1;
+    out.push_back({s, next, held.empty() ? next : held.front(), !held.empty()});
+  }
+  return out;
+}
+
+std::vector<int32_t> MultiSeqGenerator::FreeIds(const MultiSeqDriver& driver) const {
+  std::vector<int32_t> out;
+  for (int32_t s = 0; s < driver.config().max_seqs; ++s) {
+    if (driver.model().kv().History(S(s)).empty()) out.push_back(s);
+  }
+  return out;
+}
+
+MsOp MultiSeqGenerator::Next(const MultiSeqDriver& driver) {
+  // The original runner drops a sequence whose Remove was refused half-way.
+  for (int32_t s = 0; s < driver.config().max_seqs; ++s) {
+    if (!driver.Determinate(s)) return MsOp::Remove(s, 0, kvtwin::kUnbounded);
+  }
+  const std::vector<SeqState> active = Active(driver);
+  const std::vector<int32_t> free = FreeIds(driver);
+  if (active.empty()) return Prompt(driver, free.empty() ? 0 : PickOf(free));
+  // Near a full cache, prune more often so runs keep moving.
+  const model::MultiSeqConfig& m = driver.model().kv().config();
+  const int64_t used = driver.model().kv().UsedCells().value_or(0);
+  if (used + driver.config().max_batch > m.cells && rng_.Chance(1, 2)) {
+    return Prune(driver, PickOf(active));
+  }
+  const uint64_t roll = rng_.Below(100);
+  if (roll < 38) return Step(driver, active, 1);
+  if (roll < 46) return Step(driver, active, rng_.Chance(1, 2) ? 2 : 4);
+  if (roll < 57) return Fork(driver, active);
+  if (roll < 64) return Prune(driver, PickOf(active));
+  if (roll < 70) {
+    const SeqState& s = PickOf(active);
+    const int64_t begin = rng_.Range(0, std::max<int64_t>(0, s.next - 1));
+    return MsOp::Remove(s.seq, begin, rng_.Range(begin + 1, s.next + 1));
+  }
+  if (roll < 73) return MsOp::Remove(PickOf(active).seq, 0, kvtwin::kUnbounded);
+  if (roll < 85) return Probe(driver, PickOf(active));
+  if (roll < 88) return Reserve(driver, active);
+  if (roll < 93 && !free.empty()) return Prompt(driver, PickOf(free));
+  return Step(driver, active, -1);  // unequal counts: the hybrid must refuse
+}
+
+MsOp MultiSeqGenerator::Prompt(const MultiSeqDriver& driver, int32_t seq) {
+  const int64_t len = rng_.Range(1, std::min<int64_t>(driver.config().max_batch, 6));
+  std::vector<MsBatchToken> batch;
+  for (int64_t p = 0; p < len; ++p) batch.push_back({seq, p, Token()});
+  return MsOp::Forward(std::move(batch), CausalOff(static_cast<size_t>(len)));
+}
+
+MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<SeqState>& active,
+                             int64_t per_seq) {
+  const int64_t max_batch = driver.config().max_batch;
+  const bool unequal = per_seq < 0;
+  if (unequal) per_seq = 1;
+  per_seq = std::min(per_seq, max_batch);
+  // Beams decode together: usually every active sequence that fits, from a rotating start.
+  const auto fit = std::min<int64_t>(static_cast<int64_t>(active.size()), max_batch / per_seq);
+  int64_t k = rng_.Chance(3, 4) ? fit : rng_.Range(1, fit);
+  if (unequal && k * per_seq >= max_batch) k = std::max<int64_t>(1, k - 1);
+  const auto start = static_cast<size_t>(rng_.Below(active.size()));
+  std::vector<MsBatchToken> batch;
+  for (int64_t j = 0; j < k; ++j) {
+    const SeqState& s = active[(start + static_cast<size_t>(j)) % active.size()];
+    int64_t n = per_seq + (unequal && j == k - 1 && k > 1 ? 1 : 0);
+    if (s.next + n - 1 > kMaxPosition) continue;
+    for (int64_t p = s.next; p < s.next + n; ++p) batch.push_back({s.seq, p, Token()});
+  }
+  if (batch.empty()) return MsOp::Remove(active[start].seq, 0, kvtwin::kUnbounded);
+  const size_t size = batch.size();
+  return MsOp::Forward(std::move(batch), CausalOff(size));
+}
+
+MsOp MultiSeqGenerator::Fork(const MultiSeqDriver& driver, const std::vector<SeqState>& active) {
+  const SeqState& src = PickOf(active);
+  std::vector<int32_t> free = FreeIds(driver);
+  int32_t dst = 0;
+  if (!free.empty() && rng_.Chance(4, 5)) {
+    dst = PickOf(free);
+  } else if (rng_.Chance(1, 10)) {
+    dst = src.seq;  // a copy onto itself empties the sequence
+  } else {
+    dst = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.config().max_seqs)));
+  }
+  // Mostly the whole source; sometimes a prefix (the hybrid's conv state ignores len).
+  const int64_t len = rng_.Chance(2, 3) ? src.next : rng_.Range(0, src.next);
+  return MsOp::CopyPrefix(src.seq, dst, len);
+}
+
+MsOp MultiSeqGenerator::Prune(const MultiSeqDriver& driver, const SeqState& s) {
+  (void)driver;
+  // Beam pruning drops the last few tokens; sometimes the whole sequence.
+  if (rng_.Chance(1, 4)) return MsOp::Remove(s.seq, 0, kvtwin::kUnbounded);
+  const int64_t begin =
+      rng_.Range(std::max<int64_t>(0, s.next - 3), std::max<int64_t>(0, s.next - 1));
+  return MsOp::Remove(s.seq, begin, kvtwin::kUnbounded);
+}
+
+MsOp MultiSeqGenerator::Probe(const MultiSeqDriver& driver, const SeqState& s) {
+  const int64_t w = driver.config().window;
+  std::vector<int64_t> at = {s.first, s.next, s.next + 1, std::max<int64_t>(0, s.first - 1),
+                             rng_.Range(0, s.next + 2)};
+  if (w != kvtwin::kUnbounded) {
+    at.push_back(std::max<int64_t>(0, s.next - w));
+    at.push_back(s.first + w);
+  }
+  return MsOp::CanResume(s.seq, PickOf(at));
+}
+
+MsOp MultiSeqGenerator::Reserve(const MultiSeqDriver& driver, const std::vector<SeqState>& active) {
+  MsOp op = Step(driver, active, rng_.Chance(1, 4) ? -1 : 1);
+  if (op.kind != MsOpKind::kForward) return op;
+  op.reserve = true;
+  op.causal_off.clear();
+  return op;
+}
+
+std::vector<int64_t> MultiSeqGenerator::CausalOff(size_t batch_size) {
+  std::vector<int64_t> off;
+  if (!rng_.Chance(1, 8)) return off;
+  const int64_t n = rng_.Range(1, std::min<int64_t>(2, static_cast<int64_t>(batch_size)));
+  for (int64_t j = 0; j < n; ++j) {
+    off.push_back(static_cast<int64_t>(rng_.Below(batch_size)));
+  }
+  return off;
+}
+
+}  // namespace kvtwin::sim

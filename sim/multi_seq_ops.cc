@@ -1,0 +1,112 @@
+#include "sim/multi_seq_ops.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace kvtwin::sim {
+namespace {
+
+std::string End(int64_t end) {
+  return end == kvtwin::kUnbounded ? std::string("inf") : std::to_string(end);
+}
+
+// Tokens grouped by sequence run: "s0@4:17 s0@5:3 | s1@4:9".
+std::string BatchText(const std::vector<MsBatchToken>& batch) {
+  std::string out;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (i > 0) out += batch[i].seq == batch[i - 1].seq ? " " : " | ";
+    out += fmt::format("s{}@{}:{}", batch[i].seq, batch[i].pos, batch[i].token);
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* MsOpKindName(MsOpKind kind) {
+  switch (kind) {
+    case MsOpKind::kForward:
+      return "forward";
+    case MsOpKind::kCopyPrefix:
+      return "copy_prefix";
+    case MsOpKind::kRemove:
+      return "remove";
+    case MsOpKind::kCanResume:
+      return "can_resume";
+  }
+  return "?";
+}
+
+MsOp MsOp::Forward(std::vector<MsBatchToken> batch, std::vector<int64_t> causal_off, bool reserve) {
+  MsOp op;
+  op.kind = MsOpKind::kForward;
+  op.batch = std::move(batch);
+  op.causal_off = std::move(causal_off);
+  op.reserve = reserve;
+  return op;
+}
+
+MsOp MsOp::CopyPrefix(int32_t src, int32_t dst, int64_t len) {
+  MsOp op;
+  op.kind = MsOpKind::kCopyPrefix;
+  op.seq = src;
+  op.dst = dst;
+  op.begin = len;
+  return op;
+}
+
+MsOp MsOp::Remove(int32_t seq, int64_t begin, int64_t end) {
+  MsOp op;
+  op.kind = MsOpKind::kRemove;
+  op.seq = seq;
+  op.begin = begin;
+  op.end = end;
+  return op;
+}
+
+MsOp MsOp::CanResume(int32_t seq, int64_t pos) {
+  MsOp op;
+  op.kind = MsOpKind::kCanResume;
+  op.seq = seq;
+  op.begin = pos;
+  return op;
+}
+
+std::vector<int32_t> BatchSequences(const std::vector<MsBatchToken>& batch) {
+  std::vector<int32_t> order;
+  for (const MsBatchToken& t : batch) {
+    if (std::find(order.begin(), order.end(), t.seq) == order.end()) order.push_back(t.seq);
+  }
+  return order;
+}
+
+bool EqualTokenCounts(const std::vector<MsBatchToken>& batch) {
+  const std::vector<int32_t> order = BatchSequences(batch);
+  for (int32_t seq : order) {
+    const auto n = std::count_if(batch.begin(), batch.end(),
+                                 [seq](const MsBatchToken& t) { return t.seq == seq; });
+    if (static_cast<size_t>(n) * order.size() != batch.size()) return false;
+  }
+  return true;
+}
+
+std::string MsOp::ToString() const {
+  switch (kind) {
+    case MsOpKind::kForward: {
+      std::string s = fmt::format("{} [{}]", reserve ? "reserve" : "forward", BatchText(batch));
+      if (!causal_off.empty()) s += fmt::format(" causal_off={}", causal_off);
+      return s;
+    }
+    case MsOpKind::kCopyPrefix:
+      return fmt::format("copy_prefix s{} -> s{} len={}", seq, dst, begin);
+    case MsOpKind::kRemove:
+      return fmt::format("remove s{} [{}, {})", seq, begin, End(end));
+    case MsOpKind::kCanResume:
+      return fmt::format("can_resume s{} pos={}", seq, begin);
+  }
+  return "?";
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,56 @@
+// MsOp: one operation of a multi-sequence lock-step run (spec §2.8, §2.9.1) on the LFM2
+// hybrid cache and its reference. A forward is one batch of {sequence, position, token}
+// (kept in batch order: each sequence's tokens contiguous when the counts are equal, the
+// hybrid's grid), optionally a reserve (worst-case sizing, nothing written), and the batch
+// indices whose causal condition is disabled by SetCausal right after StartForward. The
+// other ops are the sequence edits and the CanResume probe. Value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/causal_cache.h"
+
+namespace kvtwin::sim {
+
+enum class MsOpKind : uint8_t { kForward, kCopyPrefix, kRemove, kCanResume };
+
+struct MsBatchToken {
+  int32_t seq = 0;
+  int64_t pos = 0;
+  int32_t token = 0;
+  friend bool operator==(const MsBatchToken&, const MsBatchToken&) = default;
+};
+
+struct MsOp {
+  MsOpKind kind = MsOpKind::kForward;
+  // kForward
+  std::vector<MsBatchToken> batch;
+  bool reserve = false;
+  std::vector<int64_t> causal_off;  // batch indices passed to SetCausal
+  // kCopyPrefix: src, dst, len. kRemove: seq, begin, end. kCanResume: seq, pos (= begin).
+  int32_t seq = 0;  // kRemove / kCanResume; kCopyPrefix: src
+  int32_t dst = 0;
+  int64_t begin = 0;  // kRemove: begin; kCopyPrefix: len; kCanResume: pos
+  int64_t end = kvtwin::kUnbounded;
+
+  static MsOp Forward(std::vector<MsBatchToken> batch, std::vector<int64_t> causal_off = {},
+                      bool reserve = false);
+  static MsOp CopyPrefix(int32_t src, int32_t dst, int64_t len);
+  static MsOp Remove(int32_t seq, int64_t begin, int64_t end);
+  static MsOp CanResume(int32_t seq, int64_t pos);
+
+  // "forward [s0@4:17 s0@5:3 | s1@4:9] causal_off=[1]", "remove s2 [3, inf)", ...
+  std::string ToString() const;
+  friend bool operator==(const MsOp&, const MsOp&) = default;
+};
+
+const char* MsOpKindName(MsOpKind kind);
+
+// The batch's sequences in first-appearance order (the hybrid's current sequences).
+std::vector<int32_t> BatchSequences(const std::vector<MsBatchToken>& batch);
+// Whether every sequence of the batch brings the same number of tokens (the hybrid's rule).
+bool EqualTokenCounts(const std::vector<MsBatchToken>& batch);
+
+}  // namespace kvtwin::sim
