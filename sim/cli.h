@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/multi_seq_run.h"
 #include "sim/replay.h"
 #include "sim/report.h"
 #include "sim/requests.h"
@@ -67,6 +68,13 @@ struct SweepFlags {
   ReportFlags reports;
 };
 
+struct MultiSeqFlags {
+  std::string seeds = "1..100";
+  std::string conv = "as-specified";  // or "ideal"
+  int64_t steps = 400;
+  ReportFlags reports;
+};
+
 struct ReplayFlags {
   std::vector<std::string> files;
   sim::ReplayOptions options;
@@ -103,6 +111,7 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps);
 int Sweep(const sim::RunOptions& options, const SweepFlags& flags);
 int Requests(sim::RequestOptions options, const RequestsFlags& flags);
 int Replay(const ReplayFlags& flags);
+int MultiSeq(const MultiSeqFlags& flags);
 int Gen(const GenFlags& flags);
 int Import(const ImportFlags& flags);
 int Shrink(const ShrinkFlags& flags);

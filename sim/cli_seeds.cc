@@ -111,7 +111,84 @@ bool RunBundledTraces(uint64_t& files, uint64_t& events) {
   return true;
 }
 
+// The multi-sequence part of the bundled job: seeds over every cache shape the seed draws.
+bool RunBundledMultiSeq(uint64_t root_seed, int64_t seeds, uint64_t& runs) {
+  const sim::MultiSeqRunOptions options;
+  for (int64_t i = 0; i < seeds; ++i) {
+    const uint64_t seed = root_seed + 2000 + static_cast<uint64_t>(i);
+    ArmAbortReproduce(sim::MultiSeqReproduceCommand(options, seed));
+    const sim::MultiSeqRunResult r = sim::RunMultiSeq(options, seed);
+    ++runs;
+    if (r.divergence) {
+      fmt::print("FAIL seed {}: {}\n{}\n  last ops:\n", seed, r.config, r.divergence->ToString());
+      for (const std::string& op : r.recent_ops) fmt::print("    {}\n", op);
+      fmt::print("reproduce: {}\n", r.reproduce);
+      return false;
+    }
+  }
+  fmt::print("  multiseq       {} seeds x {} ops: pass\n", seeds, options.steps);
+  std::fflush(stdout);
+  return true;
+}
+
 }  // namespace
+
+int MultiSeq(const MultiSeqFlags& flags) {
+  SeedRange seeds;
+  if (!ParseSeeds(flags.seeds, seeds))
+    return Usage("--seeds: expected A..B with A <= B, got '" + flags.seeds + "'");
+  sim::MultiSeqRunOptions options;
+  if (flags.steps < 1) return Usage(fmt::format("--steps must be >= 1, got {}", flags.steps));
+  options.steps = flags.steps;
+  if (flags.conv == "ideal") {
+    options.conv = sim::ConvExpectation::kIdeal;
+  } else if (flags.conv != "as-specified") {
+    return Usage("--conv: expected as-specified or ideal, got '" + flags.conv + "'");
+  }
+  fmt::print("kvtwin multiseq: seeds {}..{}\n", seeds.first, seeds.last);
+  std::fflush(stdout);
+  Progress progress("multiseq: seeds done");
+  std::vector<sim::CaseReport> cases;
+  sim::MsCoverage total;
+  int code = 0;
+  for (uint64_t seed = seeds.first;; ++seed) {
+    if (Interrupted().load()) {
+      code = 130;
+      break;
+    }
+    ArmAbortReproduce(sim::MultiSeqReproduceCommand(options, seed));
+    const sim::MultiSeqRunResult r = sim::RunMultiSeq(options, seed);
+    sim::CaseReport c;
+    c.name = fmt::format("seed {}", seed);
+    c.verdict = r.divergence ? "divergence" : "pass";
+    c.reproduce = r.reproduce;
+    c.steps = r.steps;
+    c.digest = r.digest;
+    if (r.divergence) {
+      c.kind = sim::DivergenceKind(r.divergence->mismatch.what);
+      c.detail = r.divergence->ToString();
+    }
+    cases.push_back(c);
+    total += r.coverage;
+    progress.Update(static_cast<int64_t>(cases.size()));
+    if (r.divergence) {
+      fmt::print("FAIL seed {}: {}\n{}\n  last ops:\n", seed, r.config, r.divergence->ToString());
+      for (const std::string& op : r.recent_ops) fmt::print("    {}\n", op);
+      fmt::print("reproduce: {}\n", r.reproduce);
+      code = 1;
+      break;
+    }
+    if (seed == seeds.last) break;
+  }
+  if (!flags.reports.Write("multiseq", cases)) return 2;
+  fmt::print("coverage: {}\n", total.ToString());
+  if (code == 130) fmt::print("INTERRUPTED: {} runs, no divergence so far\n", cases.size());
+  if (code == 0) {
+    fmt::print("PASS: {} runs, no divergence\ndigest: {:016x}\n", cases.size(),
+               sim::RunDigest(cases));
+  }
+  return code;
+}
 
 int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   fmt::print("kvtwin run: root seed {}\n", root_seed);
@@ -136,12 +213,14 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   fmt::print("  swarm          {} seeds x {} steps: pass\n", 4 * seeds_per_config, steps);
   uint64_t request_runs = 0, requests = 0;
   if (!RunBundledRequests(root_seed, seeds_per_config, request_runs, requests)) return 1;
+  uint64_t multiseq_runs = 0;
+  if (!RunBundledMultiSeq(root_seed, 4 * seeds_per_config, multiseq_runs)) return 1;
   uint64_t trace_files = 0, trace_events = 0;
   if (!RunBundledTraces(trace_files, trace_events)) return 1;
   fmt::print(
-      "PASS: {} runs, {} steps, {} request runs, {} requests, {} traces, {} trace events, no "
-      "divergence\n",
-      runs, total_steps, request_runs, requests, trace_files, trace_events);
+      "PASS: {} runs, {} steps, {} request runs, {} requests, {} multi-sequence runs, {} traces, "
+      "{} trace events, no divergence\n",
+      runs, total_steps, request_runs, requests, multiseq_runs, trace_files, trace_events);
   return 0;
 }
 

@@ -88,6 +88,15 @@ int main(int argc, char** argv) {
   requests->add_option("--save", request_flags.save, "write the last seed's requests as a trace");
   requests->add_flag("--dump", request_flags.dump, "print the last seed's final trie");
 
+  cli::MultiSeqFlags multiseq_flags;
+  CLI::App* multiseq = app.add_subcommand(
+      "multiseq", "run seeds through the multi-sequence causal cache and the LFM2 hybrid");
+  multiseq->add_option("--seeds", multiseq_flags.seeds, "seed range A..B");
+  multiseq->add_option("--steps", multiseq_flags.steps, "operations per seed");
+  multiseq->add_option("--conv", multiseq_flags.conv,
+                       "as-specified | ideal (report the documented conv weaknesses)");
+  AddReportOptions(multiseq, multiseq_flags.reports);
+
   cli::ReplayFlags replay_flags;
   CLI::App* replay =
       app.add_subcommand("replay", "replay kvtwin traces or Mooncake JSONL in lock step");
@@ -135,6 +144,7 @@ int main(int argc, char** argv) {
   if (*run) return cli::RunBundled(root_seed, seeds_per_config, run_steps);
   if (*requests) return cli::Requests(request_options, request_flags);
   if (*replay) return cli::Replay(replay_flags);
+  if (*multiseq) return cli::MultiSeq(multiseq_flags);
   if (*gen) {
     // Op generation shares the stack options with requests, but keeps the defaults of
     // `sweep` for those not given, so `gen --kind ops --seed S` records what `sweep --seeds

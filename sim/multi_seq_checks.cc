@@ -44,6 +44,45 @@ std::string MsCoverage::ToString() const {
       removes_refused_no_shift, cow_copies, can_resume_true, can_resume_false, ideal_divergences);
 }
 
+MsCoverage& MsCoverage::operator+=(const MsCoverage& o) {
+  // Every counter, in declaration order (the same list as ToString).
+  int64_t* mine[] = {&forwards,
+                     &reserves,
+                     &cache_full,
+                     &unequal_batches,
+                     &causal_off,
+                     &copy_prefix,
+                     &copy_prefix_partial,
+                     &removes_tail,
+                     &removes_whole,
+                     &removes_middle_shift,
+                     &removes_refused_shared,
+                     &removes_refused_no_shift,
+                     &cow_copies,
+                     &can_resume_true,
+                     &can_resume_false,
+                     &ideal_divergences};
+  const int64_t theirs[] = {o.forwards,
+                            o.reserves,
+                            o.cache_full,
+                            o.unequal_batches,
+                            o.causal_off,
+                            o.copy_prefix,
+                            o.copy_prefix_partial,
+                            o.removes_tail,
+                            o.removes_whole,
+                            o.removes_middle_shift,
+                            o.removes_refused_shared,
+                            o.removes_refused_no_shift,
+                            o.cow_copies,
+                            o.can_resume_true,
+                            o.can_resume_false,
+                            o.ideal_divergences};
+  static_assert(std::size(mine) == std::size(theirs));
+  for (size_t i = 0; i < std::size(mine); ++i) *mine[i] += theirs[i];
+  return *this;
+}
+
 Check MultiSeqDriver::CheckState() {
   if (Check c = CheckRetention()) return c;
   if (Check c = CheckCells()) return c;

@@ -82,6 +82,7 @@ struct MsCoverage {
   int64_t can_resume_false = 0;
   int64_t ideal_divergences = 0;  // a sequence newly leaving the ideal conv state
   std::string ToString() const;
+  MsCoverage& operator+=(const MsCoverage& o);
 };
 
 struct MsDivergence {

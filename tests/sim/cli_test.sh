@@ -35,6 +35,10 @@ expect 2 '^kvtwin: --window'        -- requests --seeds 1 --window 0
 expect 2 'unknown preset'           -- requests --seeds 1 --preset nope
 expect 2 '^kvtwin: --dtype'         -- requests --seeds 1 --dtype f16
 expect 2 '^kvtwin: --dot'           -- requests --seeds 1 --requests 2 --dot /nonexistent-dir/trie.dot
+expect 0 '^PASS: 5 runs'            -- multiseq --seeds 1..5 --steps 200
+expect 1 'documented weakness|^reproduce: kvtwin multiseq' -- multiseq --seeds 1..40 --conv ideal
+expect 2 '^kvtwin: --conv'          -- multiseq --seeds 1 --conv nope
+expect 2 '^kvtwin: --steps'         -- multiseq --seeds 1 --steps 0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 out=$("$kvtwin" requests --seeds 1..2 --conversations 20 --requests 80 --dump --dot "$tmp/trie.dot" 2>&1)
