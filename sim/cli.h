@@ -83,11 +83,12 @@ struct ReplayFlags {
 };
 
 struct GenFlags {
-  std::string kind = "requests";  // requests | ops
+  std::string kind = "requests";  // requests | ops | multiseq
   uint64_t seed = 1;
   std::string out;
   sim::RequestOptions requests;
   sim::RunOptions ops;
+  sim::MultiSeqRunOptions multiseq;  // its steps: --steps when given
 };
 
 struct ShrinkFlags {

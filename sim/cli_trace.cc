@@ -118,8 +118,14 @@ int Gen(const GenFlags& flags) {
     const sim::RunResult r = sim::RunSeed(flags.ops, flags.seed, &trace);
     fmt::print("kvtwin gen: {} ops, {}\n  ops: {}\n", trace.events.size(), r.stack, r.weights);
     if (r.divergence) fmt::print("the generating run diverged:\n{}\n", r.divergence->ToString());
+  } else if (flags.kind == "multiseq") {
+    if (flags.multiseq.steps < 1) return Usage("--steps must be >= 1");
+    ArmAbortReproduce(sim::MultiSeqReproduceCommand(flags.multiseq, flags.seed));
+    const sim::MultiSeqRunResult r = sim::RunMultiSeq(flags.multiseq, flags.seed, &trace);
+    fmt::print("kvtwin gen: {} multiseq ops, {}\n", trace.events.size(), r.config);
+    if (r.divergence) fmt::print("the generating run diverged:\n{}\n", r.divergence->ToString());
   } else {
-    return Usage("--kind: expected requests or ops, got '" + flags.kind + "'");
+    return Usage("--kind: expected requests, ops or multiseq, got '" + flags.kind + "'");
   }
   if (Status s = sim::WriteTrace(flags.out, trace); !s.ok()) return Usage(s.message());
   fmt::print("wrote {}\n", flags.out);

@@ -107,11 +107,11 @@ int main(int argc, char** argv) {
 
   cli::GenFlags gen_flags;
   CLI::App* gen = app.add_subcommand("gen", "generate a seeded workload as a trace");
-  gen->add_option("--kind", gen_flags.kind, "requests | ops");
+  gen->add_option("--kind", gen_flags.kind, "requests | ops | multiseq");
   gen->add_option("--seed", gen_flags.seed, "workload seed");
   gen->add_option("-o,--out", gen_flags.out, "trace file to write")->required();
   AddRequestOptions(gen, gen_flags.requests);  // ops reuse the stack options (below)
-  gen->add_option("--steps", gen_flags.ops.steps, "ops: operations");
+  gen->add_option("--steps", gen_flags.ops.steps, "ops, multiseq: operations");
 
   cli::ImportFlags import_flags;
   CLI::App* import = app.add_subcommand("import", "convert Mooncake JSONL into a kvtwin trace");
@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
     if (given("--window")) gen_flags.ops.window = gen_flags.requests.window;
     if (given("--dtype")) gen_flags.ops.dtype = gen_flags.requests.dtype;
     gen_flags.ops.swarm = gen_flags.requests.swarm;
+    if (given("--steps")) gen_flags.multiseq.steps = gen_flags.ops.steps;
     return cli::Gen(gen_flags);
   }
   if (*import) return cli::Import(import_flags);

@@ -62,6 +62,7 @@ struct MultiSeqConfig {
   HybridConfig ToHybrid() const;
   model::MultiSeqInit ToModelInit() const;
   std::string Describe() const;  // one line, every field
+  friend bool operator==(const MultiSeqConfig&, const MultiSeqConfig&) = default;
 };
 
 struct MsCoverage {

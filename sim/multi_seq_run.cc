@@ -25,13 +25,21 @@ std::string MultiSeqReproduceCommand(const MultiSeqRunOptions& options, uint64_t
                      options.conv == ConvExpectation::kIdeal ? " --conv ideal" : "");
 }
 
-MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed) {
+MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed, Trace* record) {
   KV_CHECK(options.steps >= 1, "a multi-sequence run needs at least one step");
   const MultiSeqConfig config = MultiSeqConfigForSeed(options, seed);
   MultiSeqRunResult result;
   result.seed = seed;
   result.config = config.Describe();
   result.reproduce = MultiSeqReproduceCommand(options, seed);
+  if (record != nullptr) {
+    record->header = TraceHeader{};
+    record->header.kind = TraceKind::kMultiSeq;
+    record->header.seed = seed;
+    record->header.multiseq = config;
+    record->header.source = result.reproduce;
+    record->events.clear();
+  }
   MultiSeqDriver driver(config, Rng::Derive(seed, "multiseq-values").Next());
   result.divergence = driver.divergence();  // a disagreement on the derived shape
   MultiSeqGenerator generator(Rng::Derive(seed, "multiseq-ops"));
@@ -39,6 +47,7 @@ MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed) 
     const MsOp op = generator.Next(driver);
     result.recent_ops.push_back(op.ToString());
     if (result.recent_ops.size() > kRecentOps) result.recent_ops.pop_front();
+    if (record != nullptr) record->events.emplace_back(op);
     result.divergence = driver.Apply(op);
   }
   result.steps = driver.steps();

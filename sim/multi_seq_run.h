@@ -1,7 +1,7 @@
 // Seeded multi-sequence lock-step runs: one seed -> one cache shape (DrawMultiSeqConfig),
 // one workload (MultiSeqGenerator), one verdict from the MultiSeqDriver. RunMultiSeq is what
 // a `kvtwin multiseq` sweep calls per seed, what the determinism test calls twice and what
-// the reproduce command re-runs. Single-threaded.
+// the reproduce command re-runs, and what `kvtwin gen --kind multiseq` records. Single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "sim/multi_seq_driver.h"
+#include "sim/trace.h"
 
 namespace kvtwin::sim {
 
@@ -31,8 +32,11 @@ struct MultiSeqRunResult {
 
 // The cache shape a seed runs with (what RunMultiSeq uses).
 MultiSeqConfig MultiSeqConfigForSeed(const MultiSeqRunOptions& options, uint64_t seed);
-// REQUIRES: options.steps >= 1.
-MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed);
+// REQUIRES: options.steps >= 1. With `record`, its header becomes the run's (kind multiseq:
+// the derived config, the seed, the reproduce command as source) and its events every op
+// applied, the diverging one included, so replaying it gives the same digest.
+MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed,
+                              Trace* record = nullptr);
 // "kvtwin multiseq --seeds N..N --steps S [--conv ideal]".
 std::string MultiSeqReproduceCommand(const MultiSeqRunOptions& options, uint64_t seed);
 

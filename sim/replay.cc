@@ -58,8 +58,12 @@ class MemorySource final : public Source {
 
 uint64_t ValueSeed(uint64_t seed) { return Rng::Derive(seed, "values").Next(); }
 
+// What RunMultiSeq gives its driver (sim/multi_seq_run.cc), so digests match.
+uint64_t MultiSeqValueSeed(uint64_t seed) { return Rng::Derive(seed, "multiseq-values").Next(); }
+
 std::string EventSummary(const TraceEvent& e) {
   if (const auto* op = std::get_if<Op>(&e)) return op->ToString();
+  if (const auto* op = std::get_if<MsOp>(&e)) return op->ToString();
   return std::get<RequestPlan>(e).ToString();
 }
 
@@ -70,6 +74,10 @@ class Replayer {
 
   void Run() {
     r_.header = src_.header();
+    if (r_.header.kind == TraceKind::kMultiSeq) {
+      RunMultiSeq();
+      return;
+    }
     auto dtype = ParseDType(r_.header.dtype);
     Result<StackConfig> config =
         dtype.ok() ? StackFromPreset(r_.header.preset, r_.header.layers, r_.header.window, *dtype)
@@ -138,6 +146,40 @@ class Replayer {
                               CacheKindName(d.config().layers[static_cast<size_t>(i)].kind),
                               d.ref(i).Offset(), d.pool_size(i));
     }
+  }
+
+  void RunMultiSeq() {
+    const MultiSeqConfig& config = r_.header.multiseq;
+    if (const Status valid = config.Validate(); !valid.ok()) {
+      r_.input_error =
+          InvalidArgument(fmt::format("{}: /multiseq: {}", HeaderWhere(), valid.message()));
+      return;
+    }
+    MultiSeqDriver d(config, MultiSeqValueSeed(r_.header.seed));
+    if (const std::optional<MsDivergence>& div = d.divergence()) {
+      Diverged(div->ToString(), div->mismatch.what);  // a disagreement on the derived shape
+    }
+    while (!r_.divergence) {
+      std::optional<TraceEvent> e = Next();
+      if (!e) break;
+      const MsOp* op = std::get_if<MsOp>(&*e);
+      if (op == nullptr || !d.Valid(*op)) {
+        r_.input_error = InvalidArgument(
+            fmt::format("{}: /: {} names a sequence, position or batch that a correct runner "
+                        "would not issue at this point",
+                        src_.Where(), EventSummary(*e)));
+        break;
+      }
+      if (auto div = d.Apply(*op)) {
+        Diverged(div->ToString(), div->mismatch.what);
+        break;
+      }
+      if (o_.on_event) o_.on_event(r_.events);
+    }
+    r_.steps = d.steps();
+    r_.digest = d.digest();
+    r_.state =
+        fmt::format("multiseq {}\ncoverage: {}\n", config.Describe(), d.coverage().ToString());
   }
 
   void RunRequests(StackConfig config) {

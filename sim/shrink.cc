@@ -72,6 +72,7 @@ class Shrinker {
 
   void ShrinkSetup() {
     const TraceHeader h = best_.header;
+    if (h.kind == TraceKind::kMultiSeq) return;  // no model: the cache shape stays as drawn
     for (int32_t layers = 1; layers < h.layers; ++layers) {
       Trace c = best_;
       c.header.layers = layers;
@@ -136,6 +137,8 @@ class Shrinker {
     for (size_t i = 0; i < best_.events.size() && Budget(); ++i) {
       if (std::holds_alternative<RequestPlan>(best_.events[i])) {
         SimplifyRequest(i);
+      } else if (std::holds_alternative<MsOp>(best_.events[i])) {
+        SimplifyMsOp(i);
       } else {
         SimplifyOp(i);
       }
@@ -144,6 +147,17 @@ class Shrinker {
 
   static RequestPlan& Plan(TraceEvent& e) { return std::get<RequestPlan>(e); }
   static Op& OpOf(TraceEvent& e) { return std::get<Op>(e); }
+  static MsOp& MsOpOf(TraceEvent& e) { return std::get<MsOp>(e); }
+
+  // A forward's batch must keep equal tokens per sequence, so it is not cut here: dropping
+  // whole events does the rest.
+  void SimplifyMsOp(size_t i) {
+    TryEvent(
+        i, [](TraceEvent& e) { return !std::exchange(MsOpOf(e).causal_off, {}).empty(); },
+        "causal forward");
+    TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(MsOpOf(e).reserve, false); }, "no reserve");
+  }
 
   void SimplifyRequest(size_t i) {
     SimplifySpeculation(i);
@@ -256,15 +270,18 @@ class Shrinker {
     }
   }
 
+  // Null for multi-sequence ops: their tokens are left as they are.
   static std::vector<int32_t>* TokensOf(TraceEvent& e) {
     if (auto* p = std::get_if<RequestPlan>(&e)) return &p->inputs;
-    return &std::get<Op>(e).tokens;
+    if (auto* op = std::get_if<Op>(&e)) return &op->tokens;
+    return nullptr;
   }
 
   // Replaces every occurrence of a token value by a smaller value already in use (or 1),
   // largest values first; prompts that shared a prefix keep sharing it.
   void MergeTokenValues() {
     std::map<int32_t, int64_t> uses;
+    if (best_.header.kind == TraceKind::kMultiSeq) return;
     for (TraceEvent& e : best_.events) {
       for (const int32_t t : *TokensOf(e)) ++uses[t];
       if (auto* p = std::get_if<RequestPlan>(&e)) {

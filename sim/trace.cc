@@ -1,5 +1,6 @@
 // Trace format v1, reading (sim/trace.h; writing is in trace_write.cc). Each line is parsed
-// on its own and decoded field by field into a TraceHeader, RequestPlan or Op, with every
+// on its own and decoded field by field into a TraceHeader, RequestPlan, Op or MsOp (kind
+// "multiseq": trace_multiseq.cc; shared helpers: trace_json.h), with every
 // type and range a replay relies on checked here, so a malformed trace becomes one
 // InvalidArgument "FILE:LINE: /pointer: reason" instead of a KV_CHECK abort deep in a
 // driver. Fields of an object are checked in a fixed order (unknown keys first, in key
@@ -18,183 +19,30 @@
 #include <string_view>
 
 #include "sim/stack.h"
+#include "sim/trace_json.h"
 
 namespace kvtwin::sim {
 namespace {
 
-using Json = nlohmann::json;
-using Keys = std::span<const std::string_view>;
+using trace_json::DecodeInt;
+using trace_json::DecodeInts;
+using trace_json::DecodeMsOp;
+using trace_json::DecodeMultiSeq;
+using trace_json::Expected;
+using trace_json::Fields;
+using trace_json::Json;
+using trace_json::Keys;
+using trace_json::kMaxInt32;
+using trace_json::kMaxLength;
+using trace_json::Need;
+using trace_json::Quote;
+using trace_json::Where;
 
-// Lengths and counts: far beyond any useful trace, small enough that sums and products of
-// two of them fit int64 and a hostile line cannot make the reader allocate gigabytes.
-constexpr int64_t kMaxLength = int64_t{1} << 24;
-constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 // StackConfig::Validate's limit; checked here before StackFromPreset builds the layers.
 constexpr int64_t kMaxLayers = 127;
 // budget x budget_pct / 100 must not overflow in the request driver.
 constexpr int64_t kMaxBudgetBytes = int64_t{1} << 48;
 constexpr int64_t kMaxBudgetPct = 10000;
-
-enum class Need : bool { kOptional, kRequired };
-
-// RFC 6901: "~" and "/" inside a key are escaped as "~0" and "~1".
-std::string Escape(std::string_view key) {
-  std::string s;
-  for (const char c : key) s += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
-  return s;
-}
-
-// A string as a JSON literal, so odd bytes in a reason cannot break the one-line message.
-std::string Quote(const std::string& s) {
-  return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-std::string Expected(std::string_view what, const Json& v) {
-  return fmt::format("expected {}, got {}", what, v.is_number() ? v.dump() : v.type_name());
-}
-
-// The line being decoded; every error names it.
-struct Where {
-  const std::string& path;
-  int64_t line;
-  Status Error(const std::string& pointer, std::string_view reason) const {
-    return InvalidArgument(
-        fmt::format("{}:{}: {}: {}", path, line, pointer.empty() ? "/" : pointer, reason));
-  }
-};
-
-// Whether `v` is an integer in [lo, hi] (hi >= 0); stores it in `out` if so.
-bool IntIn(const Json& v, int64_t lo, int64_t hi, int64_t* out) {
-  if (v.is_number_unsigned()) {
-    const auto u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi) || static_cast<int64_t>(u) < lo) return false;
-    *out = static_cast<int64_t>(u);
-    return true;
-  }
-  if (!v.is_number_integer()) return false;
-  *out = v.get<int64_t>();
-  return lo <= *out && *out <= hi;
-}
-
-// `length`: the upper bound is kMaxLength, reported as "too long".
-Status DecodeInt(const Where& w, const Json& v, const std::string& ptr, int64_t lo, int64_t hi,
-                 int64_t* out, bool length = false) {
-  if (IntIn(v, lo, hi, out)) return Status::Ok();
-  if (!v.is_number_integer()) return w.Error(ptr, Expected("an integer", v));
-  // nlohmann stores every non-negative integer as unsigned; above int64 it is too high.
-  const bool low = v.is_number_unsigned()
-                       ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) && v.get<int64_t>() < lo
-                       : v.get<int64_t>() < lo;
-  if (low) return w.Error(ptr, fmt::format("must be >= {}, got {}", lo, v.dump()));
-  if (length) return w.Error(ptr, fmt::format("too long: {} (at most {})", v.dump(), hi));
-  return w.Error(ptr, fmt::format("must be <= {}, got {}", hi, v.dump()));
-}
-
-template <typename T>
-Status DecodeInts(const Where& w, const Json& v, const std::string& ptr, int64_t lo, int64_t hi,
-                  size_t min_size, std::vector<T>* out) {
-  if (!v.is_array()) return w.Error(ptr, Expected("an array", v));
-  if (v.size() > static_cast<size_t>(kMaxLength)) {
-    return w.Error(ptr, fmt::format("too long: {} entries (at most {})", v.size(), kMaxLength));
-  }
-  if (v.size() < min_size) {
-    return w.Error(ptr, min_size == 1
-                            ? std::string("must not be empty")
-                            : fmt::format("needs at least {} entries, got {}", min_size, v.size()));
-  }
-  out->clear();
-  out->reserve(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    int64_t x = 0;
-    // The pointer is built only for the failing entry: token arrays can be long.
-    if (!IntIn(v[i], lo, hi, &x)) {
-      return DecodeInt(w, v[i], fmt::format("{}/{}", ptr, i), lo, hi, &x);
-    }
-    out->push_back(static_cast<T>(x));
-  }
-  return Status::Ok();
-}
-
-// One JSON object of a line: typed access to its fields by key, errors at their pointers.
-class Fields {
- public:
-  Fields(const Where& where, const Json& object, std::string prefix)
-      : where_(where), object_(object), prefix_(std::move(prefix)) {}
-
-  const Where& where() const { return where_; }
-  std::string Ptr(std::string_view key) const { return prefix_ + "/" + Escape(key); }
-  Status Error(std::string_view key, std::string_view reason) const {
-    return where_.Error(Ptr(key), reason);
-  }
-  const Json* Find(std::string_view key) const {
-    const auto it = object_.find(std::string(key));
-    return it == object_.end() ? nullptr : &*it;
-  }
-  bool Has(std::string_view key) const { return Find(key) != nullptr; }
-
-  // The first key (in key order) not in `allowed` is an error.
-  Status OnlyKeys(Keys allowed, std::string_view context = "") const {
-    for (auto it = object_.begin(); it != object_.end(); ++it) {
-      if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
-        return Error(it.key(), fmt::format("unknown field{}", context));
-      }
-    }
-    return Status::Ok();
-  }
-
-  template <typename T>
-  Status Int(std::string_view key, int64_t lo, int64_t hi, T* out, Need need) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return Absent(key, need);
-    int64_t x = 0;
-    KV_RETURN_IF_ERROR(DecodeInt(where_, *v, Ptr(key), lo, hi, &x));
-    *out = static_cast<T>(x);
-    return Status::Ok();
-  }
-  // A length or count in [lo, kMaxLength].
-  Status Length(std::string_view key, int64_t lo, int64_t* out, Need need) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return Absent(key, need);
-    return DecodeInt(where_, *v, Ptr(key), lo, kMaxLength, out, /*length=*/true);
-  }
-  template <typename T>
-  Status Ints(std::string_view key, int64_t lo, int64_t hi, size_t min_size, std::vector<T>* out,
-              Need need) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return Absent(key, need);
-    return DecodeInts(where_, *v, Ptr(key), lo, hi, min_size, out);
-  }
-  Status Bool(std::string_view key, bool* out, Need need) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return Absent(key, need);
-    if (!v->is_boolean()) return Error(key, Expected("true or false", *v));
-    *out = v->get<bool>();
-    return Status::Ok();
-  }
-  Status String(std::string_view key, std::string* out, Need need) const {
-    const Json* v = Find(key);
-    if (v == nullptr) return Absent(key, need);
-    if (!v->is_string()) return Error(key, Expected("a string", *v));
-    *out = v->get<std::string>();
-    return Status::Ok();
-  }
-  // The field as an object (nullptr when absent and optional).
-  Status Object(std::string_view key, const Json** out, Need need) const {
-    *out = Find(key);
-    if (*out == nullptr) return Absent(key, need);
-    if (!(*out)->is_object()) return Error(key, Expected("an object", **out));
-    return Status::Ok();
-  }
-
- private:
-  Status Absent(std::string_view key, Need need) const {
-    return need == Need::kRequired ? Error(key, "missing required field") : Status::Ok();
-  }
-
-  const Where& where_;
-  const Json& object_;
-  std::string prefix_;
-};
 
 Status ParseLine(const Where& w, const std::string& text, Json* out) {
   *out = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -265,10 +113,28 @@ Status DecodeExpect(const Fields& f, TraceHeader* h) {
                                        Quote(e.size() > 60 ? e.substr(0, 60) + "..." : e)));
 }
 
+// The header keys of one kind only, reported like an ops header's request fields.
+Status CheckKindKeys(const Fields& f, TraceKind kind) {
+  static constexpr std::string_view kNotMultiSeq[] = {"budget", "capture_interval", "chunk",
+                                                      "model", "pre_thinking"};
+  static constexpr std::string_view kMultiSeqOnly[] = {"conv", "multiseq"};
+  if (kind == TraceKind::kMultiSeq) {
+    for (const std::string_view key : kNotMultiSeq) {
+      if (f.Has(key)) return f.Error(key, "not allowed in a \"multiseq\" trace");
+    }
+    return Status::Ok();
+  }
+  for (const std::string_view key : kMultiSeqOnly) {
+    if (f.Has(key)) return f.Error(key, "only allowed in a \"multiseq\" trace");
+  }
+  return Status::Ok();
+}
+
 // Required in a requests header so the replay's driver options are explicit.
 Status DecodeDriverOptions(const Fields& f, TraceHeader* h) {
   static constexpr std::string_view kRequestOnly[] = {"budget", "capture_interval", "chunk",
                                                       "pre_thinking"};
+  if (h->kind == TraceKind::kMultiSeq) return Status::Ok();  // CheckKindKeys refused them
   if (h->kind == TraceKind::kOps) {
     for (const std::string_view key : kRequestOnly) {
       if (f.Has(key)) return f.Error(key, "only allowed in a \"requests\" trace");
@@ -299,15 +165,19 @@ Status DecodeHeader(const Where& w, const Json& j, TraceHeader* h) {
   }
   std::string kind;
   KV_RETURN_IF_ERROR(f.String("kind", &kind, Need::kRequired));
-  if (kind != "requests" && kind != "ops") {
-    return f.Error("kind", fmt::format("unknown trace kind {} (expected \"requests\" or \"ops\")",
+  if (kind != "requests" && kind != "ops" && kind != "multiseq") {
+    return f.Error("kind", fmt::format("unknown trace kind {} (expected \"requests\", \"ops\" or "
+                                       "\"multiseq\")",
                                        Quote(kind)));
   }
-  h->kind = kind == "ops" ? TraceKind::kOps : TraceKind::kRequests;
+  h->kind = kind == "ops"        ? TraceKind::kOps
+            : kind == "multiseq" ? TraceKind::kMultiSeq
+                                 : TraceKind::kRequests;
   static constexpr std::string_view kKeys[] = {
-      "budget", "capture_interval", "chunk", "expect", "format", "kind",
-      "model",  "pre_thinking",     "seed",  "source", "version"};
+      "budget", "capture_interval", "chunk",        "conv", "expect", "format", "kind",
+      "model",  "multiseq",         "pre_thinking", "seed", "source", "version"};
   KV_RETURN_IF_ERROR(f.OnlyKeys(kKeys));
+  KV_RETURN_IF_ERROR(CheckKindKeys(f, h->kind));
   const Json* seed = f.Find("seed");
   if (seed == nullptr) return f.Error("seed", "missing required field");
   if (!seed->is_number_unsigned()) {
@@ -315,7 +185,7 @@ Status DecodeHeader(const Where& w, const Json& j, TraceHeader* h) {
                                                      : Expected("an integer", *seed));
   }
   h->seed = seed->get<uint64_t>();
-  KV_RETURN_IF_ERROR(DecodeModel(f, h));
+  KV_RETURN_IF_ERROR(h->kind == TraceKind::kMultiSeq ? DecodeMultiSeq(f, h) : DecodeModel(f, h));
   KV_RETURN_IF_ERROR(f.String("source", &h->source, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeExpect(f, h));
   return DecodeDriverOptions(f, h);
@@ -662,6 +532,11 @@ Result<std::optional<TraceEvent>> TraceReader::Next() {
   Json j;
   KV_RETURN_IF_ERROR(ParseLine(w, text, &j));
   if (!j.is_object()) return w.Error("", Expected("an object", j));
+  if (header_.kind == TraceKind::kMultiSeq) {
+    MsOp op;
+    KV_RETURN_IF_ERROR(DecodeMsOp(w, j, header_.multiseq.max_seqs, &op));
+    return std::optional<TraceEvent>(std::move(op));
+  }
   if (header_.kind == TraceKind::kOps) {
     Op op;
     KV_RETURN_IF_ERROR(DecodeOp(w, j, header_.layers, &op));

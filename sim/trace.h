@@ -30,6 +30,25 @@
 // step + accepted + 1 <= the number of outputs.
 // kind "ops": every event is an op of a layer stack (sim/ops.h), named by "op": write,
 // snapshot, restore, merge, split, free, prepare, take, close, speculate.
+// kind "multiseq": a multi-sequence run (sim/multi_seq_driver.h). The header has no "model"
+// and no request fields; instead "multiseq" holds every MultiSeqConfig field but conv
+// ("window" and "memory" an integer, or null or left out = kvtwin::kUnbounded; "dtype" as
+// ParseDType reads it; MultiSeqConfig::Validate decides what is legal, reported at
+// /multiseq) and "conv" is "as-specified" or "ideal"; "seed" is the run seed (the replay
+// derives the driver's value seed from it exactly as RunMultiSeq does):
+//   {"conv":"as-specified","format":"kvtwin-trace","kind":"multiseq","multiseq":{"capacity":8,
+//    "chunk":0,"d_conv":1,"dtype":"f32","hidden":2,"kv_cols":12,"max_batch":16,"max_seqs":7,
+//    "memory":5,"num_conv_layers":0,"padding":4,"permuted_v":false,"shift_supported":true,
+//    "window":3},"seed":3,"source":"kvtwin multiseq --seeds 3..3 --steps 200","version":1}
+// Every event is an MsOp (sim/multi_seq_ops.h), named by "op":
+//   {"batch":[[0,4,17],[0,5,3]],"causal_off":[1],"op":"forward","reserve":true}
+//   {"dst":2,"len":5,"op":"copy_prefix","src":0}
+//   {"begin":3,"end":7,"op":"remove","seq":1}   ("end" absent = to the end)
+//   {"op":"can_resume","pos":4,"seq":1}
+// "batch" entries are [seq, pos, token]; "reserve" (default false) and "causal_off" (batch
+// indices, default []) are left out at their defaults. Sequence ids are checked against
+// max_seqs and positions against kMaxPosition here; whether an op is one a correct runner
+// would issue at that point (ValidMsOp) is the replayer's to report.
 //
 // Readers check everything a replay relies on (format, version, kind, field types and
 // ranges, unknown fields, per-kind required fields) and report the first problem as an
@@ -48,6 +67,8 @@
 #include <variant>
 #include <vector>
 
+#include "sim/multi_seq_driver.h"
+#include "sim/multi_seq_ops.h"
 #include "sim/ops.h"
 #include "sim/request_workload.h"
 #include "src/core/status.h"
@@ -61,11 +82,12 @@ inline constexpr std::string_view kExpectPass = "pass";
 inline constexpr std::string_view kExpectDivergencePrefix = "divergence: ";
 inline constexpr size_t kExpectMaxChars = 1000;
 
-enum class TraceKind : uint8_t { kRequests, kOps };
+enum class TraceKind : uint8_t { kRequests, kOps, kMultiSeq };
 
 struct TraceHeader {
   TraceKind kind = TraceKind::kRequests;
-  uint64_t seed = 1;  // value seed: the synthetic provenance of every row
+  // value seed: the synthetic provenance of every row (kind "multiseq": the run seed)
+  uint64_t seed = 1;
   std::string preset = "mixed";
   int32_t layers = 4;
   int64_t window = 4;
@@ -75,6 +97,8 @@ struct TraceHeader {
   int64_t chunk = 5;
   int64_t capture_interval = 8;
   int64_t pre_thinking = 4;
+  // kind "multiseq" only: the cache shape, conv expectation included ("conv" in the file).
+  MultiSeqConfig multiseq;
   std::string source;  // how the trace was made; informational
   // The verdict a replay must give (regression traces): "" = none, "pass", or
   // "divergence: KIND" with KIND = DivergenceKind(mismatch). Last: aggregate
@@ -83,7 +107,7 @@ struct TraceHeader {
   friend bool operator==(const TraceHeader&, const TraceHeader&) = default;
 };
 
-using TraceEvent = std::variant<RequestPlan, Op>;
+using TraceEvent = std::variant<RequestPlan, Op, MsOp>;
 
 struct Trace {
   TraceHeader header;

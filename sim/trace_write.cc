@@ -110,8 +110,72 @@ Json OpJson(const Op& op) {
   return j;
 }
 
+Json MsOpJson(const MsOp& op) {
+  Json j = Json::object();
+  j["op"] = MsOpKindName(op.kind);
+  switch (op.kind) {
+    case MsOpKind::kForward: {
+      Json batch = Json::array();
+      for (const MsBatchToken& t : op.batch) batch.push_back(Json::array({t.seq, t.pos, t.token}));
+      j["batch"] = std::move(batch);
+      if (op.reserve) j["reserve"] = true;
+      if (!op.causal_off.empty()) j["causal_off"] = op.causal_off;
+      break;
+    }
+    case MsOpKind::kCopyPrefix:
+      j["src"] = op.seq;
+      j["dst"] = op.dst;
+      j["len"] = op.begin;
+      break;
+    case MsOpKind::kRemove:
+      j["seq"] = op.seq;
+      j["begin"] = op.begin;
+      if (op.end != kvtwin::kUnbounded) j["end"] = op.end;
+      break;
+    case MsOpKind::kCanResume:
+      j["seq"] = op.seq;
+      j["pos"] = op.begin;
+      break;
+  }
+  return j;
+}
+
+// Every MultiSeqConfig field but conv (the header's "conv"); unbounded window and memory
+// are left out.
+Json MultiSeqJson(const MultiSeqConfig& c) {
+  Json j = Json::object();
+  if (c.window != kvtwin::kUnbounded) j["window"] = c.window;
+  if (c.memory != kvtwin::kUnbounded) j["memory"] = c.memory;
+  j["chunk"] = c.chunk;
+  j["max_seqs"] = c.max_seqs;
+  j["capacity"] = c.capacity;
+  j["max_batch"] = c.max_batch;
+  j["padding"] = c.padding;
+  j["permuted_v"] = c.permuted_v;
+  j["dtype"] = DTypeName(c.dtype);
+  j["kv_cols"] = c.kv_cols;
+  j["num_conv_layers"] = c.num_conv_layers;
+  j["d_conv"] = c.d_conv;
+  j["hidden"] = c.hidden;
+  j["shift_supported"] = c.shift_supported;
+  return j;
+}
+
 TraceKind KindOf(const TraceEvent& event) {
+  if (std::holds_alternative<MsOp>(event)) return TraceKind::kMultiSeq;
   return std::holds_alternative<Op>(event) ? TraceKind::kOps : TraceKind::kRequests;
+}
+
+const char* KindName(TraceKind kind) {
+  switch (kind) {
+    case TraceKind::kRequests:
+      return "requests";
+    case TraceKind::kOps:
+      return "ops";
+    case TraceKind::kMultiSeq:
+      return "multiseq";
+  }
+  return "?";
 }
 
 }  // namespace
@@ -120,16 +184,21 @@ std::string HeaderToJson(const TraceHeader& header) {
   Json j = Json::object();
   j["format"] = kTraceFormat;
   j["version"] = kTraceVersion;
-  j["kind"] = header.kind == TraceKind::kOps ? "ops" : "requests";
+  j["kind"] = KindName(header.kind);
   j["seed"] = header.seed;
+  if (!header.source.empty()) j["source"] = header.source;
+  if (!header.expect.empty()) j["expect"] = header.expect;
+  if (header.kind == TraceKind::kMultiSeq) {
+    j["multiseq"] = MultiSeqJson(header.multiseq);
+    j["conv"] = header.multiseq.conv == ConvExpectation::kIdeal ? "ideal" : "as-specified";
+    return Dump(j);
+  }
   Json model = Json::object();
   model["preset"] = header.preset;
   model["layers"] = header.layers;
   model["window"] = header.window;
   model["dtype"] = header.dtype;
   j["model"] = std::move(model);
-  if (!header.source.empty()) j["source"] = header.source;
-  if (!header.expect.empty()) j["expect"] = header.expect;
   // Written even at their defaults: a replay's driver setup is then explicit in the file.
   if (header.kind == TraceKind::kRequests) {
     j["budget"] = header.budget_bytes;
@@ -142,6 +211,7 @@ std::string HeaderToJson(const TraceHeader& header) {
 
 std::string EventToJson(const TraceEvent& event) {
   if (const auto* op = std::get_if<Op>(&event)) return Dump(OpJson(*op));
+  if (const auto* op = std::get_if<MsOp>(&event)) return Dump(MsOpJson(*op));
   return Dump(RequestJson(std::get<RequestPlan>(event)));
 }
 

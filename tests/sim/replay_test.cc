@@ -1,17 +1,20 @@
 // Goal: replay, shrinking and reports do what the CLI promises: a recorded run replays to
-// the same digest as the run itself, from memory and from a file; an event naming state
+// the same digest as the run itself, from memory and from a file (ops, requests and
+// multi-sequence runs); an event naming state
 // that does not exist is an input error naming the event; the Mooncake replay's prefix
 // reuse at an unlimited budget equals the independent block-level computation; the
 // shrinker finds a known minimum; divergence kinds ignore node names and numbers; reports
 // are exact and escape what they echo.
 #include "sim/replay.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "sim/mooncake.h"
+#include "sim/multi_seq_run.h"
 #include "sim/report.h"
 #include "sim/requests.h"
 #include "sim/run.h"
@@ -58,6 +61,40 @@ TEST(Replay, ARecordedRequestRunReplaysToItsDigest) {
   EXPECT_EQ(r.digest, run.digest);
   EXPECT_GT(r.prompt_tokens, 0);
   EXPECT_LE(r.cached_tokens, r.matched_tokens);
+}
+
+TEST(Replay, ARecordedMultiSeqRunReplaysToItsDigestFromMemoryAndFromAFile) {
+  for (const uint64_t seed : {1, 2, 3}) {
+    MultiSeqRunOptions o;
+    o.steps = 300;
+    Trace trace;
+    const MultiSeqRunResult run = RunMultiSeq(o, seed, &trace);
+    ASSERT_FALSE(run.divergence) << run.divergence->ToString();
+    EXPECT_EQ(trace.header.kind, TraceKind::kMultiSeq);
+    EXPECT_EQ(trace.header.multiseq, MultiSeqConfigForSeed(o, seed));
+    EXPECT_EQ(trace.header.source, run.reproduce);
+    const ReplayResult mem = ReplayTrace(trace);
+    EXPECT_TRUE(mem.passed()) << mem.verdict()
+                              << (mem.input_error ? mem.input_error->message() : "");
+    EXPECT_EQ(mem.digest, run.digest) << seed;
+    EXPECT_EQ(mem.events, 300);
+    const std::string path = TempPath(fmt::format("multiseq{}.jsonl", seed));
+    ASSERT_TRUE(WriteTrace(path, trace).ok());
+    const ReplayResult file = ReplayFile(path, {});
+    EXPECT_TRUE(file.passed()) << file.verdict();
+    EXPECT_EQ(file.digest, run.digest) << seed;
+  }
+}
+
+TEST(Replay, AMultiSeqOpARunnerWouldNotIssueIsAnInputErrorAtThatEvent) {
+  Trace t;
+  t.header.kind = TraceKind::kMultiSeq;
+  t.events = {MsOp::Forward({{0, 0, 5}}), MsOp::CanResume(0, -1)};
+  const ReplayResult r = ReplayTrace(t);
+  ASSERT_TRUE(r.input_error);
+  EXPECT_EQ(r.input_error->message(),
+            "event 1: /: can_resume s0 pos=-1 names a sequence, position or batch that a "
+            "correct runner would not issue at this point");
 }
 
 TEST(Replay, AnEventNamingAMissingSnapshotIsAnInputErrorAtThatEvent) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Goal: the trace commands keep their contract: a generated trace replays to the same
-# digest as the run that generated it; malformed input exits 2 with one line naming the
+# digest as the run that generated it (ops, multiseq); malformed input exits 2 with one line naming the
 # file, line and JSON pointer and writes nothing; --json / --junit reports are whole;
 # Mooncake JSONL imports and replays; explain and shrink refuse what they cannot do.
 # Method: run the built binary (first argument) in a scratch directory.
@@ -37,6 +37,15 @@ expect 0 '^wrote '                   -- gen --kind ops --seed 5 --preset mixed -
 replay=$("$kvtwin" replay "$tmp/ops.jsonl" 2>&1)
 [ -n "$(digest_of "$sweep")" ] && [ "$(digest_of "$sweep")" = "$(digest_of "$replay")" ] ||
   say "ops trace digest differs from its sweep: $(digest_of "$sweep") vs $(digest_of "$replay")"
+
+# Multi-sequence: `kvtwin multiseq` of one seed and the replay of its recorded trace agree.
+multiseq=$("$kvtwin" multiseq --seeds 3 --steps 200 2>&1)
+expect 0 '^wrote '                   -- gen --kind multiseq --seed 3 --steps 200 -o "$tmp/ms.jsonl"
+head -1 "$tmp/ms.jsonl" | grep -q '"kind":"multiseq"' || say "gen --kind multiseq wrote no multiseq header"
+replay=$("$kvtwin" replay "$tmp/ms.jsonl" 2>&1)
+grep -q '^PASS: 1 file' <<<"$replay" || say "multiseq trace does not replay: $replay"
+[ -n "$(digest_of "$multiseq")" ] && [ "$(digest_of "$multiseq")" = "$(digest_of "$replay")" ] ||
+  say "multiseq trace digest differs from its run: $(digest_of "$multiseq") vs $(digest_of "$replay")"
 
 # Requests: generated with a budget, replayed with reports.
 expect 0 '^wrote '                   -- gen --kind requests --seed 3 --requests 40 --budget 3000 -o "$tmp/req.jsonl"

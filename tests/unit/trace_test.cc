@@ -1,5 +1,6 @@
 // Goal: pin trace format v1 (sim/trace.h) to its contract: headers, every op kind and
 // requests with every optional field round-trip exactly through the writer and the reader;
+// multi-sequence headers and every MsOp kind round-trip the same way;
 // the writer's text is canonical (sorted keys, defaults left out); "blocks" and
 // "output_len" expand through BlockTokens / GeneratedTokens; every malformed input is
 // refused with its exact "FILE:LINE: /pointer: reason"; a TraceWriter leaves nothing behind
@@ -438,7 +439,7 @@ TEST(TraceReaderErrors, HeaderFormatAndVersionComeFirst) {
 TEST(TraceReaderErrors, HeaderFields) {
   const std::vector<std::pair<std::function<void(Json&)>, std::string>> cases = {
       {[](Json& j) { j["kind"] = "events"; },
-       R"(/kind: unknown trace kind "events" (expected "requests" or "ops"))"},
+       R"(/kind: unknown trace kind "events" (expected "requests", "ops" or "multiseq"))"},
       {[](Json& j) { j["extra"] = 1; }, "/extra: unknown field"},
       {[](Json& j) { j["a/b~"] = 1; }, "/a~1b~0: unknown field"},
       {[](Json& j) { j["seed"] = -1; }, "/seed: must be >= 0, got -1"},
@@ -739,6 +740,146 @@ TEST(TraceWriterDeathTest, AnEventOfTheWrongKindIsAProgrammerError) {
         (void)(*writer)->Write(MakeOp(OpKind::kFree, 0));
       },
       "wrong kind");
+}
+
+// ---- kind "multiseq" ----
+
+const std::string kMultiSeqHeader =
+    R"({"conv":"as-specified","format":"kvtwin-trace","kind":"multiseq","multiseq":)"
+    R"({"capacity":32,"chunk":0,"d_conv":2,"dtype":"f32","hidden":4,"kv_cols":8,"max_batch":8,)"
+    R"("max_seqs":4,"num_conv_layers":1,"padding":1,"permuted_v":false,"shift_supported":true},)"
+    R"("seed":1,"version":1})";
+
+// The multiseq header with one edit.
+std::string MultiSeqHeader(const std::function<void(Json&)>& edit) {
+  Json j = Json::parse(kMultiSeqHeader);
+  edit(j);
+  return j.dump();
+}
+
+std::vector<MsOp> EveryMsOpKind() {
+  return {MsOp::Forward({{0, 4, 17}, {0, 5, 3}, {1, 4, 9}, {1, 5, 2}}, {1, 3}, true),
+          MsOp::Forward({{2, 0, 1}}),
+          MsOp::CopyPrefix(0, 2, 5),
+          MsOp::Remove(1, 3, 7),
+          MsOp::Remove(3, 0, kvtwin::kUnbounded),
+          MsOp::CanResume(1, 4)};
+}
+
+TEST(TraceJson, DefaultMultiSeqHeaderIsTheDocumentedLine) {
+  TraceHeader h;
+  h.kind = TraceKind::kMultiSeq;
+  EXPECT_EQ(HeaderToJson(h), kMultiSeqHeader);
+}
+
+TEST(TraceJson, AForwardWritesItsBatchAsTriples) {
+  EXPECT_EQ(EventToJson(EveryMsOpKind()[0]),
+            R"({"batch":[[0,4,17],[0,5,3],[1,4,9],[1,5,2]],"causal_off":[1,3],"op":"forward",)"
+            R"("reserve":true})");
+  EXPECT_EQ(EventToJson(EveryMsOpKind()[1]), R"({"batch":[[2,0,1]],"op":"forward"})");
+  EXPECT_EQ(EventToJson(EveryMsOpKind()[4]), R"({"begin":0,"op":"remove","seq":3})");
+}
+
+TEST(TraceRoundTrip, MultiSeqHeaderAndEveryMsOpKind) {
+  TraceHeader h;
+  h.kind = TraceKind::kMultiSeq;
+  h.seed = 77;
+  h.source = "kvtwin multiseq --seeds 77..77 --steps 9";
+  h.expect = "pass";
+  h.multiseq = MultiSeqConfig{.window = 3,
+                              .memory = 5,
+                              .chunk = 4,
+                              .max_seqs = 5,
+                              .capacity = 20,
+                              .max_batch = 6,
+                              .padding = 2,
+                              .permuted_v = true,
+                              .dtype = DType::kBFloat16,
+                              .kv_cols = 9,
+                              .num_conv_layers = 2,
+                              .d_conv = 3,
+                              .hidden = 5,
+                              .shift_supported = false,
+                              .conv = ConvExpectation::kIdeal};
+  Trace written{h, {}};
+  for (const MsOp& op : EveryMsOpKind()) written.events.emplace_back(op);
+  const std::string path = (TestDir() / "multiseq.jsonl").string();
+  ASSERT_TRUE(WriteTrace(path, written).ok());
+  const Result<Trace> read = ReadTrace(path);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->header, h);
+  ASSERT_EQ(read->events.size(), written.events.size());
+  std::string text = HeaderToJson(h) + "\n";
+  for (size_t i = 0; i < written.events.size(); ++i) {
+    const MsOp& want = std::get<MsOp>(written.events[i]);
+    EXPECT_EQ(std::get<MsOp>(read->events[i]), want) << want.ToString();
+    text += EventToJson(written.events[i]) + "\n";
+  }
+  EXPECT_EQ(ReadFile(path), text);
+}
+
+TEST(TraceReader, MultiSeqWindowAndMemoryMayBeNullForUnbounded) {
+  const std::string header = MultiSeqHeader([](Json& j) {
+    j["multiseq"]["window"] = nullptr;
+    j["multiseq"]["memory"] = nullptr;
+  });
+  const Result<Trace> read = ReadTrace(WriteFile(Lines({header})));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->header.multiseq.window, kvtwin::kUnbounded);
+  EXPECT_EQ(read->header.multiseq.memory, kvtwin::kUnbounded);
+}
+
+TEST(TraceReaderErrors, MultiSeqHeaderFields) {
+  const std::vector<std::pair<std::function<void(Json&)>, std::string>> cases = {
+      {[](Json& j) { j["model"] = Json::parse(R"({"dtype":"f32","layers":4})"); },
+       R"(/model: not allowed in a "multiseq" trace)"},
+      {[](Json& j) { j["chunk"] = 5; }, R"(/chunk: not allowed in a "multiseq" trace)"},
+      {[](Json& j) { j["conv"] = "perfect"; },
+       R"(/conv: unknown conv expectation "perfect" (expected "as-specified" or "ideal"))"},
+      {[](Json& j) { j.erase("conv"); }, "/conv: missing required field"},
+      {[](Json& j) { j.erase("multiseq"); }, "/multiseq: missing required field"},
+      {[](Json& j) { j["multiseq"]["heads"] = 1; }, "/multiseq/heads: unknown field"},
+      {[](Json& j) { j["multiseq"].erase("capacity"); },
+       "/multiseq/capacity: missing required field"},
+      {[](Json& j) { j["multiseq"]["dtype"] = "f64"; },
+       "/multiseq/dtype: unknown dtype 'f64' (f32, bf16)"},
+      {[](Json& j) { j["multiseq"]["window"] = 0; }, "/multiseq/window: must be >= 1, got 0"},
+      {[](Json& j) { j["multiseq"]["max_seqs"] = 65; },
+       "/multiseq: multiseq: max_seqs (1..64), capacity, max_batch, padding >= 1"},
+      {[](Json& j) {
+         j["multiseq"]["window"] = 4;
+         j["multiseq"]["memory"] = 2;
+       },
+       "/multiseq: multiseq: window >= 1, memory >= window, chunk >= 0"},
+  };
+  for (const auto& [edit, want] : cases) {
+    EXPECT_EQ(ErrorOf({MultiSeqHeader(edit)}), "FILE:1: " + want);
+  }
+  EXPECT_EQ(ErrorOf({Header([](Json& j) { j["conv"] = "ideal"; })}),
+            R"(FILE:1: /conv: only allowed in a "multiseq" trace)");
+}
+
+TEST(TraceReaderErrors, MsOpFields) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"layer":0,"op":"free"})", R"(/op: unknown multiseq op "free")"},
+      {R"({"batch":[[4,0,1]],"op":"forward"})", "/batch/0/0: sequence 4 out of range (max_seqs 4)"},
+      {R"({"batch":[[0,16777216,1]],"op":"forward"})",
+       "/batch/0/1: must be <= 16777215, got 16777216"},
+      {R"({"batch":[[0,1]],"op":"forward"})",
+       "/batch/0: expected [seq, pos, token], got 2 entries"},
+      {R"({"batch":[[0,1,-1]],"op":"forward"})", "/batch/0/2: must be >= 0, got -1"},
+      {R"({"op":"forward"})", "/batch: missing required field"},
+      {R"({"batch":[[0,1,1]],"op":"forward","reserve":1})",
+       "/reserve: expected true or false, got 1"},
+      {R"({"dst":4,"len":1,"op":"copy_prefix","src":0})",
+       "/dst: sequence 4 out of range (max_seqs 4)"},
+      {R"({"begin":0,"op":"remove","seq":-1})", "/seq: must be >= 0, got -1"},
+      {R"({"begin":0,"op":"remove","pos":1,"seq":0})", R"(/pos: unknown field for op "remove")"},
+      {R"({"op":"can_resume","pos":16777216,"seq":0})", "/pos: must be <= 16777215, got 16777216"},
+  };
+  for (const auto& [event, want] : cases) {
+    EXPECT_EQ(ErrorOf({kMultiSeqHeader, event}), "FILE:2: " + want) << event;
+  }
 }
 
 }  // namespace
