@@ -123,14 +123,18 @@ class Replayer {
     r_.failing_line = src_.line();
   }
 
-  void RunOps(StackConfig config) {
-    LockstepDriver d(std::move(config), ValueSeed(r_.header.seed));
-    while (std::optional<TraceEvent> e = Next()) {
-      const Op* op = std::get_if<Op>(&*e);
+  // Applies events of kind `Event` through an op-level driver (Valid, Apply, steps, digest)
+  // until the end, an input error (an event of another kind, or one the driver would not
+  // accept: `invalid` says what it names) or the first divergence.
+  template <typename Event, typename Driver>
+  void ApplyEvents(Driver& d, const char* invalid) {
+    while (!r_.divergence) {
+      std::optional<TraceEvent> e = Next();
+      if (!e) break;
+      const Event* op = std::get_if<Event>(&*e);
       if (op == nullptr || !d.Valid(*op)) {
-        r_.input_error = InvalidArgument(fmt::format(
-            "{}: /: {} names a layer or snapshot slot that does not exist at this point",
-            src_.Where(), EventSummary(*e)));
+        r_.input_error = InvalidArgument(
+            fmt::format("{}: /: {} names {}", src_.Where(), EventSummary(*e), invalid));
         break;
       }
       if (auto div = d.Apply(*op)) {
@@ -141,6 +145,11 @@ class Replayer {
     }
     r_.steps = d.steps();
     r_.digest = d.digest();
+  }
+
+  void RunOps(StackConfig config) {
+    LockstepDriver d(std::move(config), ValueSeed(r_.header.seed));
+    ApplyEvents<Op>(d, "a layer or snapshot slot that does not exist at this point");
     for (int32_t i = 0; i < d.num_layers(); ++i) {
       r_.state += fmt::format("layer {} {}: offset {}, {} pooled snapshot(s)\n", i,
                               CacheKindName(d.config().layers[static_cast<size_t>(i)].kind),
@@ -159,25 +168,8 @@ class Replayer {
     if (const std::optional<MsDivergence>& div = d.divergence()) {
       Diverged(div->ToString(), div->mismatch.what);  // a disagreement on the derived shape
     }
-    while (!r_.divergence) {
-      std::optional<TraceEvent> e = Next();
-      if (!e) break;
-      const MsOp* op = std::get_if<MsOp>(&*e);
-      if (op == nullptr || !d.Valid(*op)) {
-        r_.input_error = InvalidArgument(
-            fmt::format("{}: /: {} names a sequence, position or batch that a correct runner "
-                        "would not issue at this point",
-                        src_.Where(), EventSummary(*e)));
-        break;
-      }
-      if (auto div = d.Apply(*op)) {
-        Diverged(div->ToString(), div->mismatch.what);
-        break;
-      }
-      if (o_.on_event) o_.on_event(r_.events);
-    }
-    r_.steps = d.steps();
-    r_.digest = d.digest();
+    ApplyEvents<MsOp>(
+        d, "a sequence, position or batch that a correct runner would not issue at this point");
     r_.state =
         fmt::format("multiseq {}\ncoverage: {}\n", config.Describe(), d.coverage().ToString());
   }
