@@ -69,4 +69,23 @@ std::string Op::ToString() const {
   return "?";
 }
 
+const char* MaskFormName(MaskForm mask) {
+  switch (mask) {
+    case MaskForm::kCausal:
+      return "causal";
+    case MaskForm::kZero:
+      return "zero";
+    case MaskForm::kRelax:
+      return "relax";
+  }
+  return "?";
+}
+
+std::optional<MaskForm> ParseMaskForm(std::string_view name) {
+  for (const MaskForm m : {MaskForm::kCausal, MaskForm::kZero, MaskForm::kRelax}) {
+    if (name == MaskFormName(m)) return m;
+  }
+  return std::nullopt;
+}
+
 }  // namespace kvtwin::sim

@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvtwin::sim {
@@ -52,5 +54,8 @@ struct Op {
 };
 
 const char* OpKindName(OpKind kind);
+// "causal", "zero", "relax" (the trace format's names), and back.
+const char* MaskFormName(MaskForm mask);
+std::optional<MaskForm> ParseMaskForm(std::string_view name);
 
 }  // namespace kvtwin::sim

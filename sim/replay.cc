@@ -9,7 +9,6 @@
 
 #include "sim/lockstep.h"
 #include "src/core/rng.h"
-#include "src/trie_export.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -202,12 +201,10 @@ class Replayer {
     r_.steps = d.steps();
     r_.digest = d.digest();
     r_.coverage = d.coverage();
-    // After a divergence the active path may name freed nodes: show the trie alone then.
+    RequestDriver::TrieDumps dumps = d.DumpTries(r_.divergence.has_value());
+    r_.trie_dump = std::move(dumps.text);
+    r_.trie_dot = std::move(dumps.dot);
     const PrefixCache& pc = d.manager();
-    const std::span<TrieNode* const> path =
-        r_.divergence ? std::span<TrieNode* const>() : std::span(pc.active_path());
-    r_.trie_dump = DumpTrie(pc.trie(), path);
-    r_.trie_dot = TrieToDot(pc.trie(), path);
     r_.state = fmt::format("active path ends at offset {}; {} paged-out bytes\n",
                            r_.divergence ? -1 : pc.active_path().back()->end_offset(),
                            pc.trie().paged_out_bytes());

@@ -12,6 +12,7 @@
 
 #include "sim/trie_checks.h"
 #include "src/core/check.h"
+#include "src/trie_export.h"
 
 namespace kvtwin::sim {
 
@@ -150,6 +151,12 @@ bool RequestDriver::StartCall() {
   coverage_.audited_calls += audit_;
   if (eviction_ref_) eviction_ref_->set_enabled(audit_);
   return audit_;
+}
+
+RequestDriver::TrieDumps RequestDriver::DumpTries(bool diverged) const {
+  const std::span<TrieNode* const> path =
+      diverged ? std::span<TrieNode* const>() : std::span(manager_->active_path());
+  return {DumpTrie(manager_->trie(), path), TrieToDot(manager_->trie(), path)};
 }
 
 void RequestDriver::Fold(uint64_t value) {

@@ -111,6 +111,12 @@ class RequestDriver {
   const PrefixCache& manager() const { return *manager_; }
   // "cached 12/40 matched 15" of the last Begin, for the recent-request list.
   const std::string& last_outcome() const { return last_outcome_; }
+  // The trie as text (DumpTrie) and DOT (TrieToDot). After a divergence the active path
+  // may name freed nodes (a faulty eviction), so it is left out then.
+  struct TrieDumps {
+    std::string text, dot;
+  };
+  TrieDumps DumpTries(bool diverged) const;
   // The last Begin report (zeros before the first).
   const BeginReport& last_report() const { return last_report_; }
 

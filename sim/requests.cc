@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "src/core/rng.h"
-#include "src/trie_export.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -149,13 +148,9 @@ RequestResult RunRequests(const RequestOptions& given, Trace* record) {
   result.steps = driver.steps();
   result.digest = driver.digest();
   result.coverage = driver.coverage();
-  // After a divergence the active path may name freed nodes (a faulty eviction): show the
-  // trie alone then.
-  const PrefixCache& pc = driver.manager();
-  const std::span<TrieNode* const> path =
-      result.divergence ? std::span<TrieNode* const>() : std::span(pc.active_path());
-  result.trie_dump = DumpTrie(pc.trie(), path);
-  result.trie_dot = TrieToDot(pc.trie(), path);
+  RequestDriver::TrieDumps dumps = driver.DumpTries(result.divergence.has_value());
+  result.trie_dump = std::move(dumps.text);
+  result.trie_dot = std::move(dumps.dot);
   return result;
 }
 

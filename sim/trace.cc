@@ -360,16 +360,12 @@ constexpr int64_t kMaxProbe = kMaxLength;
 Status DecodeMask(const Fields& f, Op* op) {
   std::string mask = "causal";
   KV_RETURN_IF_ERROR(f.String("mask", &mask, Need::kOptional));
-  if (mask == "causal") {
-    op->mask = MaskForm::kCausal;
-  } else if (mask == "zero") {
-    op->mask = MaskForm::kZero;
-  } else if (mask == "relax") {
-    op->mask = MaskForm::kRelax;
-  } else {
+  const std::optional<MaskForm> form = ParseMaskForm(mask);
+  if (!form) {
     return f.Error("mask",
                    fmt::format("unknown mask {} (expected causal, zero or relax)", Quote(mask)));
   }
+  op->mask = *form;
   const Json* rect = f.Find("rect");
   if (op->mask != MaskForm::kRelax) {
     return rect == nullptr ? Status::Ok() : f.Error("rect", "only allowed with mask \"relax\"");

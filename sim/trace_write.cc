@@ -22,18 +22,6 @@ using Json = nlohmann::json;
 // Invalid UTF-8 in a string field (a source command line) is replaced, not thrown.
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-const char* MaskName(MaskForm mask) {
-  switch (mask) {
-    case MaskForm::kCausal:
-      return "causal";
-    case MaskForm::kZero:
-      return "zero";
-    case MaskForm::kRelax:
-      return "relax";
-  }
-  return "?";
-}
-
 Json RequestJson(const RequestPlan& plan) {
   Json j = Json::object();
   j["inputs"] = plan.inputs;
@@ -65,7 +53,7 @@ void ForwardJson(const Op& op, Json& j) {
   j["tokens"] = op.tokens;
   if (op.pad != 0) j["pad"] = op.pad;
   if (op.segmented) j["segmented"] = true;
-  if (op.mask != MaskForm::kCausal) j["mask"] = MaskName(op.mask);
+  if (op.mask != MaskForm::kCausal) j["mask"] = MaskFormName(op.mask);
   if (op.mask == MaskForm::kRelax) {
     j["rect"] = Json::array({op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi});
   }
