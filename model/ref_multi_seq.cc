@@ -1,10 +1,9 @@
-// RefMultiSeqCache: the ggml multi-sequence causal cache (spec §2.8, §5.2) as per-sequence
-// entry logs. Each rule is transcribed from §2.8 in sequence terms: a production cell is the
-// set of entries sharing one logical cell id, "the sequence is in the cell" is "the
-// sequence holds a retained entry with that id", and the cell's position is the entries'
-// position (entries of one id move together, since only unshared cells are shifted).
-// Storage order never matters to an observable the model predicts; where it would (a
-// refused Remove), the sequence is declared indeterminate instead.
+// RefMultiSeqCache, the forward half: Init's rules, StartForward (window maintenance,
+// first-fit placement, the current range) and Put, what a forward's queries see, and the
+// read-only views. Each rule is transcribed from §2.8 in sequence terms: "the sequence is in
+// cell i" is "the sequence holds a retained entry with index i", and the cell's position is
+// the entries' position (entries sharing a cell move together, since only unshared cells
+// are shifted). The sequence edits live in ref_multi_seq_edit.cc.
 #include "model/ref_multi_seq.h"
 
 #include <algorithm>
@@ -13,8 +12,6 @@
 
 namespace kvtwin::model {
 namespace {
-
-std::string SeqName(SeqId seq) { return "sequence " + std::to_string(Raw(seq)); }
 
 int64_t RoundUp(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -27,20 +24,14 @@ std::vector<int64_t> Positions(const std::vector<MsEntry>& entries) {
   return out;
 }
 
-// Drops the entries in [begin, end) and moves those at pos >= end by delta; the keys of the
-// moved cells (retained entries) are shifted when a callback exists.
-std::vector<MsEntry> CutAndMove(std::vector<MsEntry> entries, int64_t begin, int64_t end,
-                                int64_t delta, bool shift_keys) {
-  std::vector<MsEntry> kept;
-  for (MsEntry& e : entries) {
-    if (e.pos >= begin && e.pos < end) continue;
-    if (e.pos >= end) {
-      e.pos += delta;
-      if (e.retained && shift_keys) e.shifts.push_back(delta);
-    }
-    kept.push_back(std::move(e));
+// Widens an inclusive span [first, last] by one cell index.
+void Widen(std::optional<MsSpan>& span, int64_t index) {
+  if (!span) {
+    span = MsSpan{index, index};
+    return;
   }
-  return kept;
+  span->first = std::min(span->first, index);
+  span->second = std::max(span->second, index);
 }
 
 }  // namespace
@@ -55,6 +46,7 @@ Result<MultiSeqConfig> ResolveMultiSeqConfig(const MultiSeqInit& init) {
   config.chunk = init.chunk;
   config.max_seqs = init.max_seqs;
   config.shift_supported = init.shift_supported;
+  config.padding = init.padding;
   int64_t memory = init.memory == 0 ? init.window : init.memory;
   // Room for a stop token that will not be part of the follow-on sequence.
   if (init.window != kUnbounded && init.max_seqs > 1) {
@@ -72,12 +64,14 @@ Result<MultiSeqConfig> ResolveMultiSeqConfig(const MultiSeqInit& init) {
   return config;
 }
 
+int64_t MsRows::Shift() const { return std::accumulate(shifts.begin(), shifts.end(), int64_t{0}); }
 int64_t MsEntry::Shift() const { return std::accumulate(shifts.begin(), shifts.end(), int64_t{0}); }
 
 RefMultiSeqCache::RefMultiSeqCache(MultiSeqConfig config) : config_(config) {
   KV_CHECK(config_.window >= 0 && config_.memory >= config_.window, "memory must cover the window");
-  KV_CHECK(config_.chunk >= 1 && config_.max_seqs >= 1 && config_.cells >= 0,
-           "chunk and max_seqs are at least 1");
+  KV_CHECK(
+      config_.chunk >= 1 && config_.max_seqs >= 1 && config_.cells >= 0 && config_.padding >= 1,
+      "chunk, max_seqs and padding are at least 1");
 }
 
 Status RefMultiSeqCache::Forward(const MsBatch& batch) {
@@ -88,41 +82,76 @@ Status RefMultiSeqCache::Forward(const MsBatch& batch) {
 
 Status RefMultiSeqCache::StartForward(const MsBatch& batch) {
   KV_CHECK(!batch.empty(), "a forward writes at least one token");
-  KV_CHECK(!AnyIndeterminate(), "clear the indeterminate sequence before the next forward");
   for (const MsToken& t : batch) KV_CHECK(t.pos >= 0, "negative position");
   EndForward();
-  if (config_.memory != kUnbounded) Prune(batch);
-  const int64_t needed = static_cast<int64_t>(batch.size());
-  const int64_t used = *UsedCells();
-  if (config_.cells != kUnbounded && used + needed > config_.cells) {
-    return ResourceExhausted("cache full: " + std::to_string(used) + " of " +
-                             std::to_string(config_.cells) + " cells live, batch of " +
-                             std::to_string(needed));
+  // Step 1: the current range starts as the cells window maintenance marks, or (unbounded
+  // memory) as the union of the batch's sequences' ranges, stale ones included.
+  std::optional<MsSpan> current;
+  if (config_.memory != kUnbounded) {
+    Prune(batch, current);
+  } else {
+    for (const MsToken& t : batch) {
+      if (auto it = ranges_.find(t.seq); it != ranges_.end()) {
+        Widen(current, it->second.first);
+        Widen(current, it->second.second);
+      }
+    }
   }
-  const uint64_t first = next_cell_;
+  // Step 2: the first n free cells in index order.
+  std::vector<int64_t> locations = FirstFree(batch.size());
+  if (locations.size() < batch.size()) {
+    return ResourceExhausted("cache full: " + std::to_string(UsedCells()) + " of " +
+                             std::to_string(config_.cells) + " cells live, batch of " +
+                             std::to_string(batch.size()));
+  }
+  // Step 3: token i becomes cell locations[i]; its sequence's range and the current range
+  // grow to cover it.
   std::set<SeqId> touched;
-  for (const MsToken& t : batch) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const MsToken& t = batch[i];
+    const int64_t at = locations[i];
     seqs_[t.seq].entries.push_back(
-        MsEntry{t.pos, t.token, t.pos, {}, next_cell_++, /*retained=*/true, /*has_data=*/false});
+        MsEntry{t.pos, t.token, t.pos, {}, next_cell_++, at, /*retained=*/true, false});
+    std::optional<MsSpan> range;
+    if (auto it = ranges_.find(t.seq); it != ranges_.end()) range = it->second;
+    Widen(range, at);
+    ranges_[t.seq] = *range;
+    Widen(current, at);
     touched.insert(t.seq);
+    high_water_ = std::max(high_water_, at + 1);
   }
   for (SeqId seq : touched) Sort(seqs_[seq].entries);
+  const int64_t pad = config_.padding;
+  current_ = MsSpan{current->first / pad * pad, RoundUp(current->second + 1, pad)};
   last_batch_ = batch;
-  put_ = std::make_pair(first, next_cell_);
+  locations_ = std::move(locations);
+  put_pending_ = true;
   return Status::Ok();
 }
 
-void RefMultiSeqCache::Put() {
-  KV_CHECK(put_.has_value(), "Put without a successful StartForward just before");
-  for (auto& [id, seq] : seqs_) {
-    for (MsEntry& e : seq.entries) {
-      if (e.cell >= put_->first && e.cell < put_->second) e.has_data = true;
-    }
+std::vector<int64_t> RefMultiSeqCache::FirstFree(size_t n) const {
+  const std::set<int64_t> occupied = Occupied();
+  std::vector<int64_t> out;
+  for (int64_t i = 0; out.size() < n && i < config_.cells; ++i) {
+    if (!occupied.contains(i)) out.push_back(i);
   }
-  put_.reset();
+  return out;
 }
 
-void RefMultiSeqCache::Prune(const MsBatch& batch) {
+void RefMultiSeqCache::Put() {
+  KV_CHECK(put_pending_ && last_batch_.has_value(),
+           "Put without a successful StartForward just before");
+  for (size_t i = 0; i < last_batch_->size(); ++i) {
+    const MsToken& t = (*last_batch_)[i];
+    rows_[locations_[i]] = MsRows{t.token, t.pos, {}};
+    for (MsEntry& e : seqs_.at(t.seq).entries) {
+      if (e.retained && e.index == locations_[i]) e.has_data = true;
+    }
+  }
+  put_pending_ = false;
+}
+
+void RefMultiSeqCache::Prune(const MsBatch& batch, std::optional<MsSpan>& current) {
   // lowest: the smallest batch position of a sequence in the batch, else its largest held
   // position + 1.
   std::map<SeqId, int64_t> lowest;
@@ -130,77 +159,46 @@ void RefMultiSeqCache::Prune(const MsBatch& batch) {
     auto [it, fresh] = lowest.try_emplace(t.seq, t.pos);
     if (!fresh) it->second = std::min(it->second, t.pos);
   }
-  for (auto& [id, seq] : seqs_) {
-    int64_t low = 0;
-    if (auto it = lowest.find(id); it != lowest.end()) {
-      low = it->second;
+  const std::map<SeqId, int64_t> in_batch = lowest;
+  for (const auto& [id, seq] : seqs_) {
+    if (in_batch.contains(id)) continue;
+    const std::vector<int64_t> held = RetainedPositions(id);
+    if (held.empty()) {
+      ranges_.erase(id);  // no cell left to keep in a new range
+      continue;
+    }
+    lowest[id] = *std::max_element(held.begin(), held.end()) + 1;
+  }
+  for (const auto& [id, low] : lowest) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    const bool batched = in_batch.contains(id);
+    std::optional<MsSpan> range;
+    for (MsEntry& e : it->second.entries) {
+      if (!e.retained) continue;
+      if (e.pos < low - config_.memory) {
+        e.retained = false;
+        continue;
+      }
+      Widen(range, e.index);
+      if (batched && e.pos >= low - config_.window) Widen(current, e.index);
+    }
+    if (range) {
+      ranges_[id] = *range;
     } else {
-      const std::vector<int64_t> held = RetainedPositions(id);
-      if (held.empty()) continue;
-      low = held.back() + 1;
-    }
-    for (MsEntry& e : seq.entries) {
-      if (e.retained && e.pos < low - config_.memory) e.retained = false;
+      ranges_.erase(id);
     }
   }
 }
 
-void RefMultiSeqCache::CopyPrefix(SeqId src, SeqId dst, int64_t len) {
-  KV_CHECK(len >= 0, "negative prefix length");
-  EndForward();
-  std::vector<MsEntry> copied;
-  // dst leaves every cell first, so a copy onto itself finds nothing left to copy.
-  if (src != dst) {
-    for (const MsEntry& e : Determined(src).entries) {
-      if (e.pos < len) copied.push_back(e);
-    }
-  }
-  Seq& to = seqs_[dst];
-  to.entries = std::move(copied);
-  to.determinate = true;
+const std::vector<int64_t>& RefMultiSeqCache::Locations() const {
+  KV_CHECK(last_batch_.has_value(), "Locations answers for a successful StartForward");
+  return locations_;
 }
 
-Status RefMultiSeqCache::Remove(SeqId seq, int64_t begin, int64_t end) {
-  KV_CHECK(0 <= begin && begin <= end, "Remove range [" + std::to_string(begin) + ", " +
-                                           std::to_string(end) + ") inverted or negative");
-  const bool finite = end != kUnbounded;
-  KV_CHECK(!finite || !AnyIndeterminate(),
-           "a shifting Remove while a sequence is indeterminate (sharing unknown)");
-  EndForward();
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return Status::Ok();
-  Seq& s = it->second;
-  if (!s.determinate) {
-    KV_CHECK(begin == 0 && !finite, SeqName(seq) + " is indeterminate: only a full Remove");
-    seqs_.erase(it);
-    return Status::Ok();
-  }
-  const int64_t delta = finite ? begin - end : 0;
-  for (const MsEntry& e : s.entries) {
-    if (finite && e.retained && e.pos >= end && SharedWithOther(seq, e.cell)) {
-      // The original has already changed cells before this one, in storage order.
-      s.determinate = false;
-      return Unsupported("shifting cells shared by multiple sequences not supported");
-    }
-  }
-  s.entries = CutAndMove(std::move(s.entries), begin, end, delta, config_.shift_supported);
-  Sort(s.entries);
-  const bool holds =
-      std::any_of(s.entries.begin(), s.entries.end(), [](const MsEntry& e) { return e.retained; });
-  if (s.entries.empty()) seqs_.erase(it);
-  // A sequence left without cells returns before the shift (and its callback check).
-  if (!holds) return Status::Ok();
-  if (finite && !config_.shift_supported) {
-    return Unsupported("shifting not supported: no RoPE shift callback (positions moved)");
-  }
-  return Status::Ok();
-}
-
-bool RefMultiSeqCache::CanResume(SeqId seq, int64_t pos) const {
-  const std::vector<int64_t> held = RetainedPositions(seq);  // aborts when indeterminate
-  if (config_.memory == kUnbounded) return true;
-  if (held.empty()) return false;
-  return std::max<int64_t>(0, pos - config_.window) >= held.front() && pos <= held.back() + 1;
+MsSpan RefMultiSeqCache::CurrentRange() const {
+  KV_CHECK(last_batch_.has_value(), "CurrentRange answers for a successful StartForward");
+  return current_;
 }
 
 std::vector<MsEntry> RefMultiSeqCache::Visible(const MsBatch& batch, size_t i,
@@ -212,12 +210,15 @@ std::vector<MsEntry> RefMultiSeqCache::Visible(const MsBatch& batch, size_t i,
   const int64_t chunk_start = config_.chunk == kUnbounded ? 0 : p - p % config_.chunk;
   const int64_t window_start = p - config_.window;  // p >= 0: no overflow
   std::vector<MsEntry> out;
-  for (const MsEntry& e : Determined(batch[i].seq).entries) {
-    if (!e.retained) continue;
+  // The mask's columns are the current range; a cell outside it is not in the view at all.
+  for (const MsEntry& e : Of(batch[i].seq).entries) {
+    if (!e.retained || e.index < current_.first || e.index >= current_.second) continue;
     if (!causal_disabled && e.pos > p) continue;
     if (e.pos < chunk_start || e.pos < window_start) continue;
     out.push_back(e);
   }
+  std::sort(out.begin(), out.end(),
+            [](const MsEntry& a, const MsEntry& b) { return a.index < b.index; });
   return out;
 }
 
@@ -228,7 +229,7 @@ std::vector<int64_t> RefMultiSeqCache::VisiblePositions(const MsBatch& batch, si
 
 std::vector<MsEntry> RefMultiSeqCache::Retained(SeqId seq) const {
   std::vector<MsEntry> out;
-  for (const MsEntry& e : Determined(seq).entries) {
+  for (const MsEntry& e : Of(seq).entries) {
     if (e.retained) out.push_back(e);
   }
   return out;
@@ -249,7 +250,7 @@ std::vector<int64_t> RefMultiSeqCache::RetainedAtLeast(SeqId seq) const {
 std::vector<MsEntry> RefMultiSeqCache::History(SeqId seq) const {
   std::vector<MsEntry> out;
   // Sorted by (pos, cell): the last entry of each position is the newest write.
-  for (const MsEntry& e : Determined(seq).entries) {
+  for (const MsEntry& e : Of(seq).entries) {
     if (!out.empty() && out.back().pos == e.pos) out.pop_back();
     out.push_back(e);
   }
@@ -259,27 +260,31 @@ std::vector<MsEntry> RefMultiSeqCache::History(SeqId seq) const {
 std::vector<SeqId> RefMultiSeqCache::Sequences() const {
   std::vector<SeqId> out;
   for (const auto& [id, seq] : seqs_) {
-    const bool holds = std::any_of(seq.entries.begin(), seq.entries.end(),
-                                   [](const MsEntry& e) { return e.retained; });
-    if (holds || !seq.determinate) out.push_back(id);
+    if (std::any_of(seq.entries.begin(), seq.entries.end(),
+                    [](const MsEntry& e) { return e.retained; })) {
+      out.push_back(id);
+    }
   }
   return out;
 }
 
-bool RefMultiSeqCache::Determinate(SeqId seq) const {
-  const Seq* s = Find(seq);
-  return s == nullptr || s->determinate;
-}
+int64_t RefMultiSeqCache::UsedCells() const { return static_cast<int64_t>(Occupied().size()); }
 
-std::optional<int64_t> RefMultiSeqCache::UsedCells() const {
-  if (AnyIndeterminate()) return std::nullopt;
-  std::set<uint64_t> cells;
-  for (const auto& [id, seq] : seqs_) {
+std::vector<MsCell> RefMultiSeqCache::Cells() const {
+  const int64_t n = config_.cells == kUnbounded ? high_water_ : config_.cells;
+  std::vector<MsCell> out(static_cast<size_t>(n));
+  for (const auto& [id, seq] : seqs_) {  // ascending ids: each cell's list ascends
     for (const MsEntry& e : seq.entries) {
-      if (e.retained) cells.insert(e.cell);
+      if (!e.retained) continue;
+      MsCell& cell = out.at(static_cast<size_t>(e.index));
+      KV_CHECK(cell.seqs.empty() || cell.pos == e.pos,
+               "entries sharing cell " + std::to_string(e.index) + " disagree on its position");
+      cell.pos = e.pos;
+      cell.seqs.push_back(id);
     }
   }
-  return static_cast<int64_t>(cells.size());
+  for (const auto& [index, rows] : rows_) out.at(static_cast<size_t>(index)).rows = rows;
+  return out;
 }
 
 void RefMultiSeqCache::Sort(std::vector<MsEntry>& entries) {
@@ -288,37 +293,26 @@ void RefMultiSeqCache::Sort(std::vector<MsEntry>& entries) {
   });
 }
 
-const RefMultiSeqCache::Seq* RefMultiSeqCache::Find(SeqId seq) const {
-  auto it = seqs_.find(seq);
-  return it == seqs_.end() ? nullptr : &it->second;
-}
-
-const RefMultiSeqCache::Seq& RefMultiSeqCache::Determined(SeqId seq) const {
+const RefMultiSeqCache::Seq& RefMultiSeqCache::Of(SeqId seq) const {
   static const Seq kEmpty;
-  const Seq* s = Find(seq);
-  if (s == nullptr) return kEmpty;
-  KV_CHECK(s->determinate, SeqName(seq) + " is indeterminate after a refused Remove");
-  return *s;
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? kEmpty : it->second;
 }
 
-bool RefMultiSeqCache::AnyIndeterminate() const {
-  return std::any_of(seqs_.begin(), seqs_.end(),
-                     [](const auto& kv) { return !kv.second.determinate; });
-}
-
-bool RefMultiSeqCache::SharedWithOther(SeqId seq, uint64_t cell) const {
-  for (const auto& [id, other] : seqs_) {
-    if (id == seq) continue;
-    for (const MsEntry& e : other.entries) {
-      if (e.retained && e.cell == cell) return true;
+std::set<int64_t> RefMultiSeqCache::Occupied() const {
+  std::set<int64_t> out;
+  for (const auto& [id, seq] : seqs_) {
+    for (const MsEntry& e : seq.entries) {
+      if (e.retained) out.insert(e.index);
     }
   }
-  return false;
+  return out;
 }
 
 void RefMultiSeqCache::EndForward() {
   last_batch_.reset();
-  put_.reset();
+  locations_.clear();
+  put_pending_ = false;
 }
 
 }  // namespace kvtwin::model

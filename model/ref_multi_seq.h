@@ -4,39 +4,43 @@
 // src/.
 //
 // The reference is per-sequence token logs. Each sequence holds entries {position, Token,
-// written position, applied RoPE shifts, logical cell id, retained}; every observable is
-// re-derived from them with ordered containers:
-// * visibility (§5.2): the retained entries of the query's sequence with pos <= p (unless
-//   causal is disabled for that query), pos >= p - (p mod c) when chunked and pos >= p - w
-//   (ggml convention: w + 1 tokens), the batch's own tokens included;
-// * retention: window maintenance is a deterministic rule over sequence-level facts (each
-//   StartForward drops entries below lowest - memory), so the model predicts exactly which
-//   positions every sequence still holds, CanResume, and -- with a known cell count --
+// written position, applied RoPE shifts, logical cell id, physical cell index, retained};
+// every observable is re-derived from them with ordered containers:
+// * placement (§2.8 step 2): a cell is free when no retained entry of any sequence names its
+//   index (a pruned or removed entry frees it; an entry whose forward never ran still holds
+//   it); a forward takes the first n free indices in index order, token i the i-th. Reserve
+//   passes place nothing. So the model predicts which physical cell holds what;
+// * the per-sequence cell ranges [first, last] are state, kept as §2.8 keeps them: extended
+//   by a forward, recomputed by window maintenance, CopyPrefix (dst) and a Remove that gets
+//   past its cell loop -- a Remove refused on a shared cell leaves the range stale. The
+//   current range of a forward is the union of its sequences' ranges (unbounded memory) or
+//   the cells window maintenance marks (finite memory), plus the new cells, widened to the
+//   padding multiple;
+// * visibility (§2.8 mask, §5.2): over the current range, in cell (storage) order, the cells
+//   of the query's sequence with pos <= p (unless causal is disabled for that query),
+//   pos >= p - (p mod c) when chunked and pos >= p - w (ggml convention: w + 1 tokens);
+// * retention: window maintenance drops entries below lowest - memory at each StartForward
+//   (lowest = the smallest position of the sequence in the batch, else its largest held
+//   position + 1), so the model predicts which positions every sequence holds, CanResume and
 //   whether a forward finds the cache full;
-// * sharing: a logical cell id names the production cell an entry lives in. A forward makes
-//   one fresh id per token; CopyPrefix gives dst src's ids. Entries of two sequences with
-//   one id are one shared cell; that lineage decides the "shifting shared cells" refusal.
-//   Physical cell indices, LIFO slot order and storage order are not modelled.
-//
-// What the spec leaves unpredictable at sequence level is made explicit, never guessed:
-// * a Remove refused for a shared cell has already modified cells in storage order (quirk
-//   6): the sequence becomes indeterminate; only Remove(seq, 0, kUnbounded) or a CopyPrefix
-//   into it makes it determinate again (the original runner clears it at once). Meanwhile
-//   queries on it, CopyPrefix from it, and -- since cell counts and sharing are unknown --
-//   every Forward and every Remove with a finite end abort;
-// * a StartForward whose forward never ran (the hybrid refused it after the KV side had
-//   committed its metadata) leaves entries without data (has_data == false): their positions
-//   are exact, their K/V rows are whatever the cells held before.
+// * cell contents: what the K/V rows of each physical cell were last written from (the last
+//   Put into it) and the RoPE shifts applied to it since. A freed cell keeps its rows (the
+//   §6.13 SWA view [5, 6, 3, 4] shows one), a cell whose forward never ran keeps the rows it
+//   held before;
+// * a Remove walks the sequence's cells in index order and stops at the first shared cell
+//   it would have to shift (quirk 6): the cells before it are already edited (removed from
+//   the sequence, or moved without a key shift), the range is not recomputed. With storage
+//   order modelled that half-edited state is exact, so every sequence stays predictable.
 // The model keeps the full history (pruned entries included, marked not retained) because
-// the ideal conv state of the hybrid is defined over it.
+// the ideal conv state of the hybrid is defined over it; a refused Remove edits only the
+// retained entries it reached.
 //
 // Rewriting a position without removing it first keeps the old cell (the spec writes a new
 // cell and touches no other): both entries are retained and visible. History() (the ideal
 // log) keeps only the newest entry per position.
 //
-// Misuse (empty batches, negative positions, an inverted range, touching an indeterminate
-// sequence) aborts via KV_CHECK: the driver replays operations a correct runner would issue.
-// Single-threaded value types.
+// Misuse (empty batches, negative positions, an inverted range) aborts via KV_CHECK: the
+// driver replays operations a correct runner would issue. Single-threaded value types.
 #pragma once
 
 #include <cstdint>
@@ -68,8 +72,8 @@ struct MultiSeqInit {
   bool shift_supported = true;  // whether a RoPE shift callback is installed
 };
 
-// The effective configuration after Init. cells == kUnbounded: the cell count is not
-// modelled and a forward is never predicted to find the cache full.
+// The effective configuration after Init. cells == kUnbounded: an endless cell table (a
+// forward is never full; placement is still first-fit).
 struct MultiSeqConfig {
   int64_t window = kUnbounded;
   int64_t memory = kUnbounded;
@@ -77,6 +81,7 @@ struct MultiSeqConfig {
   int32_t max_seqs = 1;
   int64_t cells = kUnbounded;
   bool shift_supported = true;
+  int64_t padding = 1;  // the current range is widened to multiples of it
 };
 
 // Init's rules (§2.8): memory defaults to the window; a finite window with several
@@ -94,20 +99,41 @@ struct MsToken {
 };
 using MsBatch = std::vector<MsToken>;
 
-// One entry of a sequence as a checker sees it. The expected K row of a cell is the row the
-// forward computed for `token` at `written_pos`, then RoPE-shifted by each of `shifts` in
-// order (their sum is pos - written_pos unless a Remove ran without a shift callback).
+// What a cell's K/V rows hold: the row the forward computed for `token` at `written_pos`,
+// then RoPE-shifted by each of `shifts` in order (V rows never move).
+struct MsRows {
+  Token token;
+  int64_t written_pos = 0;
+  std::vector<int64_t> shifts;
+  int64_t Shift() const;  // sum of shifts
+  friend bool operator==(const MsRows&, const MsRows&) = default;
+};
+
+// One entry of a sequence as a checker sees it. The expected rows of a retained entry with
+// data are {token, written_pos, shifts} (their sum is pos - written_pos unless a Remove ran
+// without a shift callback or was refused half-way).
 struct MsEntry {
   int64_t pos = 0;
   Token token;
   int64_t written_pos = 0;
   std::vector<int64_t> shifts;
-  uint64_t cell = 0;      // logical cell id: equal ids in two sequences = one shared cell
+  uint64_t cell = 0;      // logical cell id: one per write; equal ids = one shared cell
+  int64_t index = 0;      // the physical cell it was placed in
   bool retained = true;   // false: dropped by window maintenance (history only)
   bool has_data = true;   // false: metadata committed, forward never ran (no Put)
   int64_t Shift() const;  // sum of shifts
   friend bool operator==(const MsEntry&, const MsEntry&) = default;
 };
+
+// One physical cell: its metadata and what its rows hold.
+struct MsCell {
+  int64_t pos = 0;             // meaningful while seqs is not empty
+  std::vector<SeqId> seqs;     // ascending; empty = free
+  std::optional<MsRows> rows;  // nullopt: never written
+};
+
+// A cell range: [first, last] of a sequence, or a current range [begin, end).
+using MsSpan = std::pair<int64_t, int64_t>;
 
 class RefMultiSeqCache {
  public:
@@ -115,9 +141,8 @@ class RefMultiSeqCache {
   const MultiSeqConfig& config() const { return config_; }
 
   // StartForward (not reserving) then Put: window maintenance, then ResourceExhausted when
-  // the live cells plus the batch exceed `cells` (the pruning stays, nothing is written),
-  // else one fresh cell per token. REQUIRES: !batch.empty(), positions >= 0, no sequence
-  // indeterminate.
+  // fewer than batch.size() cells are free (the pruning stays, nothing is placed), else
+  // first-fit placement. REQUIRES: !batch.empty(), positions >= 0.
   Status Forward(const MsBatch& batch);
   // The two halves, for a cache wrapping this one: the entries of a successful StartForward
   // have no data until Put. REQUIRES for Put: the last operation was a successful
@@ -125,25 +150,31 @@ class RefMultiSeqCache {
   Status StartForward(const MsBatch& batch);
   void Put();
   // dst := src's entries with pos < len (history and retention included; retained ones
-  // share src's cells). src == dst empties the sequence (dst is cleared first).
-  // REQUIRES: len >= 0; src determinate unless src == dst.
+  // share src's cells); dst's range is recomputed. src == dst empties the sequence (dst is
+  // cleared first). REQUIRES: len >= 0.
   void CopyPrefix(SeqId src, SeqId dst, int64_t len);
-  // Drops [begin, end); with a finite end moves later entries by begin - end. Predicted
-  // outcomes: Unsupported "shifting shared cells" when a retained entry at pos >= end is
-  // shared (the sequence becomes indeterminate); Unsupported "not supported" when end is
-  // finite, entries remain and no shift callback exists (positions moved, keys not
-  // shifted); else ok (a sequence left without cells returns before shifting).
-  // REQUIRES: 0 <= begin <= end; the sequence determinate unless this is (0, kUnbounded).
+  // §2.8 Remove over the sequence's cells in index order. Predicted outcomes: Unsupported
+  // "shifting cells shared by multiple sequences" at the first retained cell at pos >= end
+  // another sequence shares (the cells before it already edited, no key shift, the range
+  // left stale); Unsupported "shift not supported" when end is finite, cells remain and no
+  // shift callback exists (positions moved, keys not shifted); else ok (a sequence left
+  // without cells returns before shifting). REQUIRES: 0 <= begin <= end.
   Status Remove(SeqId seq, int64_t begin, int64_t end);
   // §2.8: true with unbounded memory; else false without retained entries, else
   // max(0, pos - window) >= first && pos <= last + 1 over the retained positions (what the
   // cache holds now: pruning happens lazily, at the StartForwards, not when a position
-  // leaves the window). REQUIRES: seq determinate.
+  // leaves the window).
   bool CanResume(SeqId seq, int64_t pos) const;
 
-  // What batch token i attends (§5.2), ascending by position then write order; duplicates
-  // of a rewritten position appear once per cell. REQUIRES: `batch` is the batch of the
-  // last operation, a successful StartForward; i < batch.size().
+  // The last successful StartForward (InForward): the cell of each batch token and the
+  // current range [begin, end), padding-widened. REQUIRES: the last operation was one.
+  bool InForward() const { return last_batch_.has_value(); }
+  const std::vector<int64_t>& Locations() const;
+  MsSpan CurrentRange() const;
+  // What batch token i attends (§2.8 mask, §5.2): the entries of the cells of the current
+  // range it sees, in cell order; duplicates of a rewritten position appear once per cell.
+  // REQUIRES: `batch` is the batch of the last operation, a successful StartForward;
+  // i < batch.size().
   std::vector<MsEntry> Visible(const MsBatch& batch, size_t i, bool causal_disabled) const;
   std::vector<int64_t> VisiblePositions(const MsBatch& batch, size_t i, bool causal_disabled) const;
 
@@ -157,45 +188,62 @@ class RefMultiSeqCache {
   std::vector<MsEntry> History(SeqId seq) const;
   // Sequences holding at least one cell, ascending.
   std::vector<SeqId> Sequences() const;
-  bool Determinate(SeqId seq) const;
-  // Distinct live cells; nullopt while a sequence is indeterminate.
-  std::optional<int64_t> UsedCells() const;
+  // Distinct live cells.
+  int64_t UsedCells() const;
+  // The cell table, indices [0, n): n = cells, or one past the highest index ever placed
+  // when cells is unbounded.
+  std::vector<MsCell> Cells() const;
+  // The per-sequence ranges [first, last] as §2.8 keeps them (possibly stale, see above);
+  // sequences without one are absent.
+  const std::map<SeqId, MsSpan>& Ranges() const { return ranges_; }
 
  private:
   struct Seq {
     std::vector<MsEntry> entries;  // sorted by (pos, cell)
-    bool determinate = true;
   };
   static void Sort(std::vector<MsEntry>& entries);
-  const Seq* Find(SeqId seq) const;
-  const Seq& Determined(SeqId seq) const;
-  bool AnyIndeterminate() const;
-  // Whether a sequence other than `seq` holds a retained entry of `cell`.
-  bool SharedWithOther(SeqId seq, uint64_t cell) const;
-  // Window maintenance of §2.8 step 1.
-  void Prune(const MsBatch& batch);
+  const Seq& Of(SeqId seq) const;  // an empty one when unknown
+  // Whether a sequence other than `seq` holds a retained entry in cell `index`.
+  bool SharedWithOther(SeqId seq, int64_t index) const;
+  std::set<int64_t> Occupied() const;
+  // Up to n free cell indices, lowest first (fewer: the cache is full).
+  std::vector<int64_t> FirstFree(size_t n) const;
+  // Window maintenance of §2.8 step 1; widens `current` by the cells it marks.
+  void Prune(const MsBatch& batch, std::optional<MsSpan>& current);
+  // The range of `seq` from its retained cells (erased when it has none).
+  void RecomputeRange(SeqId seq);
+  // The loop of §2.8 Remove over the retained cells in index order; the index of the shared
+  // cell that stopped it, if any.
+  std::optional<int64_t> EditCells(Seq& s, SeqId seq, int64_t begin, int64_t end, int64_t delta);
   // Forgets the pending Put and the batch Visible answers for.
   void EndForward();
 
   MultiSeqConfig config_;
   std::map<SeqId, Seq> seqs_;
+  std::map<SeqId, MsSpan> ranges_;
+  std::map<int64_t, MsRows> rows_;  // physical index -> what its rows hold
   uint64_t next_cell_ = 0;
-  std::optional<MsBatch> last_batch_;                 // set by a successful StartForward
-  std::optional<std::pair<uint64_t, uint64_t>> put_;  // cells [first, last) awaiting Put
+  int64_t high_water_ = 0;  // one past the highest index ever placed
+  // The last successful StartForward.
+  std::optional<MsBatch> last_batch_;
+  std::vector<int64_t> locations_;
+  MsSpan current_{0, 0};
+  bool put_pending_ = false;
 };
 
 // The LFM2 hybrid (§2.9.1): the causal cache above plus one conv state of d_conv rows per
-// slot, slots shared copy-on-write. Two expectations per sequence:
+// slot, slots shared copy-on-write. Slots are physical: max_seqs of them, each with a
+// refcount and the rows it holds; the free list is a LIFO stack initialised so the first
+// allocation returns slot 0, then 1, ...; a slot is pushed back when its refcount reaches 0
+// and keeps its rows until it is handed out again (then zeroed). Two expectations per
+// sequence:
 // * kIdeal: the conv inputs of the last d_conv entries of the sequence's history in position
 //   order (zero rows first when it holds fewer) -- what a cache consistent with its KV log
 //   would hold;
-// * kAsSpecified: what the original holds: a state per slot; CopyPrefix makes dst share src's
-//   current state whatever len is; any successful Remove unmaps the sequence (zero state on
-//   its next forward); a forward shifts its tokens' inputs in, in batch order.
-// ConvDivergesFromIdeal flags the documented weaknesses (quirk 7) as they happen.
-// Slots are modelled as groups of sequences (one group per live slot): refcount of a
-// production slot == size of its group, live slots == number of groups; which index a
-// group occupies (LIFO reuse) is not predicted.
+// * kAsSpecified: what the original holds: the rows of the sequence's slot; CopyPrefix makes
+//   dst share src's slot whatever len is; any successful Remove unmaps the sequence (zero
+//   state on its next forward); a forward shifts its tokens' inputs in, in batch order.
+// ConvDivergesFromIdeal flags the documented weaknesses (quirks 6, 7) as they happen.
 enum class ConvMode : uint8_t { kIdeal, kAsSpecified };
 using ConvRow = std::vector<float>;
 using ConvRows = std::vector<ConvRow>;  // d_conv rows, oldest first
@@ -208,50 +256,72 @@ class RefHybridCache {
   RefHybridCache(MultiSeqConfig config, int64_t d_conv, int64_t width, ConvInputFn inputs);
   const RefMultiSeqCache& kv() const { return kv_; }
 
-  // KV StartForward (its errors first), then: Unsupported when the batch's sequences
-  // contribute different token counts (KV metadata already committed, no data); a slot for
-  // every sequence without one, in first-appearance order (ResourceExhausted when all
-  // max_seqs slots are live; slots taken before that hold stale rows); copy-on-write for
-  // every sequence whose slot is shared (ResourceExhausted likewise); then the conv update
-  // and the KV Put. REQUIRES (beyond the KV ones): each sequence's tokens contiguous in the
-  // batch when the counts are equal -- the original reshapes the batch to a
-  // [tokens, sequences] grid.
-  Status Forward(const MsBatch& batch);
+  // A forward as the original runs it, in three calls:
+  // * StartForward: KV StartForward (its errors first), then Unsupported when the batch's
+  //   sequences contribute different token counts (KV metadata already committed, no data);
+  //   a slot popped for every sequence without one, in first-appearance order
+  //   (ResourceExhausted when the stack is empty: the slots popped before stay mapped, not
+  //   zeroed); the new slots zeroed. REQUIRES (beyond the KV ones): each sequence's tokens
+  //   contiguous in the batch when the counts are equal -- the original reshapes the batch
+  //   to a [tokens, sequences] grid.
+  // * ConvState: the forward's first ConvState runs copy-on-write, in batch order, for every
+  //   current sequence whose slot is still shared (refcount > 1) when its turn comes;
+  //   ResourceExhausted when the stack runs empty, and the same outcome on every later call.
+  //   A model without conv layers never calls it, so nothing is unshared.
+  // * FinishForward: the conv update (when ConvState ran) and the KV Put.
+  // A forward that fails leaves the rows of the slots it took unknown (its zeroing and copies
+  // belong to its graph).
+  Status StartForward(const MsBatch& batch);
+  Status ConvState();
+  void FinishForward();
+  // All three; reads_conv = false: a model without conv layers (no ConvState).
+  Status Forward(const MsBatch& batch, bool reads_conv = true);
   void CopyPrefix(SeqId src, SeqId dst, int64_t len);
   // KV Remove; on success the sequence's slot is released (any range).
   Status Remove(SeqId seq, int64_t begin, int64_t end);
   bool CanResume(SeqId seq, int64_t pos) const { return kv_.CanResume(seq, pos); }
 
-  // nullopt: kAsSpecified and the slot's rows are stale (a failed allocation or copy).
+  // nullopt: kAsSpecified and the slot's rows are unknown (a failed forward took it).
   std::optional<ConvRows> ExpectedConv(SeqId seq, ConvMode mode) const;
   // True when the as-specified state differs from the ideal one or is unknown.
   bool ConvDivergesFromIdeal(SeqId seq) const;
   // The sequences of each live slot, each ascending, groups ordered by first sequence.
   std::vector<std::vector<SeqId>> SlotGroups() const;
-  int64_t LiveSlots() const { return static_cast<int64_t>(groups_.size()); }
+  int64_t LiveSlots() const;
+  // The physical allocator: the slot a sequence maps to, refcounts, the free stack (back()
+  // is handed out next), and the current forward's slots (after copy-on-write once it ran).
+  std::optional<int32_t> SlotOf(SeqId seq) const;
+  int32_t RefCount(int32_t slot) const;
+  const std::vector<int32_t>& FreeSlots() const { return free_; }
+  const std::vector<int32_t>& CurrentSlots() const { return cur_slots_; }
 
  private:
-  struct Group {
-    std::set<SeqId> seqs;
-    std::optional<ConvRows> state;  // nullopt: stale rows
+  struct Slot {
+    int32_t refs = 0;
+    std::optional<ConvRows> rows;  // what it holds; nullopt: unknown
   };
   ConvRows ZeroRows() const;
   ConvRows IdealConv(SeqId seq) const;
-  // Drops seq from its slot; frees the slot when it was the last user.
+  // Drops seq from its slot; pushes the slot when it was the last user.
   void Release(SeqId seq);
-  int64_t NewGroup(SeqId seq, std::optional<ConvRows> state);
-  // Slot allocation and copy-on-write of the batch's sequences; the slots touched before a
-  // failure get stale rows.
-  Status AcquireSlots(const std::vector<SeqId>& order);
-  void ShiftIn(const MsBatch& batch, const std::vector<SeqId>& order);
+  std::optional<int32_t> Pop();
+  // Marks the rows of the slots this forward took unknown (its graph never ran).
+  void ForgetTaken();
+  void ShiftIn(const MsBatch& batch);
 
   RefMultiSeqCache kv_;
   int64_t d_conv_;
   int64_t width_;
   ConvInputFn inputs_;
-  std::map<int64_t, Group> groups_;  // logical slot -> its sequences and state
-  std::map<SeqId, int64_t> group_of_;
-  int64_t next_group_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<int32_t> free_;
+  std::map<SeqId, int32_t> slot_of_;
+  // The current forward.
+  std::optional<MsBatch> batch_;
+  std::vector<SeqId> cur_seqs_;
+  std::vector<int32_t> cur_slots_;
+  std::vector<int32_t> taken_;      // zeroed or copied into by this forward
+  std::optional<Status> writable_;  // set by the first ConvState
 };
 
 }  // namespace kvtwin::model

@@ -1,9 +1,11 @@
-// RefHybridCache: the original LFM2 hybrid cache (spec §2.9.1) over RefMultiSeqCache. A
-// production slot is a group of sequences with one conv state; its refcount is the group's
-// size. The ideal conv state is recomputed from the KV history on every query; the
-// as-specified one is carried per group exactly as the original moves it (shift in on a
-// forward, shared by CopyPrefix, dropped by Remove), so the two meet only while the
-// original's shortcuts happen to be harmless.
+// RefHybridCache: the original LFM2 hybrid cache (spec §2.9.1) over RefMultiSeqCache. Slots
+// are modelled physically -- refcounts, the sequence map, the LIFO free stack and the rows
+// each slot holds -- because which slot a sequence gets is an observable of the original
+// (§6.14: "LIFO reuse", "recycled slot returned"). The ideal conv state is recomputed from
+// the KV history on every query; the as-specified one is carried in the slots exactly as the
+// original moves it (zeroed on allocation, shifted in by a forward, copied on write, shared
+// by CopyPrefix, released by Remove), so the two meet only while the original's shortcuts
+// happen to be harmless.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -17,9 +19,19 @@ RefHybridCache::RefHybridCache(MultiSeqConfig config, int64_t d_conv, int64_t wi
     : kv_(config), d_conv_(d_conv), width_(width), inputs_(std::move(inputs)) {
   KV_CHECK(d_conv_ >= 1 && width_ >= 1, "a conv state has at least one row and one column");
   KV_CHECK(inputs_ != nullptr, "the hybrid reference needs the conv inputs of tokens");
+  const int32_t n = kv_.config().max_seqs;
+  // A never-written slot reads as zeros (buffers are allocated zero-filled).
+  slots_.assign(static_cast<size_t>(n), Slot{0, ZeroRows()});
+  // The stack's top is back(): initialised so the first allocation returns 0, then 1, ...
+  for (int32_t slot = n - 1; slot >= 0; --slot) free_.push_back(slot);
 }
 
-Status RefHybridCache::Forward(const MsBatch& batch) {
+Status RefHybridCache::StartForward(const MsBatch& batch) {
+  batch_.reset();
+  cur_seqs_.clear();
+  cur_slots_.clear();
+  taken_.clear();
+  writable_.reset();
   KV_RETURN_IF_ERROR(kv_.StartForward(batch));
   std::vector<SeqId> order;  // first appearance
   std::map<SeqId, size_t> counts;
@@ -36,50 +48,84 @@ Status RefHybridCache::Forward(const MsBatch& batch) {
     KV_CHECK(batch[k].seq == order[k / per_seq],
              "the hybrid's batch must list each sequence's tokens contiguously");
   }
-  KV_RETURN_IF_ERROR(AcquireSlots(order));
-  ShiftIn(batch, order);
+  std::vector<int32_t> fresh;
+  for (SeqId seq : order) {
+    if (slot_of_.contains(seq)) continue;
+    const std::optional<int32_t> slot = Pop();
+    if (!slot) {
+      // The slots popped so far stay mapped, never zeroed: they keep the rows they held.
+      return ResourceExhausted("cache full allocating a conv slot: all " +
+                               std::to_string(slots_.size()) + " live");
+    }
+    slots_[static_cast<size_t>(*slot)].refs = 1;
+    slot_of_[seq] = *slot;
+    fresh.push_back(*slot);
+  }
+  for (int32_t slot : fresh) slots_[static_cast<size_t>(slot)].rows = ZeroRows();
+  taken_ = fresh;
+  batch_ = batch;
+  cur_seqs_ = order;
+  for (SeqId seq : order) cur_slots_.push_back(slot_of_.at(seq));
+  return Status::Ok();
+}
+
+Status RefHybridCache::ConvState() {
+  KV_CHECK(batch_.has_value(), "ConvState without a successful StartForward");
+  if (writable_) return *writable_;
+  writable_ = Status::Ok();
+  // Copy-on-write in batch order: a sequence whose partners have all moved out owns the
+  // slot again and keeps it.
+  for (size_t i = 0; i < cur_seqs_.size(); ++i) {
+    const int32_t shared = slot_of_.at(cur_seqs_[i]);
+    Slot& old = slots_[static_cast<size_t>(shared)];
+    if (old.refs <= 1) continue;
+    const std::optional<int32_t> copy = Pop();
+    if (!copy) {
+      writable_ = ResourceExhausted("cache full in copy-on-write: all " +
+                                    std::to_string(slots_.size()) + " conv slots live");
+      ForgetTaken();
+      return *writable_;
+    }
+    --old.refs;
+    slots_[static_cast<size_t>(*copy)] = Slot{1, old.rows};
+    slot_of_[cur_seqs_[i]] = *copy;
+    cur_slots_[i] = *copy;
+    taken_.push_back(*copy);
+  }
+  return *writable_;
+}
+
+void RefHybridCache::FinishForward() {
+  KV_CHECK(batch_.has_value() && (!writable_ || writable_->ok()),
+           "FinishForward after a forward that failed");
+  if (writable_) ShiftIn(*batch_);
   kv_.Put();
+  batch_.reset();
+}
+
+Status RefHybridCache::Forward(const MsBatch& batch, bool reads_conv) {
+  KV_RETURN_IF_ERROR(StartForward(batch));
+  if (reads_conv) KV_RETURN_IF_ERROR(ConvState());
+  FinishForward();
   return Status::Ok();
 }
 
-Status RefHybridCache::AcquireSlots(const std::vector<SeqId>& order) {
-  const int64_t slots = kv_.config().max_seqs;
-  // Zeroing and copy-on-write rows are written by the forward's own graph: when the forward
-  // fails, every slot this forward took keeps whatever rows it held before.
-  std::vector<int64_t> taken;
-  auto fail = [&](const char* what) {
-    for (int64_t group : taken) groups_.at(group).state.reset();
-    return ResourceExhausted(std::string(what) + ": all " + std::to_string(slots) +
-                             " conv slots live");
-  };
-  for (SeqId seq : order) {
-    if (group_of_.contains(seq)) continue;
-    if (LiveSlots() >= slots) return fail("cache full allocating a slot");
-    taken.push_back(NewGroup(seq, ZeroRows()));
-  }
-  // Copy-on-write at the forward's first ConvState, in batch order: a sequence whose
-  // partners have all moved out owns the slot again and keeps it.
-  for (SeqId seq : order) {
-    const int64_t shared = group_of_.at(seq);
-    if (groups_.at(shared).seqs.size() <= 1) continue;
-    if (LiveSlots() >= slots) return fail("cache full in copy-on-write");
-    std::optional<ConvRows> copy = groups_.at(shared).state;
-    groups_.at(shared).seqs.erase(seq);
-    taken.push_back(NewGroup(seq, std::move(copy)));
-  }
-  return Status::Ok();
+void RefHybridCache::ForgetTaken() {
+  // Zeroing and copies are part of the forward's graph, which never runs.
+  for (int32_t slot : taken_) slots_[static_cast<size_t>(slot)].rows.reset();
+  batch_.reset();
 }
 
-void RefHybridCache::ShiftIn(const MsBatch& batch, const std::vector<SeqId>& order) {
-  for (SeqId seq : order) {
-    std::optional<ConvRows>& state = groups_.at(group_of_.at(seq)).state;
-    if (!state.has_value()) continue;  // stale rows stay stale
+void RefHybridCache::ShiftIn(const MsBatch& batch) {
+  for (size_t i = 0; i < cur_seqs_.size(); ++i) {
+    std::optional<ConvRows>& rows = slots_[static_cast<size_t>(cur_slots_[i])].rows;
+    if (!rows.has_value()) continue;  // unknown rows stay unknown
     for (const MsToken& t : batch) {
-      if (t.seq != seq) continue;
+      if (t.seq != cur_seqs_[i]) continue;
       ConvRow row = inputs_(t.pos, t.token);
       KV_CHECK(static_cast<int64_t>(row.size()) == width_, "conv input of the wrong width");
-      state->erase(state->begin());
-      state->push_back(std::move(row));
+      rows->erase(rows->begin());
+      rows->push_back(std::move(row));
     }
   }
 }
@@ -89,10 +135,10 @@ void RefHybridCache::CopyPrefix(SeqId src, SeqId dst, int64_t len) {
   Release(dst);
   // src's current state, whatever len is (quirk 7); none when src has no slot (also when
   // src == dst: its slot was just released).
-  auto it = group_of_.find(src);
-  if (it == group_of_.end()) return;
-  groups_.at(it->second).seqs.insert(dst);
-  group_of_[dst] = it->second;
+  auto it = slot_of_.find(src);
+  if (it == slot_of_.end()) return;
+  ++slots_[static_cast<size_t>(it->second)].refs;
+  slot_of_[dst] = it->second;
 }
 
 Status RefHybridCache::Remove(SeqId seq, int64_t begin, int64_t end) {
@@ -103,9 +149,9 @@ Status RefHybridCache::Remove(SeqId seq, int64_t begin, int64_t end) {
 
 std::optional<ConvRows> RefHybridCache::ExpectedConv(SeqId seq, ConvMode mode) const {
   if (mode == ConvMode::kIdeal) return IdealConv(seq);
-  auto it = group_of_.find(seq);
-  if (it == group_of_.end()) return ZeroRows();
-  return groups_.at(it->second).state;
+  auto it = slot_of_.find(seq);
+  if (it == slot_of_.end()) return ZeroRows();  // its next slot is zeroed
+  return slots_[static_cast<size_t>(it->second)].rows;
 }
 
 bool RefHybridCache::ConvDivergesFromIdeal(SeqId seq) const {
@@ -114,10 +160,27 @@ bool RefHybridCache::ConvDivergesFromIdeal(SeqId seq) const {
 }
 
 std::vector<std::vector<SeqId>> RefHybridCache::SlotGroups() const {
+  std::map<int32_t, std::vector<SeqId>> by_slot;
+  for (const auto& [seq, slot] : slot_of_) by_slot[slot].push_back(seq);  // ascending seqs
   std::vector<std::vector<SeqId>> out;
-  for (const auto& [id, group] : groups_) out.emplace_back(group.seqs.begin(), group.seqs.end());
+  for (auto& [slot, seqs] : by_slot) out.push_back(std::move(seqs));
   std::sort(out.begin(), out.end());
   return out;
+}
+
+int64_t RefHybridCache::LiveSlots() const {
+  return std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.refs > 0; });
+}
+
+std::optional<int32_t> RefHybridCache::SlotOf(SeqId seq) const {
+  auto it = slot_of_.find(seq);
+  if (it == slot_of_.end()) return std::nullopt;
+  return it->second;
+}
+
+int32_t RefHybridCache::RefCount(int32_t slot) const {
+  KV_CHECK(slot >= 0 && slot < static_cast<int32_t>(slots_.size()), "slot out of range");
+  return slots_[static_cast<size_t>(slot)].refs;
 }
 
 ConvRows RefHybridCache::ZeroRows() const {
@@ -139,19 +202,19 @@ ConvRows RefHybridCache::IdealConv(SeqId seq) const {
 }
 
 void RefHybridCache::Release(SeqId seq) {
-  auto it = group_of_.find(seq);
-  if (it == group_of_.end()) return;
-  Group& group = groups_.at(it->second);
-  group.seqs.erase(seq);
-  if (group.seqs.empty()) groups_.erase(it->second);
-  group_of_.erase(it);
+  auto it = slot_of_.find(seq);
+  if (it == slot_of_.end()) return;
+  Slot& slot = slots_[static_cast<size_t>(it->second)];
+  KV_CHECK(slot.refs >= 1, "a mapped slot without references");
+  if (--slot.refs == 0) free_.push_back(it->second);  // keeps its rows until handed out
+  slot_of_.erase(it);
 }
 
-int64_t RefHybridCache::NewGroup(SeqId seq, std::optional<ConvRows> state) {
-  const int64_t id = next_group_++;
-  groups_.emplace(id, Group{{seq}, std::move(state)});
-  group_of_[seq] = id;
-  return id;
+std::optional<int32_t> RefHybridCache::Pop() {
+  if (free_.empty()) return std::nullopt;
+  const int32_t slot = free_.back();
+  free_.pop_back();
+  return slot;
 }
 
 }  // namespace kvtwin::model

@@ -45,6 +45,17 @@ Mismatch Outcome(const std::string& what, const Status& expected, const Status& 
   return Mismatch{what + " outcome", expected.ToString(), actual.ToString()};
 }
 
+// Which outcome a Remove had: §2.8's two Unsupported refusals differ in cause and in what
+// they leave behind, so the code alone does not tell them apart.
+enum class RemoveOutcome : uint8_t { kOk, kSharedCells, kNoShift, kOther };
+
+RemoveOutcome ClassifyRemove(const Status& s) {
+  if (s.ok()) return RemoveOutcome::kOk;
+  if (s.code() != StatusCode::kUnsupported) return RemoveOutcome::kOther;
+  return s.message().find("shared") != std::string::npos ? RemoveOutcome::kSharedCells
+                                                         : RemoveOutcome::kNoShift;
+}
+
 }  // namespace
 
 Status MultiSeqConfig::Validate() const {
@@ -126,10 +137,8 @@ MultiSeqDriver::MultiSeqDriver(MultiSeqConfig config, uint64_t value_seed)
 }
 
 bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref, const MsOp& op) {
+  (void)ref;  // every sequence is predictable: the reference state restricts nothing
   auto seq_ok = [&config](int32_t s) { return s >= 0 && s < config.max_seqs; };
-  auto determinate = [&ref](int32_t s) { return ref.Determinate(S(s)); };
-  bool any_indeterminate = false;
-  for (int32_t s = 0; s < config.max_seqs; ++s) any_indeterminate |= !determinate(s);
   switch (op.kind) {
     case MsOpKind::kForward: {
       const auto n = static_cast<int64_t>(op.batch.size());
@@ -141,7 +150,6 @@ bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref,
         if (i < 0 || i >= n) return false;
       }
       if (op.reserve) return true;
-      if (any_indeterminate) return false;
       // Equal counts: the hybrid reads the batch as a grid, each sequence's run contiguous.
       const std::vector<int32_t> order = BatchSequences(op.batch);
       if (!EqualTokenCounts(op.batch)) return true;
@@ -152,14 +160,11 @@ bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref,
       return true;
     }
     case MsOpKind::kCopyPrefix:
-      return seq_ok(op.seq) && seq_ok(op.dst) && op.begin >= 0 &&
-             (op.seq == op.dst || determinate(op.seq));
+      return seq_ok(op.seq) && seq_ok(op.dst) && op.begin >= 0;
     case MsOpKind::kRemove:
-      if (!seq_ok(op.seq) || op.begin < 0 || op.end < op.begin) return false;
-      if (op.end != kvtwin::kUnbounded && any_indeterminate) return false;
-      return determinate(op.seq) || (op.begin == 0 && op.end == kvtwin::kUnbounded);
+      return seq_ok(op.seq) && op.begin >= 0 && op.end >= op.begin;
     case MsOpKind::kCanResume:
-      return seq_ok(op.seq) && op.begin >= 0 && determinate(op.seq);
+      return seq_ok(op.seq) && op.begin >= 0;
   }
   return false;
 }
@@ -169,6 +174,9 @@ std::optional<MsDivergence> MultiSeqDriver::Apply(const MsOp& op) {
   KV_CHECK(Valid(op), "invalid multi-sequence op: " + op.ToString());
   ++steps_;
   Fold(static_cast<uint64_t>(op.kind));
+  bool half_edited = half_edited_.contains(op.seq) && op.kind != MsOpKind::kForward;
+  for (const MsBatchToken& t : op.batch) half_edited |= half_edited_.contains(t.seq);
+  if (half_edited) ++coverage_.half_edited_ops;
   Check c;
   switch (op.kind) {
     case MsOpKind::kForward:
@@ -226,14 +234,6 @@ model::ConvRow MultiSeqDriver::ConvInput(int64_t written_pos, uint64_t h) const 
   return ConvInputRow(synth_, config_, written_pos, h);
 }
 
-Tensor MultiSeqDriver::ExpectedRow(const model::MsEntry& e, bool is_value) const {
-  Tensor row = synth_.KvRow(config_.dtype, config_.kv_cols, 0, e.written_pos, e.token.h, is_value);
-  if (!is_value) {
-    for (int64_t delta : e.shifts) ShiftPositionTag(row, 0, delta);
-  }
-  return row;
-}
-
 Check MultiSeqDriver::ApplyCopyPrefix(const MsOp& op) {
   const Status actual = cache_->CopyPrefix(op.seq, op.dst, op.begin);
   Fold(static_cast<uint64_t>(actual.code()));
@@ -242,24 +242,33 @@ Check MultiSeqDriver::ApplyCopyPrefix(const MsOp& op) {
       op.seq == op.dst ? std::vector<model::MsEntry>{} : model_.kv().History(S(op.seq));
   if (!src.empty() && op.begin <= src.back().pos) ++coverage_.copy_prefix_partial;
   model_.CopyPrefix(S(op.seq), S(op.dst), op.begin);
+  half_edited_.erase(op.dst);  // dst's cells are all replaced
   ++coverage_.copy_prefix;
   return std::nullopt;
 }
 
 Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
-  const Status actual = cache_->Remove(op.seq, op.begin, op.end);
-  const Status expected =
-      model_.Remove(S(op.seq), op.begin, op.end == kvtwin::kUnbounded ? model::kUnbounded : op.end);
-  Fold(static_cast<uint64_t>(actual.code()));
-  if (actual.code() != expected.code()) return Outcome("Remove", expected, actual);
   const bool finite = op.end != kvtwin::kUnbounded;
-  if (!actual.ok()) {
-    ++(model_.kv().Determinate(S(op.seq)) ? coverage_.removes_refused_no_shift
-                                          : coverage_.removes_refused_shared);
+  const std::vector<model::MsEntry> history = model_.kv().History(S(op.seq));
+  const int64_t next = history.empty() ? 0 : history.back().pos + 1;
+  if (finite && (op.begin == op.end || op.end > next)) ++coverage_.removes_degenerate;
+  const Status actual = cache_->Remove(op.seq, op.begin, op.end);
+  const Status expected = model_.Remove(S(op.seq), op.begin, finite ? op.end : model::kUnbounded);
+  Fold(static_cast<uint64_t>(actual.code()));
+  const RemoveOutcome outcome = ClassifyRemove(expected);
+  if (actual.code() != expected.code() || ClassifyRemove(actual) != outcome) {
+    return Outcome("Remove", expected, actual);
+  }
+  if (outcome == RemoveOutcome::kSharedCells) {
+    ++coverage_.removes_refused_shared;
+    half_edited_.insert(op.seq);
+  } else if (outcome == RemoveOutcome::kNoShift) {
+    ++coverage_.removes_refused_no_shift;
   } else if (finite) {
     ++coverage_.removes_middle_shift;
   } else {
     ++(op.begin == 0 ? coverage_.removes_whole : coverage_.removes_tail);
+    if (op.begin == 0) half_edited_.erase(op.seq);
   }
   return std::nullopt;
 }

@@ -2,24 +2,30 @@
 // production HybridCache (one attention layer over the embedded CausalCache, and
 // num_conv_layers short-conv layers) and the reference RefHybridCache receive every MsOp;
 // after each op the driver checks, and stops at the first difference:
-// * the outcome class (StatusCode) of StartForward (+ the first ConvState), CopyPrefix,
-//   Remove, and CanResume's bool;
-// * after a forward, per batch token: the positions of the cells Get() shows visible (each
-//   must hold the token's sequence) equal the model's Visible as multisets, and their K/V
-//   rows are bit-exact (expected K = the row written at written_pos with its position tag
-//   moved by the entry's RoPE shifts; V never moves);
-// * every cell: per sequence the held positions equal the model's retained ones, cells are
-//   shared exactly as the model's lineage says, and every stored K/V row is the expected one;
-// * conv: each conv layer's state, as ConvState returns it in a forward and as each slot
-//   holds it after every op, against the model's as-specified state (kAsSpecified);
-// * slots: refcount == sequences mapped, no leaked or lost slot, the free list holds
-//   exactly the free slots, and the sequences of each model group share one slot.
+// * the outcome class (StatusCode) of StartForward, of the forward's first ConvState,
+//   CopyPrefix and CanResume's bool; for Remove the code and which refusal it is (a shared
+//   cell to shift vs no shift callback);
+// * after a successful StartForward, before any ConvState: where each batch token was
+//   placed (Locations), the current range, and the slot state (copy-on-write must not have
+//   run yet); after the first ConvState the slots again;
+// * after a forward, Get(): the range [range_begin, range_end) and, per batch token, the
+//   cells it sees in cell order equal the model's Visible; every row of the view is the
+//   model's content of that cell (K = the row written at written_pos with its position tag
+//   moved by the cell's RoPE shifts; V never moves);
+// * every cell, by index: its position and sequences, and its K/V rows (free cells keep
+//   theirs); every sequence's cell range;
+// * conv: each conv layer's state, as ConvState returns it in a forward and as each mapped
+//   slot holds it after every op, against the model's as-specified state (kAsSpecified);
+// * slots: refcount == sequences mapped, no leaked or lost slot, and exactly the model's
+//   slot per sequence, refcounts and free stack (order included).
+// SetCausal is called only when the op disables some causal indices, plus, on every fourth
+// step, with an empty list (both paths of "reset at the next StartForward").
 // With ConvExpectation::kIdeal a sequence whose as-specified conv state leaves the ideal one
-// (the documented weaknesses, spec §8 quirk 7) is a divergence too; with kAsSpecified it is
-// only counted. Values: K/V rows are SyntheticForward::KvRow(layer 0, pos, h), conv inputs
-// FillConvInput(layer, pos, h), with h chained per sequence over that sequence's own history
-// (so a row of another sequence shows). Every observable is folded into a 64-bit digest.
-// Single-threaded.
+// (the documented weaknesses, spec §8 quirks 6 and 7) is a divergence too; with kAsSpecified
+// it is only counted. Values: K/V rows are SyntheticForward::KvRow(layer 0, pos, h), conv
+// inputs FillConvInput(layer, pos, h), with h chained per sequence over that sequence's own
+// history (so a row of another sequence shows). Every observable is folded into a 64-bit
+// digest. Single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -81,7 +87,14 @@ struct MsCoverage {
   int64_t cow_copies = 0;
   int64_t can_resume_true = 0;
   int64_t can_resume_false = 0;
-  int64_t ideal_divergences = 0;  // a sequence newly leaving the ideal conv state
+  int64_t ideal_divergences = 0;   // a sequence newly leaving the ideal conv state
+  int64_t rewrites = 0;            // forwards writing a position their sequence holds
+  int64_t cache_full_pruned = 0;   // cache full after window maintenance dropped cells
+  int64_t unordered_batches = 0;   // forwards whose positions descend within a sequence
+  int64_t joins = 0;               // forwards where a new sequence joins others
+  int64_t removes_degenerate = 0;  // finite Removes: begin == end, or past the last position
+  int64_t half_edited_ops = 0;     // ops on a sequence a refused Remove left half-edited
+  int64_t causal_reset_calls = 0;  // SetCausal with an empty list
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
 };
@@ -118,7 +131,9 @@ class MultiSeqDriver {
   HybridCache& mutable_cache() { return *cache_; }
   // Re-runs every after-op check without an op (tests of planted state).
   std::optional<MsDivergence> CheckNow();
-  bool Determinate(int32_t seq) const { return model_.kv().Determinate(SeqId{seq}); }
+  // Always true: the model predicts a refused Remove cell by cell, so no sequence is left
+  // unpredictable. Kept for callers written when a refusal made the sequence indeterminate.
+  bool Determinate(int32_t /*seq*/) const { return true; }
   int64_t steps() const { return steps_; }
   uint64_t digest() const { return digest_; }
   const MsCoverage& coverage() const { return coverage_; }
@@ -128,44 +143,40 @@ class MultiSeqDriver {
   // The op's batch as model tokens, each h chained over its sequence's history.
   model::MsBatch Tokens(const MsOp& op) const;
   model::ConvRow ConvInput(int64_t written_pos, uint64_t h) const;  // all layers side by side
-  Tensor ExpectedRow(const model::MsEntry& e, bool is_value) const;
 
   Check ApplyForward(const MsOp& op);
   Check ApplyReserve(const MsOp& op);
   Check ApplyCopyPrefix(const MsOp& op);
   Check ApplyRemove(const MsOp& op);
   Check ApplyCanResume(const MsOp& op);
+  // The forward after both StartForwards succeeded: placement, slots, SetCausal, Put, conv.
+  Check RunForward(const MsOp& op, const model::MsBatch& batch);
+  void CountForward(const MsOp& op);
   // Reads, checks and writes every conv layer of a started forward (the forward's graph).
   Check RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order,
                 const std::map<int32_t, std::optional<model::ConvRows>>& before);
   Status PutRows(const model::MsBatch& batch);
+  // Where StartForward placed the batch and the current range it derived.
+  Check CheckPlacement() const;
   Check CheckVisible(const model::MsBatch& batch, const std::vector<int64_t>& causal_off);
+  // One row of the view or of the cache against the model's content of cell `index`.
+  Check CheckRow(const std::string& where, int64_t index, const std::optional<model::MsRows>& want,
+                 const Tensor& k, const Tensor& v) const;
 
   // After every op (multi_seq_checks.cc).
   Check CheckState();
   Check CheckRetention() const;
   Check CheckCells() const;
-  Check CheckSlots() const;
+  Check CheckRanges() const;
+  Check CheckSlots(bool current = false) const;
   // mapped[slot]: the sequences production maps to it.
   Check CheckSlotCounts(const std::vector<std::vector<int32_t>>& mapped) const;
-  Check CheckSlotGroups(const std::vector<std::vector<int32_t>>& mapped) const;
+  // Production's slot per sequence, refcounts, free stack and (with `current`) the current
+  // forward's slots against the model's.
+  Check CheckSlotModel(bool current) const;
   Check CheckConv() const;
   Check CheckIdeal();
-  // One production cell as a checker reads it.
-  struct StoredRow {
-    int64_t cell = 0;
-    int64_t pos = 0;
-    Tensor k, v;
-  };
-  // A cell as (position, the determinate sequences holding it).
-  using CellKey = std::pair<int64_t, std::vector<int32_t>>;
-  std::map<CellKey, std::vector<StoredRow>> StoredCells() const;
-  std::map<CellKey, std::vector<model::MsEntry>> ExpectedCells() const;
-  // Pairs production rows with model entries of equal positions (the multisets of positions
-  // already agree) by bit equality; an entry without data (its forward never ran) takes
-  // any row.
-  Check MatchRows(const std::vector<StoredRow>& rows, std::vector<model::MsEntry> entries,
-                  const std::string& where) const;
+  Tensor ExpectedRow(const model::MsRows& rows, bool is_value) const;
   std::string DescribeConv(int32_t layer, const float* row) const;
 
   void Fold(uint64_t value);
@@ -179,6 +190,7 @@ class MultiSeqDriver {
   uint64_t digest_ = 0;
   MsCoverage coverage_;
   std::set<int32_t> ideal_diverged_;  // sequences currently off the ideal conv state
+  std::set<int32_t> half_edited_;     // refused Remove, not cleared since
   std::optional<MsDivergence> divergence_;
 };
 

@@ -1,7 +1,9 @@
 // MultiSeqDriver, the forward half: a forward (and a reserve pass) applied to both caches,
-// with the checks only a forward allows: its outcome, each conv layer's state as the forward
-// reads it and the state it writes back (the forward's own graph), and what every batch
-// token sees through Get().
+// with the checks only a forward allows: its outcome, where StartForward placed the batch,
+// the slots before and after the first ConvState (copy-on-write is lazy, §2.9.1), each conv
+// layer's state as the forward reads it and the state it writes back (the forward's own
+// graph), and what Get() shows: the current range, every row of the view in cell order, and
+// the cells each batch token sees.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -17,6 +19,15 @@ SeqId S(int32_t seq) { return SeqId{seq}; }
 
 Mismatch Outcome(const std::string& what, const Status& expected, const Status& actual) {
   return Mismatch{what + " outcome", expected.ToString(), actual.ToString()};
+}
+
+// "[3 (pos 2), 0 (pos 4)]": cell indices with the positions they hold.
+std::string CellList(const std::vector<int64_t>& cells, const std::vector<int64_t>& positions) {
+  std::vector<std::string> parts;
+  for (size_t k = 0; k < cells.size(); ++k) {
+    parts.push_back(fmt::format("{} (pos {})", cells[k], positions[k]));
+  }
+  return fmt::format("[{}]", fmt::join(parts, ", "));
 }
 
 }  // namespace
@@ -35,41 +46,109 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   }
   Fold(static_cast<uint64_t>(actual.code()));
   if (actual.code() != expected.code()) return Outcome("reserve StartForward", expected, actual);
-  if (actual.ok()) ++coverage_.reserves;
+  if (!actual.ok()) return std::nullopt;
+  ++coverage_.reserves;
+  // Locations 0..n-1, the whole cache as range, fake slots 0..num_seqs-1.
+  const auto n = static_cast<int64_t>(kv.size());
+  std::vector<int64_t> locations(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) locations[static_cast<size_t>(i)] = i;
+  if (cache_->kv().locations() != locations) {
+    return Mismatch{"cells of a reserve pass", fmt::format("{}", locations),
+                    fmt::format("{}", cache_->kv().locations())};
+  }
+  std::vector<int32_t> fake(BatchSequences(op.batch).size());
+  for (size_t i = 0; i < fake.size(); ++i) fake[i] = static_cast<int32_t>(i);
+  if (cache_->slots() != fake) {
+    return Mismatch{"slots of a reserve pass", fmt::format("{}", fake),
+                    fmt::format("{}", cache_->slots())};
+  }
+  const CausalCache::View view = cache_->Get();
+  if (view.range_begin != 0 || view.range_end != cache_->kv().num_cells()) {
+    return Mismatch{"current cell range of a reserve pass",
+                    fmt::format("[0, {})", cache_->kv().num_cells()),
+                    fmt::format("[{}, {})", view.range_begin, view.range_end)};
+  }
   return std::nullopt;
+}
+
+void MultiSeqDriver::CountForward(const MsOp& op) {
+  // Before the forward: what it writes over, whether its runs ascend, who joins.
+  bool rewrites = false, unordered = false, joins = false;
+  std::map<int32_t, int64_t> last;
+  for (const MsBatchToken& t : op.batch) {
+    const std::vector<int64_t> held = model_.kv().RetainedPositions(S(t.seq));
+    rewrites |= std::find(held.begin(), held.end(), t.pos) != held.end();
+    joins |= held.empty() && model_.kv().History(S(t.seq)).empty();
+    auto [it, fresh] = last.try_emplace(t.seq, t.pos);
+    if (!fresh) {
+      unordered |= t.pos < it->second;
+      it->second = t.pos;
+    }
+  }
+  coverage_.rewrites += rewrites;
+  coverage_.unordered_batches += unordered;
+  coverage_.joins += joins && last.size() > 1;
 }
 
 Check MultiSeqDriver::ApplyForward(const MsOp& op) {
   const model::MsBatch batch = Tokens(op);
-  const std::vector<int32_t> order = BatchSequences(op.batch);
-  std::map<int32_t, std::optional<model::ConvRows>> before;
-  for (int32_t seq : order)
-    before[seq] = model_.ExpectedConv(S(seq), model::ConvMode::kAsSpecified);
+  CountForward(op);
+  const int64_t used_before = model_.kv().UsedCells();
   std::vector<BatchToken> kv;
   for (const MsBatchToken& t : op.batch) kv.push_back({t.seq, t.pos});
-  Status actual = cache_->StartForward(kv);
-  // Copy-on-write runs at the first ConvState: its failure belongs to the forward's outcome.
-  std::vector<int32_t> slots_before = cache_->slots();
-  if (actual.ok() && config_.num_conv_layers > 0) {
-    if (Result<Tensor> first = cache_->ConvState(0); !first.ok()) actual = first.status();
-  }
-  const Status expected = model_.Forward(batch);
+  const Status actual = cache_->StartForward(kv);
+  const Status expected = model_.StartForward(batch);
   Fold(static_cast<uint64_t>(actual.code()));
-  if (actual.code() != expected.code()) return Outcome("forward", expected, actual);
-  if (expected.code() == StatusCode::kResourceExhausted) ++coverage_.cache_full;
+  if (actual.code() != expected.code()) return Outcome("StartForward", expected, actual);
+  if (expected.ok()) return RunForward(op, batch);
+  if (expected.code() == StatusCode::kResourceExhausted) {
+    ++coverage_.cache_full;
+    // Window maintenance ran before the cells ran out, and its pruning stays.
+    if (model_.kv().UsedCells() < used_before) ++coverage_.cache_full_pruned;
+  }
   if (expected.code() == StatusCode::kUnsupported) ++coverage_.unequal_batches;
-  if (!actual.ok()) return std::nullopt;
+  // The KV side may have committed before the hybrid refused: its placement is checkable.
+  if (model_.kv().InForward()) return CheckPlacement();
+  return std::nullopt;
+}
+
+Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
+  if (Check c = CheckPlacement()) return c;
+  // Copy-on-write belongs to the first ConvState: nothing may be unshared yet.
+  if (Check c = CheckSlots(/*current=*/true)) return c;
+  if (config_.num_conv_layers > 0) {
+    const std::vector<int32_t> before_cow = model_.CurrentSlots();
+    Status actual = Status::Ok();
+    if (Result<Tensor> first = cache_->ConvState(0); !first.ok()) actual = first.status();
+    const Status expected = model_.ConvState();
+    Fold(static_cast<uint64_t>(actual.code()));
+    if (actual.code() != expected.code()) return Outcome("first ConvState", expected, actual);
+    if (!expected.ok()) {
+      ++coverage_.cache_full;
+      return std::nullopt;
+    }
+    for (size_t i = 0; i < before_cow.size(); ++i) {
+      coverage_.cow_copies += model_.CurrentSlots()[i] != before_cow[i];
+    }
+    if (Check c = CheckSlots(/*current=*/true)) return c;
+  }
   ++coverage_.forwards;
-  const std::vector<int32_t> slots_after = cache_->slots();
-  for (size_t i = 0; i < slots_after.size(); ++i) {
-    if (slots_after[i] != slots_before[i]) ++coverage_.cow_copies;
+  const std::vector<int32_t> order = BatchSequences(op.batch);
+  std::map<int32_t, std::optional<model::ConvRows>> before;
+  for (int32_t seq : order) {
+    before[seq] = model_.ExpectedConv(S(seq), model::ConvMode::kAsSpecified);
   }
-  if (Status s = cache_->mutable_kv().SetCausal(op.causal_off); !s.ok()) {
-    return Outcome("SetCausal", Status::Ok(), s);
+  // SetCausal only when asked, so a StartForward that keeps the last list shows; on every
+  // fourth step an explicit empty list exercises the other path.
+  if (!op.causal_off.empty() || steps_ % 4 == 0) {
+    if (Status s = cache_->mutable_kv().SetCausal(op.causal_off); !s.ok()) {
+      return Outcome("SetCausal", Status::Ok(), s);
+    }
+    ++(op.causal_off.empty() ? coverage_.causal_reset_calls : coverage_.causal_off);
   }
-  if (!op.causal_off.empty()) ++coverage_.causal_off;
   if (Status s = PutRows(batch); !s.ok()) return Outcome("Put", Status::Ok(), s);
   if (Check c = RunConv(batch, order, before)) return c;
+  model_.FinishForward();
   return CheckVisible(batch, op.causal_off);
 }
 
@@ -125,42 +204,58 @@ Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int
   return std::nullopt;
 }
 
+Check MultiSeqDriver::CheckPlacement() const {
+  const std::vector<int64_t>& want = model_.kv().Locations();
+  const std::vector<int64_t>& got = cache_->kv().locations();
+  if (want != got) {
+    return Mismatch{"cells the batch was placed in (token i -> the i-th free cell)",
+                    fmt::format("{}", want), fmt::format("{}", got)};
+  }
+  return std::nullopt;
+}
+
 Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
                                    const std::vector<int64_t>& causal_off) {
   const CausalCache::View view = cache_->Get();
-  const std::vector<CausalCache::Cell>& cells = cache_->kv().cells();
+  const model::MsSpan range = model_.kv().CurrentRange();
+  Fold(static_cast<uint64_t>(view.range_begin));
+  Fold(static_cast<uint64_t>(view.range_end));
+  const int64_t len = range.second - range.first;
+  if (view.range_begin != range.first || view.range_end != range.second || view.k.rows() != len ||
+      view.v.rows() != len) {
+    return Mismatch{
+        "current cell range of the forward (Get)",
+        fmt::format("[{}, {})", range.first, range.second),
+        fmt::format("[{}, {}) with {} K rows", view.range_begin, view.range_end, view.k.rows())};
+  }
+  // The view is the range in cell order: row j is cell begin + j, free cells included.
+  const std::vector<model::MsCell> cells = model_.kv().Cells();
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t index = range.first + j;
+    if (Check c =
+            CheckRow(fmt::format("view row {}:", j), index, cells[static_cast<size_t>(index)].rows,
+                     view.k.Rows(j, 1), view.v.Rows(j, 1))) {
+      return c;
+    }
+  }
   for (size_t i = 0; i < batch.size(); ++i) {
     const bool off = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) !=
                      causal_off.end();
-    const int32_t seq = Raw(batch[i].seq);
-    std::vector<StoredRow> rows;
-    std::vector<int64_t> positions;
+    std::vector<int64_t> got, got_pos, want, want_pos;
     for (size_t j = 0; j < view.visible[i].size(); ++j) {
       if (!view.visible[i][j]) continue;
-      const int64_t cell = view.range_begin + static_cast<int64_t>(j);
-      if (!cells[static_cast<size_t>(cell)].seqs.contains(seq)) {
-        return Mismatch{
-            fmt::format("batch token {} (s{} pos {}) sees cell {}", i, seq, batch[i].pos, cell),
-            fmt::format("a cell of s{}", seq),
-            fmt::format("cell of {}", cells[static_cast<size_t>(cell)].seqs)};
-      }
-      const auto r = static_cast<int64_t>(j);
-      rows.push_back(
-          {cell, cells[static_cast<size_t>(cell)].pos, view.k.Rows(r, 1), view.v.Rows(r, 1)});
-      positions.push_back(rows.back().pos);
-      Fold(static_cast<uint64_t>(positions.back()));
+      got.push_back(range.first + static_cast<int64_t>(j));
+      got_pos.push_back(cache_->kv().cells()[static_cast<size_t>(got.back())].pos);
+      Fold(static_cast<uint64_t>(got.back()));
     }
-    std::vector<int64_t> expected = model_.kv().VisiblePositions(batch, i, off);
-    std::sort(positions.begin(), positions.end());
-    if (positions != expected) {
-      return Mismatch{fmt::format("positions visible to batch token {} (s{} pos {}{})", i, seq,
-                                  batch[i].pos, off ? ", causal off" : ""),
-                      fmt::format("{}", expected), fmt::format("{}", positions)};
+    for (const model::MsEntry& e : model_.kv().Visible(batch, i, off)) {
+      want.push_back(e.index);
+      want_pos.push_back(e.pos);
     }
-    const std::string where =
-        fmt::format("visible to batch token {} (s{} pos {}):", i, seq, batch[i].pos);
-    if (Check c = MatchRows(rows, model_.kv().Visible(batch, i, off), where)) {
-      return c;
+    if (got != want) {
+      return Mismatch{fmt::format("cells visible to batch token {} (s{} pos {}{}), in cell order",
+                                  i, Raw(batch[i].seq), batch[i].pos, off ? ", causal off" : ""),
+                      CellList(want, want_pos), CellList(got, got_pos)};
     }
   }
   return std::nullopt;

@@ -1,6 +1,7 @@
 #include "sim/multi_seq_generator.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace kvtwin::sim {
 namespace {
@@ -56,33 +57,70 @@ std::vector<int32_t> MultiSeqGenerator::FreeIds(const MultiSeqDriver& driver) co
 }
 
 MsOp MultiSeqGenerator::Next(const MultiSeqDriver& driver) {
-  // The original runner drops a sequence whose Remove was refused half-way.
-  for (int32_t s = 0; s < driver.config().max_seqs; ++s) {
-    if (!driver.Determinate(s)) return MsOp::Remove(s, 0, kvtwin::kUnbounded);
-  }
   const std::vector<SeqState> active = Active(driver);
   const std::vector<int32_t> free = FreeIds(driver);
-  if (active.empty()) return Prompt(driver, free.empty() ? 0 : PickOf(free));
+  std::optional<MsOp> after = AfterRefusal(driver, active);
+  if (after) {
+    last_ = *after;
+  } else if (active.empty()) {
+    last_ = Prompt(driver, free.empty() ? 0 : PickOf(free));
+  } else {
+    last_ = Choose(driver, active, free);
+  }
+  return last_;
+}
+
+std::optional<MsOp> MultiSeqGenerator::AfterRefusal(const MultiSeqDriver& driver,
+                                                    const std::vector<SeqState>& active) {
+  const int64_t refused = driver.coverage().removes_refused_shared;
+  const bool just = refused > refused_seen_ && last_.kind == MsOpKind::kRemove;
+  refused_seen_ = refused;
+  if (!just) return std::nullopt;
+  const int32_t seq = last_.seq;
+  const auto it =
+      std::find_if(active.begin(), active.end(), [seq](const SeqState& s) { return s.seq == seq; });
+  // The original runner drops the half-edited sequence at once; otherwise a later op meets
+  // the half-edited cells (moved without a key shift, the range left stale).
+  if (it == active.end() || rng_.Chance(1, 2)) return MsOp::Remove(seq, 0, kvtwin::kUnbounded);
+  if (rng_.Chance(1, 2)) return Probe(driver, *it);
+  std::vector<MsBatchToken> batch = {{seq, it->next, Token()}};
+  return MsOp::Forward(std::move(batch), CausalOff(1));
+}
+
+MsOp MultiSeqGenerator::Choose(const MultiSeqDriver& driver, const std::vector<SeqState>& active,
+                               const std::vector<int32_t>& free) {
+  if (burst_) {
+    const int32_t seq = burst_->seq;
+    const auto it = std::find_if(active.begin(), active.end(),
+                                 [seq](const SeqState& s) { return s.seq == seq; });
+    if (--burst_->left <= 0 || it == active.end()) burst_.reset();
+    if (it != active.end()) {
+      if (std::optional<MsOp> op = Rewrite(driver, *it)) return *op;
+    }
+  }
   // Near a full cache, prune more often so runs keep moving.
   const model::MultiSeqConfig& m = driver.model().kv().config();
-  const int64_t used = driver.model().kv().UsedCells().value_or(0);
+  const int64_t used = driver.model().kv().UsedCells();
   if (used + driver.config().max_batch > m.cells && rng_.Chance(1, 2)) {
-    return Prune(driver, PickOf(active));
+    return Prune(PickOf(active));
   }
   const uint64_t roll = rng_.Below(100);
-  if (roll < 38) return Step(driver, active, 1);
-  if (roll < 46) return Step(driver, active, rng_.Chance(1, 2) ? 2 : 4);
-  if (roll < 57) return Fork(driver, active);
-  if (roll < 64) return Prune(driver, PickOf(active));
-  if (roll < 70) {
+  if (roll < 34) return Step(driver, active, 1);
+  if (roll < 42) return Step(driver, active, rng_.Chance(1, 2) ? 2 : 4);
+  if (roll < 46) {
     const SeqState& s = PickOf(active);
-    const int64_t begin = rng_.Range(0, std::max<int64_t>(0, s.next - 1));
-    return MsOp::Remove(s.seq, begin, rng_.Range(begin + 1, s.next + 1));
+    // A burst: the same sequence rewritten over and over, until its duplicates fill the cells.
+    if (rng_.Chance(1, 2)) burst_ = Burst{s.seq, rng_.Range(3, 16)};
+    if (std::optional<MsOp> op = Rewrite(driver, s)) return *op;
+    return Step(driver, active, 1);
   }
-  if (roll < 73) return MsOp::Remove(PickOf(active).seq, 0, kvtwin::kUnbounded);
-  if (roll < 85) return Probe(driver, PickOf(active));
-  if (roll < 88) return Reserve(driver, active);
-  if (roll < 93 && !free.empty()) return Prompt(driver, PickOf(free));
+  if (roll < 56) return Fork(driver, active);
+  if (roll < 62) return Prune(PickOf(active));
+  if (roll < 69) return Cut(PickOf(active));
+  if (roll < 72) return MsOp::Remove(PickOf(active).seq, 0, kvtwin::kUnbounded);
+  if (roll < 83) return Probe(driver, PickOf(active));
+  if (roll < 86) return Reserve(driver, active);
+  if (roll < 92 && !free.empty()) return Prompt(driver, PickOf(free));
   return Step(driver, active, -1);  // unequal counts: the hybrid must refuse
 }
 
@@ -90,6 +128,7 @@ MsOp MultiSeqGenerator::Prompt(const MultiSeqDriver& driver, int32_t seq) {
   const int64_t len = rng_.Range(1, std::min<int64_t>(driver.config().max_batch, 6));
   std::vector<MsBatchToken> batch;
   for (int64_t p = 0; p < len; ++p) batch.push_back({seq, p, Token()});
+  Scramble(driver, batch);
   return MsOp::Forward(std::move(batch), CausalOff(static_cast<size_t>(len)));
 }
 
@@ -111,9 +150,55 @@ MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<Seq
     if (s.next + n - 1 > kMaxPosition) continue;
     for (int64_t p = s.next; p < s.next + n; ++p) batch.push_back({s.seq, p, Token()});
   }
+  // A new sequence joins the running beams with a prompt chunk of the same length.
+  const std::vector<int32_t> free = FreeIds(driver);
+  if (!unequal && !free.empty() && rng_.Chance(1, 5)) {
+    if (static_cast<int64_t>(batch.size()) + per_seq > max_batch) {
+      batch.resize(batch.size() - static_cast<size_t>(std::min<int64_t>(
+                                      per_seq, static_cast<int64_t>(batch.size()))));
+    }
+    const int32_t seq = PickOf(free);
+    for (int64_t p = 0; p < per_seq; ++p) batch.push_back({seq, p, Token()});
+  }
   if (batch.empty()) return MsOp::Remove(active[start].seq, 0, kvtwin::kUnbounded);
+  if (!unequal) Scramble(driver, batch);
   const size_t size = batch.size();
   return MsOp::Forward(std::move(batch), CausalOff(size));
+}
+
+std::optional<MsOp> MultiSeqGenerator::Rewrite(const MultiSeqDriver& driver, const SeqState& s) {
+  const int64_t most = std::min(s.next, driver.config().max_batch);
+  if (most < 1) return std::nullopt;
+  int64_t k = rng_.Range(1, most);
+  if (driver.config().num_conv_layers > 0) {
+    // Rewritten inputs shift in on top of the old state: only k >= d_conv replaces it all.
+    if (driver.config().d_conv > most) return std::nullopt;
+    k = std::max(k, driver.config().d_conv);
+  }
+  std::vector<MsBatchToken> batch;
+  for (int64_t p = s.next - k; p < s.next; ++p) batch.push_back({s.seq, p, Token()});
+  Scramble(driver, batch);
+  return MsOp::Forward(std::move(batch), CausalOff(static_cast<size_t>(k)));
+}
+
+void MultiSeqGenerator::Scramble(const MultiSeqDriver& driver, std::vector<MsBatchToken>& batch) {
+  // With conv layers the state takes the tokens in batch order, so order matters to it.
+  if (driver.config().num_conv_layers > 0 || batch.size() < 2 || !rng_.Chance(1, 4)) return;
+  const int32_t seq = batch[static_cast<size_t>(rng_.Below(batch.size()))].seq;
+  size_t first = 0;
+  while (batch[first].seq != seq) ++first;
+  size_t last = first;
+  while (last < batch.size() && batch[last].seq == seq) ++last;
+  if (last - first < 2) return;
+  // Positions move, tokens stay in place: the run's set of positions is unchanged.
+  std::vector<int64_t> positions;
+  for (size_t k = first; k < last; ++k) positions.push_back(batch[k].pos);
+  if (rng_.Chance(1, 2)) {
+    std::reverse(positions.begin(), positions.end());
+  } else {
+    std::rotate(positions.begin(), positions.begin() + 1, positions.end());
+  }
+  for (size_t k = first; k < last; ++k) batch[k].pos = positions[k - first];
 }
 
 MsOp MultiSeqGenerator::Fork(const MultiSeqDriver& driver, const std::vector<SeqState>& active) {
@@ -132,13 +217,36 @@ MsOp MultiSeqGenerator::Fork(const MultiSeqDriver& driver, const std::vector<Seq
   return MsOp::CopyPrefix(src.seq, dst, len);
 }
 
-MsOp MultiSeqGenerator::Prune(const MultiSeqDriver& driver, const SeqState& s) {
-  (void)driver;
-  // Beam pruning drops the last few tokens; sometimes the whole sequence.
+MsOp MultiSeqGenerator::Prune(const SeqState& s) {
+  // Beam pruning drops the last few tokens; sometimes the whole sequence, sometimes nothing
+  // (a begin past the end).
   if (rng_.Chance(1, 4)) return MsOp::Remove(s.seq, 0, kvtwin::kUnbounded);
+  if (rng_.Chance(1, 10)) return MsOp::Remove(s.seq, s.next + rng_.Range(0, 1), kvtwin::kUnbounded);
   const int64_t begin =
       rng_.Range(std::max<int64_t>(0, s.next - 3), std::max<int64_t>(0, s.next - 1));
   return MsOp::Remove(s.seq, begin, kvtwin::kUnbounded);
+}
+
+MsOp MultiSeqGenerator::Cut(const SeqState& s) {
+  // A finite range: a gap closed by a shift, and the shapes at its edges.
+  switch (rng_.Below(6)) {
+    case 0: {  // begin == end: removes nothing, still shifts (by 0) what follows
+      const int64_t at = rng_.Range(0, s.next);
+      return MsOp::Remove(s.seq, at, at);
+    }
+    case 1: {  // past the last position: a tail remove with a shift of nothing
+      const int64_t begin = rng_.Range(0, std::max<int64_t>(0, s.next - 1));
+      return MsOp::Remove(s.seq, begin, s.next + rng_.Range(1, 3));
+    }
+    case 2: {  // entirely after the end
+      const int64_t begin = s.next + rng_.Range(0, 2);
+      return MsOp::Remove(s.seq, begin, begin + rng_.Range(0, 3));
+    }
+    default: {
+      const int64_t begin = rng_.Range(0, std::max<int64_t>(0, s.next - 1));
+      return MsOp::Remove(s.seq, begin, rng_.Range(begin + 1, s.next + 1));
+    }
+  }
 }
 
 MsOp MultiSeqGenerator::Probe(const MultiSeqDriver& driver, const SeqState& s) {

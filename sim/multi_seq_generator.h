@@ -3,16 +3,23 @@
 // parallel sampling). A prompt is prefilled on one sequence and copied to others
 // (sometimes only a prefix of it, which the original hybrid gets wrong on purpose), the
 // active sequences decode in lock step (equal tokens per sequence, the hybrid's rule, with
-// the occasional unequal batch it must refuse), prefill chunks, SetCausal indices and
-// reserve passes mixed in; beams are pruned (tail removes), cut in the middle (a RoPE shift,
-// refused when the shifted cells are shared), dropped whole and re-forked into the freed
-// ids; CanResume is probed at the boundaries (first held, last + 1, pos − w). The generator
-// reads the driver's reference state and never proposes an op Valid() rejects; after a
-// refused Remove left a sequence indeterminate it clears it first, as the original runner
-// did. DrawMultiSeqConfig picks a cache shape per seed (swarm style). Single-threaded.
+// the occasional unequal batch it must refuse), new sequences join running batches, prefill
+// chunks, SetCausal indices and reserve passes mixed in; beams are pruned (tail removes), cut
+// in the middle (a RoPE shift, refused when the shifted cells are shared), dropped whole and
+// re-forked into the freed ids; CanResume is probed at the boundaries (first held, last + 1,
+// pos − w). Shapes a plain decoder never makes, because the spec gives them meaning: bursts
+// of rewrites of a sequence's last positions without a Remove (which fill a cache with
+// finite memory until StartForward reports it full after pruning), runs whose positions
+// descend within a batch (only without conv layers, whose state would take them in batch
+// order), Removes with begin == end or reaching past the last position, and, after a Remove
+// refused half-way on a shared cell, sometimes a forward or probe on the half-edited
+// sequence instead of the original runner's clearing Remove. The generator reads the
+// driver's reference state and never proposes an op Valid() rejects. DrawMultiSeqConfig
+// picks a cache shape per seed (swarm style). Single-threaded.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "sim/multi_seq_driver.h"
@@ -45,10 +52,21 @@ class MultiSeqGenerator {
 
   MsOp Prompt(const MultiSeqDriver& driver, int32_t seq);
   MsOp Step(const MultiSeqDriver& driver, const std::vector<SeqState>& active, int64_t per_seq);
+  // Re-forwards the last k positions of `s` without a Remove; nullopt when the shape cannot
+  // keep the conv state equal to the ideal one (k >= d_conv is needed with conv layers).
+  std::optional<MsOp> Rewrite(const MultiSeqDriver& driver, const SeqState& s);
   MsOp Fork(const MultiSeqDriver& driver, const std::vector<SeqState>& active);
-  MsOp Prune(const MultiSeqDriver& driver, const SeqState& s);
+  MsOp Prune(const SeqState& s);
+  MsOp Cut(const SeqState& s);
   MsOp Probe(const MultiSeqDriver& driver, const SeqState& s);
   MsOp Reserve(const MultiSeqDriver& driver, const std::vector<SeqState>& active);
+  // The op after a Remove refused half-way, if the last op was one.
+  std::optional<MsOp> AfterRefusal(const MultiSeqDriver& driver,
+                                   const std::vector<SeqState>& active);
+  MsOp Choose(const MultiSeqDriver& driver, const std::vector<SeqState>& active,
+              const std::vector<int32_t>& free);
+  // Sometimes reverses or rotates one sequence's run (no conv layers only).
+  void Scramble(const MultiSeqDriver& driver, std::vector<MsBatchToken>& batch);
   // A few batch indices for SetCausal, usually none.
   std::vector<int64_t> CausalOff(size_t batch_size);
   int32_t Token() { return static_cast<int32_t>(rng_.Below(1u << 20)); }
@@ -57,7 +75,14 @@ class MultiSeqGenerator {
     return v[static_cast<size_t>(rng_.Below(v.size()))];
   }
 
+  struct Burst {
+    int32_t seq = 0;
+    int64_t left = 0;
+  };
   Rng rng_;
+  std::optional<Burst> burst_;  // rewrites still to come
+  MsOp last_;                   // the op Next returned last
+  int64_t refused_seen_ = 0;    // the driver's refused-shared count at the last Next
 };
 
 }  // namespace kvtwin::sim

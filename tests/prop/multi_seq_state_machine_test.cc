@@ -6,18 +6,20 @@
 // steers generation and preconditions (ValidMsOp, the same rule the driver applies). The
 // system under test is a MultiSeqDriver, which applies each MsOp to the production
 // HybridCache and to its own reference and checks outcomes, visibility, cell contents,
-// conv states and slot accounting after every op. Commands: forwards of equal per-sequence
-// length over a window of sequence ids (new ids start at position 0; some SetCausal
+// conv states, cell placement and slot accounting after every op. Commands: forwards of
+// equal per-sequence length over a window of sequence ids (new ids start at position 0;
+// some rewrite their last positions, some list a run's positions descending; some SetCausal
 // indices), CopyPrefix with full and partial lengths (onto itself too), tail / middle /
-// whole Removes, CanResume probes; a sequence left indeterminate by a refused Remove is
-// cleared first, as the original runner did. 300 pinned cases (an RC_PARAMS from the caller
-// wins); a failure prints the cache shape and the shrunk op list, and a KV_CHECK abort the
-// unshrunk one (prop/abort_log.h).
+// whole / empty Removes, CanResume probes. A sequence a refused Remove left half-edited is
+// not cleared: the reference predicts that state, so later commands may use it. 300 pinned
+// cases (an RC_PARAMS from the caller wins); a failure prints the cache shape and the shrunk
+// op list, and a KV_CHECK abort the unshrunk one (prop/abort_log.h).
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 #include <rapidcheck/state.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ostream>
 #include <string>
@@ -52,12 +54,6 @@ struct MsModel {
     const std::vector<model::MsEntry> h = ref.kv().History(SeqId{seq});
     return h.empty() ? 0 : h.back().pos + 1;
   }
-  std::optional<int32_t> Indeterminate() const {
-    for (int32_t s = 0; s < config.max_seqs; ++s) {
-      if (!ref.kv().Determinate(SeqId{s})) return s;
-    }
-    return std::nullopt;
-  }
 };
 
 int32_t GenSeq(const MsModel& m) { return *rc::gen::inRange<int32_t>(0, m.config.max_seqs); }
@@ -67,11 +63,15 @@ MsOp GenForward(const MsModel& m) {
   const auto k =
       *rc::gen::inRange<int64_t>(1, std::min<int64_t>(m.config.max_seqs, m.config.max_batch) + 1);
   const int64_t per_seq = *rc::gen::inRange<int64_t>(1, m.config.max_batch / k + 1);
+  // Sometimes the run starts before the sequence's end: a rewrite without a Remove.
+  const int64_t back = *rc::gen::weightedElement<int64_t>({{4, 0}, {1, per_seq}});
+  const bool descending = *rc::gen::weightedElement<bool>({{4, false}, {1, true}});
   std::vector<MsBatchToken> batch;
   for (int64_t j = 0; j < k; ++j) {
     const auto seq = static_cast<int32_t>((start + j) % m.config.max_seqs);
-    const int64_t next = m.Next(seq);
-    for (int64_t p = next; p < next + per_seq; ++p) {
+    const int64_t first = std::max<int64_t>(0, m.Next(seq) - back);
+    for (int64_t i = 0; i < per_seq; ++i) {
+      const int64_t p = descending ? first + per_seq - 1 - i : first + i;
       batch.push_back({seq, p, *rc::gen::inRange<int32_t>(0, 1000)});
     }
   }
@@ -86,20 +86,19 @@ MsOp GenRemove(const MsModel& m) {
   const int32_t seq = GenSeq(m);
   const int64_t next = m.Next(seq);
   const int64_t begin = *rc::gen::inRange<int64_t>(0, next + 1);
-  switch (*rc::gen::inRange(0, 3)) {
+  switch (*rc::gen::inRange(0, 4)) {
     case 0:
       return MsOp::Remove(seq, begin, kvtwin::kUnbounded);
     case 1:
       return MsOp::Remove(seq, begin, *rc::gen::inRange<int64_t>(begin, next + 2));
+    case 2:
+      return MsOp::Remove(seq, begin, begin);  // removes nothing, shifts by 0
     default:
       return MsOp::Remove(seq, 0, kvtwin::kUnbounded);
   }
 }
 
 MsOp GenOp(const MsModel& m) {
-  if (std::optional<int32_t> s = m.Indeterminate()) {
-    return MsOp::Remove(*s, 0, kvtwin::kUnbounded);
-  }
   switch (*rc::gen::weightedElement<int>({{6, 0}, {2, 1}, {2, 2}, {1, 3}})) {
     case 0:
       return GenForward(m);
@@ -127,7 +126,7 @@ void ApplyToModel(MsModel& m, const MsOp& op) {
       for (const MsBatchToken& t : op.batch) {
         batch.push_back({SeqId{t.seq}, t.pos, model::Token{t.token, 0}});
       }
-      (void)m.ref.Forward(batch);
+      (void)m.ref.Forward(batch, /*reads_conv=*/m.config.num_conv_layers > 0);
       return;
     }
     case MsOpKind::kCopyPrefix:

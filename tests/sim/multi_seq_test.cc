@@ -3,15 +3,21 @@
 // reports wrong state when there is some.
 // Method: seeded runs (RunMultiSeq) twice per seed for the digest; 200 pinned seeds with a
 // floor on every coverage counter; then hand-built runs in which the test plants wrong state
-// through the production cache's public API (a corrupted K row of a visible cell, a mapped
-// conv slot pushed back on the free list, a slot taken from the allocator and never mapped)
-// and asserts the next check names it; and a CopyPrefix(len < source) / tail Remove
-// workload under ConvExpectation::kIdeal, which must report the documented weakness of the
-// original LFM2 cache while kAsSpecified only counts it.
+// through the production cache's public API and asserts the next check names it: a
+// corrupted K row of a visible cell, a mapped conv slot pushed back on the free list, a slot
+// taken from the allocator and never mapped, tokens held in other cells than first-fit gives
+// (and the next forward placed there), a free stack in queue order, a copy-on-write run
+// without a ConvState, a cell range recomputed where a refused Remove leaves it stale (and
+// the current range a forward builds from it), a freed cell that lost its rows; a
+// half-edited sequence that goes on in lock step; and a CopyPrefix(len < source) / tail
+// Remove workload under ConvExpectation::kIdeal, which must report the documented weakness
+// of the original LFM2 cache while kAsSpecified only counts it.
 #include <gtest/gtest.h>
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "sim/multi_seq_driver.h"
 #include "sim/multi_seq_run.h"
@@ -75,23 +81,7 @@ TEST(MultiSeqRun, TwoHundredSeedsPassAndCoverEveryMechanism) {
     ASSERT_FALSE(r.divergence.has_value()) << "seed " << seed << " " << r.config << "\n"
                                            << r.divergence->ToString() << "\n"
                                            << r.reproduce;
-    const MsCoverage& c = r.coverage;
-    total.forwards += c.forwards;
-    total.reserves += c.reserves;
-    total.cache_full += c.cache_full;
-    total.unequal_batches += c.unequal_batches;
-    total.causal_off += c.causal_off;
-    total.copy_prefix += c.copy_prefix;
-    total.copy_prefix_partial += c.copy_prefix_partial;
-    total.removes_tail += c.removes_tail;
-    total.removes_whole += c.removes_whole;
-    total.removes_middle_shift += c.removes_middle_shift;
-    total.removes_refused_shared += c.removes_refused_shared;
-    total.removes_refused_no_shift += c.removes_refused_no_shift;
-    total.cow_copies += c.cow_copies;
-    total.can_resume_true += c.can_resume_true;
-    total.can_resume_false += c.can_resume_false;
-    total.ideal_divergences += c.ideal_divergences;
+    total += r.coverage;
   }
   // Floors well below what the pinned seeds reach, so a generator change that starves a
   // mechanism fails here.
@@ -112,8 +102,17 @@ TEST(MultiSeqRun, TwoHundredSeedsPassAndCoverEveryMechanism) {
       {"can_resume_true", total.can_resume_true},
       {"can_resume_false", total.can_resume_false},
       {"ideal_divergences", total.ideal_divergences},
+      {"rewrites", total.rewrites},
+
+      {"unordered_batches", total.unordered_batches},
+      {"joins", total.joins},
+      {"removes_degenerate", total.removes_degenerate},
+      {"half_edited_ops", total.half_edited_ops},
+      {"causal_reset_calls", total.causal_reset_calls},
   };
   for (const auto& [name, value] : counters) EXPECT_GE(value, 100) << name;
+  // Rarer by nature: a rewrite whose own pruning still leaves too few cells.
+  EXPECT_GE(total.cache_full_pruned, 40);
   RecordProperty("coverage", total.ToString());
 }
 
@@ -126,9 +125,7 @@ TEST(MultiSeqDriver, ReportsACorruptedKeyRowOfAVisibleCell) {
   driver.mutable_cache().mutable_kv().mutable_k().CopyRows(1, wrong, 0, 1);
   const std::optional<MsDivergence> d = driver.Apply(MsOp::Forward(Tokens(0, 4, 1, 20)));
   ASSERT_TRUE(d.has_value());
-  EXPECT_NE(d->mismatch.what.find("visible to batch token 0 (s0 pos 4): cell 1 (position 1) K row"),
-            std::string::npos)
-      << d->ToString();
+  EXPECT_EQ(d->mismatch.what, "view row 1: cell 1 K row") << d->ToString();
   EXPECT_NE(d->mismatch.actual.find("pos 1 h=0x003039"), std::string::npos) << d->ToString();
 }
 
@@ -160,8 +157,137 @@ TEST(MultiSeqDriver, ReportsAKeyRowThatMissedItsShift) {
   ShiftPositionTag(driver.mutable_cache().mutable_kv().mutable_k(), 3, +1);
   const std::optional<MsDivergence> d = driver.CheckNow();
   ASSERT_TRUE(d.has_value());
-  EXPECT_EQ(d->mismatch.what, "stored cell of [0] at position 2: cell 3 (position 2) K row");
+  EXPECT_EQ(d->mismatch.what, "stored cell 3 K row");
   EXPECT_NE(d->mismatch.expected.find("(written at 3, shifted)"), std::string::npos);
+}
+
+// Production-only KV edits that leave the metadata as it was but s0's four tokens (correct
+// rows) in cells 1..4 instead of 0..3, cell 0 free: the placement first-fit rules out.
+void RelocateS0(MultiSeqDriver& driver) {
+  CausalCache& kv = driver.mutable_cache().mutable_kv();
+  ASSERT_TRUE(kv.Remove(0, 0, kvtwin::kUnbounded).ok());
+  const std::vector<BatchToken> dummy = {{3, 0}};
+  ASSERT_TRUE(kv.StartForward(dummy).ok());  // takes cell 0, never written
+  std::vector<BatchToken> tokens;
+  const std::vector<model::MsEntry> history = driver.model().kv().History(SeqId{0});
+  const SyntheticForward synth(kValueSeed);
+  Tensor k(DType::kFloat32, 4, 8), v(DType::kFloat32, 4, 8);
+  for (int64_t i = 0; i < 4; ++i) {
+    const model::MsEntry& e = history[static_cast<size_t>(i)];
+    tokens.push_back({0, e.pos});
+    synth.FillKvRow(k, i, 0, e.pos, e.token.h, false);
+    synth.FillKvRow(v, i, 0, e.pos, e.token.h, true);
+  }
+  ASSERT_TRUE(kv.StartForward(tokens).ok());
+  ASSERT_EQ(kv.locations(), (std::vector<int64_t>{1, 2, 3, 4}));
+  ASSERT_TRUE(kv.Put(k, v).ok());
+  ASSERT_TRUE(kv.Remove(3, 0, kvtwin::kUnbounded).ok());
+}
+
+TEST(MultiSeqDriver, ReportsTokensHeldInOtherCellsThanFirstFitGives) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 4, 10)));
+  RelocateS0(driver);
+  const std::optional<MsDivergence> d = driver.CheckNow();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->mismatch.what, "cell 0: position and sequences") << d->ToString();
+  EXPECT_EQ(d->mismatch.expected, "pos 0 of sequences [0]");
+  EXPECT_EQ(d->mismatch.actual, "free");
+}
+
+TEST(MultiSeqDriver, ReportsABatchPlacedInOtherCellsThanFirstFitGives) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 4, 10)));
+  RelocateS0(driver);
+  const std::optional<MsDivergence> d = driver.Apply(MsOp::Forward(Tokens(0, 4, 1, 20)));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->mismatch.what, "cells the batch was placed in (token i -> the i-th free cell)");
+  EXPECT_EQ(d->mismatch.expected, "[4]");
+  EXPECT_EQ(d->mismatch.actual, "[0]");
+}
+
+TEST(MultiSeqDriver, ReportsAFreeStackInQueueOrder) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 2, 10)));  // slot 0; stack [3, 2, 1]
+  HybridCache& cache = driver.mutable_cache();
+  const int32_t a = *cache.AllocSlot(), b = *cache.AllocSlot();
+  cache.FreeSlot(a);  // pushed back in the order taken: a queue, not a stack
+  cache.FreeSlot(b);
+  const std::optional<MsDivergence> d = driver.CheckNow();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->mismatch.what, "free slot stack, bottom to top (LIFO: the top is handed out next)");
+  EXPECT_EQ(d->mismatch.expected, "[3, 2, 1]");
+  EXPECT_EQ(d->mismatch.actual, "[3, 1, 2]");
+}
+
+TEST(MultiSeqDriver, ReportsACopyOnWriteThatRanWithoutAConvState) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 2, 10)));
+  ApplyOk(driver, MsOp::CopyPrefix(0, 1, 2));  // s1 shares slot 0
+  // Production alone starts a forward of s1 and reads its conv state, then drops the KV cell.
+  HybridCache& cache = driver.mutable_cache();
+  const std::vector<BatchToken> batch = {{1, 2}};
+  ASSERT_TRUE(cache.StartForward(batch).ok());
+  ASSERT_TRUE(cache.ConvState(0).ok());
+  ASSERT_TRUE(cache.mutable_kv().Remove(1, 2, kvtwin::kUnbounded).ok());
+  const std::optional<MsDivergence> d = driver.CheckNow();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->mismatch.what, "slot of s1") << d->ToString();
+  EXPECT_EQ(d->mismatch.expected, "0");
+  EXPECT_EQ(d->mismatch.actual, "1");
+}
+
+// s0 holds cells 0, 1; s1 shares them; Remove(s1, 0, 1) drops cell 0 from s1 and is refused
+// at cell 1: s1's range stays [0, 1] (stale).
+void RefuseHalfWay(MultiSeqDriver& driver) {
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 2, 10)));
+  ApplyOk(driver, MsOp::CopyPrefix(0, 1, 2));
+  ApplyOk(driver, MsOp::Remove(1, 0, 1));
+  ASSERT_EQ(driver.coverage().removes_refused_shared, 1);
+}
+
+TEST(MultiSeqDriver, ReportsARangeRecomputedWhereARefusedRemoveLeavesItStale) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  RefuseHalfWay(driver);
+  // Production alone removes nothing from s1, which recomputes its range.
+  ASSERT_TRUE(driver.mutable_cache().mutable_kv().Remove(1, 9, kvtwin::kUnbounded).ok());
+  const std::optional<MsDivergence> d = driver.CheckNow();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->mismatch.what, "cell range [first, last] of s1") << d->ToString();
+  EXPECT_EQ(d->mismatch.expected, "[0, 1]");
+  EXPECT_EQ(d->mismatch.actual, "[1, 1]");
+}
+
+TEST(MultiSeqDriver, ReportsAGetRangeBuiltFromARecomputedRange) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  RefuseHalfWay(driver);
+  ASSERT_TRUE(driver.mutable_cache().mutable_kv().Remove(1, 9, kvtwin::kUnbounded).ok());
+  const std::optional<MsDivergence> d = driver.Apply(MsOp::Forward(Tokens(1, 2, 1, 20)));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->mismatch.what, "current cell range of the forward (Get)") << d->ToString();
+  EXPECT_EQ(d->mismatch.expected, "[0, 3)");
+  EXPECT_EQ(d->mismatch.actual, "[1, 3) with 2 K rows");
+}
+
+TEST(MultiSeqDriver, AHalfEditedSequenceGoesOnInLockStep) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  RefuseHalfWay(driver);
+  ApplyOk(driver, MsOp::CanResume(1, 2));
+  ApplyOk(driver, MsOp::Forward(Tokens(1, 2, 1, 20)));
+  ApplyOk(driver, MsOp::Remove(1, 1, 2));  // s1's cells are its own now: the shift goes through
+  ApplyOk(driver, MsOp::Forward({{0, 2, 30}, {1, 2, 31}}));
+  EXPECT_EQ(driver.coverage().half_edited_ops, 4);
+}
+
+TEST(MultiSeqDriver, ReportsAFreedCellThatLostItsRows) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 4, 10)));
+  ApplyOk(driver, MsOp::Remove(0, 2, kvtwin::kUnbounded));  // cells 2, 3 free, rows kept
+  const Tensor zero(DType::kFloat32, 1, 8);
+  driver.mutable_cache().mutable_kv().mutable_k().CopyRows(2, zero, 0, 1);
+  const std::optional<MsDivergence> d = driver.CheckNow();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->mismatch.what, "stored cell 2 K row") << d->ToString();
 }
 
 // A prompt on s0, one decode step, then s1 forks the prompt without the decoded token:
@@ -179,7 +305,8 @@ TEST(MultiSeqDriver, IdealExpectationReportsTheCopyPrefixWeakness) {
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->mismatch.what,
             "conv state of s1 differs from the ideal semantics (documented weakness: CopyPrefix "
-            "shares the current state / Remove resets it)");
+            "shares the current state / Remove resets it / the KV log moved without the conv "
+            "state)");
   EXPECT_NE(d->mismatch.expected.find("pos 3"), std::string::npos) << d->ToString();
   EXPECT_NE(d->mismatch.actual.find("pos 4"), std::string::npos) << d->ToString();
 }

@@ -2,17 +2,21 @@
 // §5.2 and §6.13-§6.14, since the production ggml causal and LFM2 hybrid caches are checked
 // against them in lock step.
 // Method: the §6.13 scenarios of the original causal_test.go, run with the same Init
-// arguments and re-expressed as visible-position sets per batch token (mask rows read by
-// position), plus retention, cell counts and CanResume worked out by hand from the window
-// maintenance rule; Remove/CopyPrefix lineage (shared-cell refusal, shifts, missing shift
-// callback); conv state in both modes against hand-computed rows where the input row of a
-// token is {id, written position}; slot groups through forks, copy-on-write and failures.
+// arguments: views (the token value each cell of the current range holds, in cell order)
+// and mask rows exactly as the spec lists them, plus visible positions in cell order,
+// retention, placement (first-fit into freed cells), the padding-widened current range,
+// cell counts and CanResume worked out by hand from the window maintenance rule;
+// Remove/CopyPrefix lineage (the shared-cell refusal edits the cells before the shared one
+// in index order and leaves the range stale, shifts, missing shift callback); conv state in
+// both modes against hand-computed rows where the input row of a token is {id, written
+// position}; slots through forks, lazy copy-on-write, the LIFO free stack and failures.
 #include "model/ref_multi_seq.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace kvtwin::model {
@@ -56,6 +60,36 @@ Rows ForwardRows(RefMultiSeqCache& cache, const MsBatch& batch) {
   for (size_t i = 0; i < batch.size(); ++i) rows.push_back(cache.VisiblePositions(batch, i, false));
   return rows;
 }
+
+// The view of the last forward as §6.13 lists it: the token value each cell of the current
+// range holds (0: never written), in cell order.
+std::vector<int32_t> View(const RefMultiSeqCache& cache) {
+  const auto [begin, end] = cache.CurrentRange();
+  const std::vector<MsCell> cells = cache.Cells();
+  std::vector<int32_t> out;
+  for (int64_t j = begin; j < end; ++j) {
+    const MsCell& cell = cells[static_cast<size_t>(j)];
+    out.push_back(cell.rows ? cell.rows->token.id : 0);
+  }
+  return out;
+}
+
+// Mask rows over the current range as §6.13 writes them: '0' visible, 'x' masked.
+std::vector<std::string> Masks(const RefMultiSeqCache& cache, const MsBatch& batch) {
+  const auto [begin, end] = cache.CurrentRange();
+  std::vector<std::string> out;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    std::string row(static_cast<size_t>(end - begin), 'x');
+    for (const MsEntry& e : cache.Visible(batch, i, false)) {
+      row[static_cast<size_t>(e.index - begin)] = '0';
+    }
+    out.push_back(row);
+  }
+  return out;
+}
+
+using Strings = std::vector<std::string>;
+using Ids32 = std::vector<int32_t>;
 
 std::vector<int32_t> Ids(const std::vector<MsEntry>& entries) {
   std::vector<int32_t> out;
@@ -110,43 +144,112 @@ TEST(RefMultiSeqCache, StoreSeesTheCausalPrefix) {
   EXPECT_EQ(cache.UsedCells(), 5);
 }
 
-TEST(RefMultiSeqCache, SlidingWindowOfOneSeesTwoTokens) {
+TEST(RefMultiSeqCache, SlidingWindowOfOneReusesPrunedCells) {
   RefMultiSeqCache cache(Ggml(1, 0, 1, 16));
-  // Mask rows [0 x x x][0 0 x x][x 0 0 x][x x 0 0].
-  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1)), (Rows{{0}, {0, 1}, {1, 2}, {2, 3}}));
+  const MsBatch first = OneSeq(0, {0, 1, 2, 3}, 1);
+  ASSERT_TRUE(cache.Forward(first).ok());
+  EXPECT_EQ(Masks(cache, first), (Strings{"0xxx", "00xx", "x00x", "xx00"}));
   EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{0, 1, 2, 3}));  // pruning is lazy
-  // lowest 4, memory 1: cells below 3 are freed; view [5 6 3 4], masks [0 x x 0][0 0 x x].
-  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {4, 5}, 5)), (Rows{{3, 4}, {4, 5}}));
+  // lowest 4, memory 1: cells below 3 are freed and taken first-fit; cell 2 keeps its rows.
+  const MsBatch second = OneSeq(0, {4, 5}, 5);
+  ASSERT_TRUE(cache.Forward(second).ok());
+  EXPECT_EQ(cache.Locations(), (Positions{0, 1}));
+  EXPECT_EQ(View(cache), (Ids32{5, 6, 3, 4}));
+  EXPECT_EQ(Masks(cache, second), (Strings{"0xx0", "00xx"}));
+  EXPECT_EQ(cache.VisiblePositions(second, 0, false), (Positions{4, 3}));  // cell order
   EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{3, 4, 5}));
   EXPECT_EQ(cache.UsedCells(), 3);
   EXPECT_EQ(cache.History(S(0)).size(), 6u);  // the ideal log keeps the pruned entries
 }
 
 TEST(RefMultiSeqCache, SeparateBatchesPruneTheIdleSequence) {
-  RefMultiSeqCache cache(Ggml(1, 0, 2, 2));  // memory 2, 6 cells
-  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {0, 1}, 1)), (Rows{{0}, {0, 1}}));
-  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {2, 3}, 3)), (Rows{{1, 2}, {2, 3}}));  // view [2 3 4]
-  EXPECT_EQ(cache.UsedCells(), 4);
+  RefMultiSeqCache cache(Ggml(1, 2, 2, 2));  // memory 2, 6 cells
+  const MsBatch b1 = OneSeq(0, {0, 1}, 1);
+  ASSERT_TRUE(cache.Forward(b1).ok());
+  EXPECT_EQ(View(cache), (Ids32{1, 2}));
+  EXPECT_EQ(Masks(cache, b1), (Strings{"0x", "00"}));
+  const MsBatch b2 = OneSeq(0, {2, 3}, 3);
+  ASSERT_TRUE(cache.Forward(b2).ok());
+  EXPECT_EQ(View(cache), (Ids32{2, 3, 4}));
+  EXPECT_EQ(Masks(cache, b2), (Strings{"00x", "x00"}));
   // seq 0 is idle: lowest = 3 + 1, so its cells below 2 are freed for seq 1.
-  EXPECT_EQ(ForwardRows(cache, OneSeq(1, {0, 1}, 5)), (Rows{{0}, {0, 1}}));
+  const MsBatch b3 = OneSeq(1, {0, 1}, 5);
+  ASSERT_TRUE(cache.Forward(b3).ok());
+  EXPECT_EQ(View(cache), (Ids32{5, 6}));
   EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{2, 3}));
-  EXPECT_EQ(cache.UsedCells(), 4);
-  EXPECT_EQ(ForwardRows(cache, OneSeq(1, {2, 3}, 7)), (Rows{{1, 2}, {2, 3}}));  // view [6 3 4 7 8]
+  const MsBatch b4 = OneSeq(1, {2, 3}, 7);
+  ASSERT_TRUE(cache.Forward(b4).ok());
+  EXPECT_EQ(View(cache), (Ids32{6, 3, 4, 7, 8}));
+  EXPECT_EQ(Masks(cache, b4), (Strings{"0xx0x", "xxx00"}));
   EXPECT_EQ(cache.UsedCells(), 6);
-  const MsBatch third = OneSeq(0, {4, 5}, 9);
-  EXPECT_EQ(ForwardRows(cache, third), (Rows{{3, 4}, {4, 5}}));  // view [9 10 3 4]
-  EXPECT_EQ(Ids(cache.Visible(third, 0, false)), (std::vector<int32_t>{4, 9}));
+  const MsBatch b5 = OneSeq(0, {4, 5}, 9);
+  ASSERT_TRUE(cache.Forward(b5).ok());
+  EXPECT_EQ(View(cache), (Ids32{9, 10, 3, 4}));
+  EXPECT_EQ(Masks(cache, b5), (Strings{"0xx0", "00xx"}));
+  EXPECT_EQ(Ids(cache.Visible(b5, 0, false)), (std::vector<int32_t>{9, 4}));
   EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{2, 3}));
   EXPECT_EQ(cache.UsedCells(), 6);
 }
 
 TEST(RefMultiSeqCache, MemoryKeepsCellsTheWindowMasks) {
   RefMultiSeqCache cache(Ggml(1, 3, 1, 16));
-  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2, 3}, 1)).ok());
   // View [5 2 3 4 6]: positions 1 and 2 are kept by memory but masked by the window.
-  EXPECT_EQ(ForwardRows(cache, OneSeq(0, {4, 5}, 5)), (Rows{{3, 4}, {4, 5}}));
+  const MsBatch second = OneSeq(0, {4, 5}, 5);
+  ASSERT_TRUE(cache.Forward(second).ok());
+  EXPECT_EQ(View(cache), (Ids32{5, 2, 3, 4, 6}));
+  EXPECT_EQ(Masks(cache, second), (Strings{"0xx0x", "0xxx0"}));
   EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{1, 2, 3, 4, 5}));
   EXPECT_EQ(cache.RetainedAtLeast(S(0)), (Positions{5}));  // what a resume at 6 attends
+}
+
+TEST(RefMultiSeqCache, CurrentRangeIsWidenedToThePaddingMultiple) {
+  // 2 x 16 cells, padding 4.
+  RefMultiSeqCache cache(Resolved(MultiSeqInit{kUnbounded, 0, kUnbounded, 2, 16, 4, 4, true}));
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2, 3, 4}, 1)).ok());
+  EXPECT_EQ(cache.CurrentRange(), (MsSpan{0, 8}));
+  ASSERT_TRUE(cache.Forward(OneSeq(1, {0}, 6)).ok());  // cell 5 alone: [4, 8)
+  EXPECT_EQ(cache.Locations(), (Positions{5}));
+  EXPECT_EQ(cache.CurrentRange(), (MsSpan{4, 8}));
+  EXPECT_EQ(View(cache), (Ids32{5, 6, 0, 0}));  // cells 6 and 7 never written
+}
+
+TEST(RefMultiSeqCache, UnboundedMemoryRangeIsTheUnionOfTheBatchSequencesRanges) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 3, 16));
+  ASSERT_TRUE(cache.Forward(Batch({0, 0, 1, 1, 2, 2}, {0, 1, 0, 1, 0, 1}, 1)).ok());
+  const MsBatch next = Batch({0, 2}, {2, 2}, 7);  // seq 1's cells 2, 3 lie in between
+  ASSERT_TRUE(cache.Forward(next).ok());
+  EXPECT_EQ(cache.Locations(), (Positions{6, 7}));
+  EXPECT_EQ(cache.CurrentRange(), (MsSpan{0, 8}));
+  EXPECT_EQ(Masks(cache, next), (Strings{"00xxxx0x", "xxxx00x0"}));
+  EXPECT_EQ(cache.Ranges().at(S(2)), (MsSpan{4, 7}));
+}
+
+TEST(RefMultiSeqCache, LowestIsTheSmallestBatchPositionNotTheFirst) {
+  RefMultiSeqCache cache(Ggml(1, 2, 1, 16));  // memory 2
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2, 3, 4, 5}, 1)).ok());
+  // Positions 7 then 6: lowest 6, so cells below 4 go and position 4 stays.
+  const MsBatch descending = OneSeq(0, {7, 6}, 7);
+  ASSERT_TRUE(cache.Forward(descending).ok());
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{4, 5, 6, 7}));
+  EXPECT_EQ(cache.Locations(), (Positions{0, 1}));
+  // The current range starts at the cells with pos >= 6 - 1: cell 5, and the new cells 0, 1.
+  EXPECT_EQ(cache.CurrentRange(), (MsSpan{0, 6}));
+  EXPECT_EQ(cache.VisiblePositions(descending, 0, false), (Positions{7, 6}));
+  EXPECT_EQ(cache.VisiblePositions(descending, 1, false), (Positions{6, 5}));
+}
+
+TEST(RefMultiSeqCache, RemovedTailCellsAreRefilledFirst) {
+  // §6.13 Remove: the next tokens fill the freed cells, lowest index first.
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 2, 16));
+  ASSERT_TRUE(cache.Forward(Batch({0, 0, 1, 1}, {0, 1, 0, 1}, 1)).ok());
+  ASSERT_TRUE(cache.Remove(S(0), 1, kUnbounded).ok());
+  EXPECT_TRUE(cache.Cells()[1].seqs.empty());
+  const MsBatch next = Batch({0, 1}, {1, 2}, 5);
+  ASSERT_TRUE(cache.Forward(next).ok());
+  EXPECT_EQ(cache.Locations(), (Positions{1, 4}));
+  EXPECT_EQ(View(cache), (Ids32{1, 5, 3, 4, 6}));
+  EXPECT_EQ(Masks(cache, next), (Strings{"00xxx", "xx000"}));
 }
 
 TEST(RefMultiSeqCache, ChunkedAttentionSeesOnlyTheCurrentChunk) {
@@ -188,6 +291,7 @@ TEST(RefMultiSeqCache, RemoveTailThenMiddleShiftsTheLaterKey) {
   EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{0}));
   EXPECT_EQ(ForwardRows(cache, Batch({0, 1}, {1, 2}, 5)), (Rows{{0, 1}, {0, 1, 2}}));
   ASSERT_TRUE(cache.Remove(S(0), 0, 1).ok());
+  EXPECT_EQ(cache.Cells()[1].rows->shifts, (std::vector<int64_t>{-1}));  // the cell's key moved
   // The token written at 1 now sits at 0 with its key shifted by -1 (view value 5 - 1).
   const std::vector<MsEntry> held = cache.Retained(S(0));
   ASSERT_EQ(held.size(), 1u);
@@ -196,9 +300,11 @@ TEST(RefMultiSeqCache, RemoveTailThenMiddleShiftsTheLaterKey) {
   EXPECT_EQ(held[0].written_pos, 1);
   EXPECT_EQ(held[0].shifts, (std::vector<int64_t>{-1}));
   EXPECT_EQ(held[0].Shift(), -1);
+  // Cells 0 and 5 are free: position 1 lands before the cell now holding position 0.
   const MsBatch next = OneSeq(0, {1, 2}, 7);
-  EXPECT_EQ(ForwardRows(cache, next), (Rows{{0, 1}, {0, 1, 2}}));
-  EXPECT_EQ(Ids(cache.Visible(next, 1, false)), (std::vector<int32_t>{5, 7, 8}));
+  EXPECT_EQ(ForwardRows(cache, next), (Rows{{1, 0}, {1, 0, 2}}));
+  EXPECT_EQ(cache.Locations(), (Positions{0, 5}));
+  EXPECT_EQ(Ids(cache.Visible(next, 1, false)), (std::vector<int32_t>{7, 5, 8}));
   EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{0, 1, 2}));  // untouched
 }
 
@@ -223,8 +329,8 @@ TEST(RefMultiSeqCache, CopyPrefixAfterPruningCopiesOnlyRetainedCells) {
   EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{3}));
   EXPECT_EQ(cache.History(S(1)).size(), 4u);
   EXPECT_TRUE(cache.CanResume(S(1), 4));
-  EXPECT_FALSE(cache.CanResume(S(1), 3));  // 3 - 1 = 2 was pruned
-  EXPECT_EQ(ForwardRows(cache, OneSeq(1, {4}, 9)), (Rows{{3, 4}}));
+  EXPECT_FALSE(cache.CanResume(S(1), 3));                            // 3 - 1 = 2 was pruned
+  EXPECT_EQ(ForwardRows(cache, OneSeq(1, {4}, 9)), (Rows{{4, 3}}));  // cell 1, then cell 3
 }
 
 TEST(RefMultiSeqCache, CopyPrefixOntoItselfEmptiesTheSequence) {
@@ -263,20 +369,54 @@ TEST(RefMultiSeqCache, CanResumeIsAlwaysTrueWithUnboundedMemory) {
   EXPECT_FALSE(windowed.CanResume(S(3), 0));
 }
 
-TEST(RefMultiSeqCache, ShiftingASharedCellIsRefusedUntilTheSequenceIsCleared) {
-  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 2, 16));
-  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
-  cache.CopyPrefix(S(0), S(1), 4);
+TEST(RefMultiSeqCache, RefusedRemoveEditsTheCellsBeforeTheSharedOneInIndexOrder) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 3, 16));
+  ASSERT_TRUE(cache.Forward(OneSeq(2, {0, 1}, 1)).ok());  // cells 0, 1
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1}, 3)).ok());  // cells 2, 3
+  ASSERT_TRUE(cache.Remove(S(2), 0, kUnbounded).ok());
+  cache.CopyPrefix(S(0), S(1), 2);                        // seq 1 shares cells 2, 3
+  ASSERT_TRUE(cache.Forward(OneSeq(1, {2, 3}, 5)).ok());  // its own cells: 0, 1
+  // Cell order 0, 1, 2, 3: positions 2 and 3 move to 1 and 2 (no key shift yet), position 0
+  // leaves cell 2, and cell 3 (position 1, shared with seq 0) stops the loop.
   const Status refused = cache.Remove(S(1), 0, 1);
   EXPECT_EQ(refused.code(), StatusCode::kUnsupported);
-  EXPECT_FALSE(cache.Determinate(S(1)));
-  EXPECT_EQ(cache.UsedCells(), std::nullopt);
-  EXPECT_DEATH((void)cache.Forward(OneSeq(0, {4}, 5)), "indeterminate");
-  EXPECT_DEATH(cache.CanResume(S(1), 4), "indeterminate");
-  ASSERT_TRUE(cache.Remove(S(1), 0, kUnbounded).ok());
-  EXPECT_TRUE(cache.Determinate(S(1)));
-  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{0, 1, 2, 3}));
+  EXPECT_NE(refused.message().find("shared"), std::string::npos);
+  const std::vector<MsCell> cells = cache.Cells();
+  EXPECT_EQ(cells[0].pos, 1);
+  EXPECT_EQ(cells[1].pos, 2);
+  EXPECT_EQ(cells[2].seqs, (std::vector<SeqId>{S(0)}));
+  EXPECT_EQ(cells[3].seqs, (std::vector<SeqId>{S(0), S(1)}));
+  EXPECT_EQ(cells[3].pos, 1);
+  EXPECT_TRUE(cells[0].rows->shifts.empty());
+  EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{1, 1, 2}));
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{0, 1}));
   EXPECT_EQ(cache.UsedCells(), 4);
+  // The half-edited sequence goes on: both cells at position 1 are visible.
+  const MsBatch next = OneSeq(1, {3}, 7);
+  ASSERT_TRUE(cache.Forward(next).ok());
+  EXPECT_EQ(cache.Locations(), (Positions{4}));
+  EXPECT_EQ(cache.VisiblePositions(next, 0, false), (Positions{1, 2, 1, 3}));
+  EXPECT_EQ(Ids(cache.Visible(next, 0, false)), (std::vector<int32_t>{5, 6, 4, 7}));
+  ASSERT_TRUE(cache.Remove(S(1), 0, kUnbounded).ok());
+  EXPECT_EQ(cache.UsedCells(), 2);
+}
+
+TEST(RefMultiSeqCache, RefusedRemoveLeavesTheRangeStale) {
+  RefMultiSeqCache cache(Ggml(kUnbounded, 0, 2, 16));
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1}, 1)).ok());  // cells 0, 1
+  cache.CopyPrefix(S(0), S(1), 2);
+  // Cell 0 leaves seq 1, then cell 1 (shared) refuses the shift: the range is not recomputed.
+  EXPECT_EQ(cache.Remove(S(1), 0, 1).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(cache.RetainedPositions(S(1)), (Positions{1}));
+  EXPECT_EQ(cache.Ranges().at(S(1)), (MsSpan{0, 1}));
+  // The stale range still widens the next forward's current range to cell 0.
+  const MsBatch next = OneSeq(1, {2}, 3);
+  ASSERT_TRUE(cache.Forward(next).ok());
+  EXPECT_EQ(cache.CurrentRange(), (MsSpan{0, 3}));
+  EXPECT_EQ(Masks(cache, next), (Strings{"x00"}));
+  // A Remove that gets through its loop recomputes it.
+  ASSERT_TRUE(cache.Remove(S(1), 9, kUnbounded).ok());
+  EXPECT_EQ(cache.Ranges().at(S(1)), (MsSpan{1, 2}));
 }
 
 TEST(RefMultiSeqCache, SharingEndsWhenOneSideDropsTheCell) {
@@ -318,13 +458,27 @@ TEST(RefMultiSeqCache, CacheFullIsPredictedAfterPruning) {
   ForwardRows(cache, OneSeq(0, {0, 1}, 1));
   ForwardRows(cache, OneSeq(0, {2, 3}, 3));  // prunes 0: 1 + 2 cells
   EXPECT_EQ(cache.UsedCells(), 3);
+  EXPECT_EQ(cache.Locations(), (Positions{0, 2}));
   const Status full = cache.Forward(OneSeq(1, {0, 1, 2}, 5));
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
   // The idle sequence was pruned before the failure (lowest 4: below 3 dropped).
   EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{3}));
   EXPECT_TRUE(cache.RetainedPositions(S(1)).empty());
   EXPECT_EQ(ForwardRows(cache, OneSeq(1, {0, 1}, 8)), (Rows{{0}, {0, 1}}));
+  EXPECT_EQ(cache.Locations(), (Positions{0, 1}));
   EXPECT_EQ(cache.UsedCells(), 3);
+}
+
+TEST(RefMultiSeqCache, RewritesFillTheCellsUntilPruningCannotHelp) {
+  RefMultiSeqCache cache(MultiSeqConfig{1, 1, kUnbounded, 1, 4, true});
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2, 3}, 1)).ok());
+  // Rewriting 2, 3: lowest 2 prunes position 0, one cell short all the same.
+  EXPECT_EQ(cache.Forward(OneSeq(0, {2, 3}, 5)).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{1, 2, 3}));
+  // Rewriting 3 prunes position 1 as well: the freed cells 0 and 1, first-fit.
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {3}, 7)).ok());
+  EXPECT_EQ(cache.Locations(), (Positions{0}));
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{2, 3, 3}));
 }
 
 TEST(RefMultiSeqCache, RewritingAPositionKeepsTheOldCellVisible) {
@@ -461,7 +615,9 @@ TEST(RefHybridCache, MoreSequencesThanSlotsIsCacheFull) {
   const Status full = cache.Forward(Batch({1, 2}, {0, 0}, 2));
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0)}, {S(1)}}));  // seq 1 got its slot first
-  EXPECT_EQ(cache.ExpectedConv(S(1), ConvMode::kAsSpecified), std::nullopt);  // not zeroed
+  EXPECT_EQ(cache.SlotOf(S(1)), 1);
+  // Not zeroed, but slot 1 was never written: zeros all the same.
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kAsSpecified), (ConvRows{{0, 0}, {0, 0}}));
   EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(1)));
   EXPECT_FALSE(cache.kv().Retained(S(2))[0].has_data);
 }
@@ -485,6 +641,58 @@ TEST(RefHybridCache, RemoveRefusedByTheKvSideKeepsTheSlot) {
   ASSERT_TRUE(cache.Remove(S(1), 0, kUnbounded).ok());
   EXPECT_EQ(cache.SlotGroups(), (Groups{{S(0)}}));
   EXPECT_TRUE(cache.CanResume(S(1), 0));
+}
+
+TEST(RefHybridCache, SlotsComeFromALifoStack) {
+  RefHybridCache cache = Hybrid(4);
+  EXPECT_EQ(cache.FreeSlots(), (std::vector<int32_t>{3, 2, 1, 0}));  // 0 is handed out first
+  for (int32_t seq : {0, 1, 2}) ASSERT_TRUE(cache.Forward(OneSeq(seq, {0}, seq + 1)).ok());
+  EXPECT_EQ(cache.SlotOf(S(2)), 2);
+  ASSERT_TRUE(cache.Remove(S(0), 0, kUnbounded).ok());
+  ASSERT_TRUE(cache.Remove(S(2), 0, kUnbounded).ok());
+  EXPECT_EQ(cache.FreeSlots(), (std::vector<int32_t>{3, 0, 2}));
+  ASSERT_TRUE(cache.Forward(OneSeq(3, {0}, 9)).ok());  // the last freed comes back first
+  EXPECT_EQ(cache.SlotOf(S(3)), 2);
+  // A recycled slot is zeroed on allocation, whatever it held.
+  EXPECT_EQ(Conv(cache, 3, ConvMode::kAsSpecified), (ConvRows{{0, 0}, {9, 0}}));
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0}, 10)).ok());
+  EXPECT_EQ(cache.SlotOf(S(0)), 0);
+  EXPECT_EQ(cache.FreeSlots(), (std::vector<int32_t>{3}));
+}
+
+TEST(RefHybridCache, CopyOnWriteWaitsForTheFirstConvState) {
+  RefHybridCache cache = Hybrid(4);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1}, 1)).ok());
+  cache.CopyPrefix(S(0), S(1), 2);
+  ASSERT_TRUE(cache.StartForward(OneSeq(1, {2}, 3)).ok());
+  EXPECT_EQ(cache.SlotOf(S(1)), 0);  // still shared after StartForward
+  EXPECT_EQ(cache.RefCount(0), 2);
+  EXPECT_EQ(cache.CurrentSlots(), (std::vector<int32_t>{0}));
+  ASSERT_TRUE(cache.ConvState().ok());
+  EXPECT_EQ(cache.SlotOf(S(1)), 1);
+  EXPECT_EQ(cache.RefCount(0), 1);
+  EXPECT_EQ(cache.CurrentSlots(), (std::vector<int32_t>{1}));
+  ASSERT_TRUE(cache.ConvState().ok());  // once per forward
+  EXPECT_EQ(cache.FreeSlots(), (std::vector<int32_t>{3, 2}));
+  cache.FinishForward();
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kAsSpecified), (ConvRows{{2, 1}, {3, 2}}));
+  // Without conv layers nothing reads the state, so nothing is ever unshared.
+  cache.CopyPrefix(S(0), S(2), 2);
+  ASSERT_TRUE(cache.Forward(OneSeq(2, {2}, 4), /*reads_conv=*/false).ok());
+  EXPECT_EQ(cache.SlotOf(S(2)), 0);
+  EXPECT_EQ(cache.RefCount(0), 2);
+}
+
+TEST(RefHybridCache, SlotsTakenBeforeAFailedAllocationKeepTheirRows) {
+  RefHybridCache cache = Hybrid(2);
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1}, 1)).ok());  // slot 0
+  ASSERT_TRUE(cache.Forward(OneSeq(1, {0}, 3)).ok());     // slot 1
+  ASSERT_TRUE(cache.Remove(S(0), 0, kUnbounded).ok());    // slot 0 free, rows kept
+  EXPECT_EQ(cache.Forward(Batch({2, 3}, {0, 0}, 4)).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache.SlotOf(S(2)), 0);  // popped, mapped, never zeroed
+  EXPECT_EQ(Conv(cache, 2, ConvMode::kAsSpecified), (ConvRows{{1, 0}, {2, 1}}));
+  EXPECT_EQ(cache.SlotOf(S(3)), std::nullopt);
+  EXPECT_TRUE(cache.FreeSlots().empty());
 }
 
 }  // namespace
