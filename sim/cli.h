@@ -80,6 +80,9 @@ struct ReplayFlags {
   sim::ReplayOptions options;
   ReportFlags reports;
   bool quiet = false;
+  // --fuzz-input FILE --target NAME [--save TRACE]: a libFuzzer input (a crash artifact or
+  // a corpus entry) decoded as that target does, written as a trace and replayed.
+  std::string fuzz_input, fuzz_target, save;
 };
 
 struct GenFlags {
@@ -112,6 +115,7 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps);
 int Sweep(const sim::RunOptions& options, const SweepFlags& flags);
 int Requests(sim::RequestOptions options, const RequestsFlags& flags);
 int Replay(const ReplayFlags& flags);
+int ReplayFuzzInput(const ReplayFlags& flags);
 int MultiSeq(const MultiSeqFlags& flags);
 int Gen(const GenFlags& flags);
 int Import(const ImportFlags& flags);

@@ -46,7 +46,16 @@ const model::RefSnap& LockstepDriver::pool_ref(int32_t layer, int32_t slot) cons
 
 bool LockstepDriver::Valid(const Op& op) const {
   if (op.kind == OpKind::kWrite || op.kind == OpKind::kSpeculate) {
-    if (op.tokens.empty() || op.pad < 0 || op.pad > 64) return false;
+    // What the trace reader accepts, so every valid op can be written and read back: a
+    // speculation forwards the current token and at least one draft, and a relaxed mask's
+    // rectangle is non-negative and ordered.
+    const size_t min_tokens = op.kind == OpKind::kSpeculate ? 2 : 1;
+    if (op.tokens.size() < min_tokens || op.pad < 0 || op.pad > 64) return false;
+    if (op.mask == MaskForm::kRelax &&
+        (op.rect_q_lo < 0 || op.rect_k_lo < 0 || op.rect_q_hi < op.rect_q_lo ||
+         op.rect_k_hi < op.rect_k_lo)) {
+      return false;
+    }
     for (const Layer& l : layers_) {
       if (l.ref.Offset() + static_cast<int64_t>(op.tokens.size()) > kMaxPosition) return false;
     }

@@ -100,7 +100,14 @@ int main(int argc, char** argv) {
   cli::ReplayFlags replay_flags;
   CLI::App* replay =
       app.add_subcommand("replay", "replay kvtwin traces or Mooncake JSONL in lock step");
-  replay->add_option("files", replay_flags.files, "trace files")->required();
+  replay->add_option("files", replay_flags.files, "trace files");
+  replay->add_option("--fuzz-input", replay_flags.fuzz_input,
+                     "a libFuzzer input to decode, save as a trace and replay");
+  replay->add_option("--target", replay_flags.fuzz_target,
+                     "fuzz target of --fuzz-input (kv, rotating, recurrent, speculation, prefix, "
+                     "hybrid, trace_reader)");
+  replay->add_option("--save", replay_flags.save,
+                     "trace to write for --fuzz-input (default: INPUT.jsonl)");
   AddSetupOptions(replay, replay_flags.options.mooncake_setup, replay_flags.options.mooncake);
   AddReportOptions(replay, replay_flags.reports);
   replay->add_flag("--quiet", replay_flags.quiet, "print only failures and the verdict");
@@ -143,7 +150,11 @@ int main(int argc, char** argv) {
   cli::InstallInterruptHandler();
   if (*run) return cli::RunBundled(root_seed, seeds_per_config, run_steps);
   if (*requests) return cli::Requests(request_options, request_flags);
-  if (*replay) return cli::Replay(replay_flags);
+  if (*replay) {
+    if (!replay_flags.fuzz_input.empty()) return cli::ReplayFuzzInput(replay_flags);
+    if (replay_flags.files.empty()) return cli::Usage("replay: give trace files or --fuzz-input");
+    return cli::Replay(replay_flags);
+  }
   if (*multiseq) return cli::MultiSeq(multiseq_flags);
   if (*gen) {
     // Op generation shares the stack options with requests, but keeps the defaults of

@@ -36,7 +36,7 @@ struct Op {
   OpKind kind = OpKind::kWrite;
   int32_t layer = 0;
   // kWrite, kSpeculate
-  std::vector<int32_t> tokens;  // the real tokens, >= 1
+  std::vector<int32_t> tokens;  // the real token ids (>= 0; the reader takes any int32 >= 0)
   int64_t pad = 0;              // padding rows recurrent layers also receive
   bool segmented = false;       // recurrent: segmented gated-delta form
   MaskForm mask = MaskForm::kCausal;

@@ -55,11 +55,6 @@ class MemorySource final : public Source {
   size_t next_ = 0;
 };
 
-uint64_t ValueSeed(uint64_t seed) { return Rng::Derive(seed, "values").Next(); }
-
-// What RunMultiSeq gives its driver (sim/multi_seq_run.cc), so digests match.
-uint64_t MultiSeqValueSeed(uint64_t seed) { return Rng::Derive(seed, "multiseq-values").Next(); }
-
 std::string EventSummary(const TraceEvent& e) {
   if (const auto* op = std::get_if<Op>(&e)) return op->ToString();
   if (const auto* op = std::get_if<MsOp>(&e)) return op->ToString();
@@ -147,7 +142,7 @@ class Replayer {
   }
 
   void RunOps(StackConfig config) {
-    LockstepDriver d(std::move(config), ValueSeed(r_.header.seed));
+    LockstepDriver d(std::move(config), TraceValueSeed(r_.header));
     ApplyEvents<Op>(d, "a layer or snapshot slot that does not exist at this point");
     for (int32_t i = 0; i < d.num_layers(); ++i) {
       r_.state += fmt::format("layer {} {}: offset {}, {} pooled snapshot(s)\n", i,
@@ -163,7 +158,7 @@ class Replayer {
           InvalidArgument(fmt::format("{}: /multiseq: {}", HeaderWhere(), valid.message()));
       return;
     }
-    MultiSeqDriver d(config, MultiSeqValueSeed(r_.header.seed));
+    MultiSeqDriver d(config, TraceValueSeed(r_.header));
     if (const std::optional<MsDivergence>& div = d.divergence()) {
       Diverged(div->ToString(), div->mismatch.what);  // a disagreement on the derived shape
     }
@@ -177,7 +172,7 @@ class Replayer {
     const TraceHeader& h = r_.header;
     RequestDriver d(std::move(config),
                     {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking},
-                    ValueSeed(h.seed));
+                    TraceValueSeed(h));
     while (std::optional<TraceEvent> e = Next()) {
       RequestPlan* plan = std::get_if<RequestPlan>(&*e);
       if (plan == nullptr) {
@@ -222,6 +217,13 @@ const char* ReplayResult::verdict() const {
   if (divergence) return "divergence";
   if (interrupted) return "interrupted";
   return "pass";
+}
+
+uint64_t TraceValueSeed(const TraceHeader& header) {
+  // What RunMultiSeq gives its driver (sim/multi_seq_run.cc), so digests match.
+  if (header.kind == TraceKind::kMultiSeq)
+    return Rng::Derive(header.seed, "multiseq-values").Next();
+  return Rng::Derive(header.seed, "values").Next();
 }
 
 std::string DivergenceKind(const std::string& what) {

@@ -65,6 +65,10 @@ struct ReplayResult {
 // ("layer # history", "layer # rotating snapshot range", "Restore outcome").
 std::string DivergenceKind(const std::string& what);
 
+// The value seed the replay gives the trace's driver (derived from header.seed by kind), for
+// code that drives a recorded run itself and must reach the replay's digest.
+uint64_t TraceValueSeed(const TraceHeader& header);
+
 // Replays `path`: a kvtwin trace, or Mooncake JSONL (detected by LooksLikeMooncake).
 ReplayResult ReplayFile(const std::string& path, const ReplayOptions& options);
 // Replays an in-memory trace (events checked the same way; input errors name event N).

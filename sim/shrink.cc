@@ -24,6 +24,7 @@ class Shrinker {
     for (int round = 0; round < 8 && Budget(); ++round) {
       const int64_t before = replays_accepted_;
       DropEvents();
+      DropSequences();
       ShrinkSetup();
       SimplifyEvents();
       MergeTokenValues();
@@ -72,7 +73,10 @@ class Shrinker {
 
   void ShrinkSetup() {
     const TraceHeader h = best_.header;
-    if (h.kind == TraceKind::kMultiSeq) return;  // no model: the cache shape stays as drawn
+    if (h.kind == TraceKind::kMultiSeq) {
+      ShrinkMultiSeqShape();
+      return;
+    }
     for (int32_t layers = 1; layers < h.layers; ++layers) {
       Trace c = best_;
       c.header.layers = layers;
@@ -149,9 +153,84 @@ class Shrinker {
   static Op& OpOf(TraceEvent& e) { return std::get<Op>(e); }
   static MsOp& MsOpOf(TraceEvent& e) { return std::get<MsOp>(e); }
 
-  // A forward's batch must keep equal tokens per sequence, so it is not cut here: dropping
-  // whole events does the rest.
+  // Multi-sequence traces: every event that involves sequence `seq` loses it (its tokens
+  // leave every batch; its copies, removes and probes go), for each sequence in turn; if
+  // the failure needs the sequence's copies or edits, then only its tokens leave the
+  // batches. A bug between two sequences of eight then shows with two.
+  void DropSequences() {
+    if (best_.header.kind != TraceKind::kMultiSeq) return;
+    for (int32_t seq = best_.header.multiseq.max_seqs - 1; seq >= 0 && Budget(); --seq) {
+      if (!TryWithout(seq, /*batches_only=*/false)) TryWithout(seq, /*batches_only=*/true);
+    }
+  }
+
+  bool TryWithout(int32_t seq, bool batches_only) {
+    Trace c = best_;
+    bool changed = false;
+    std::erase_if(c.events, [&](TraceEvent& e) {
+      MsOp& op = MsOpOf(e);
+      if (op.kind != MsOpKind::kForward) {
+        const bool involved =
+            !batches_only && (op.seq == seq || (op.kind == MsOpKind::kCopyPrefix && op.dst == seq));
+        changed |= involved;
+        return involved;
+      }
+      const size_t before = op.batch.size();
+      std::erase_if(op.batch, [&](const MsBatchToken& t) { return t.seq == seq; });
+      if (op.batch.size() == before) return false;
+      changed = true;
+      op.causal_off.clear();  // indices into the old batch
+      return op.batch.empty();
+    });
+    return changed && !c.events.empty() &&
+           Try(std::move(c), batches_only ? "a sequence out of the batches" : "drop a sequence");
+  }
+
+  // Smaller cache shapes, one field at a time, each as far down as it still fails (a shape
+  // the replay refuses is an input error, so Try rejects it).
+  void ShrinkMultiSeqShape() {
+    using Field = int64_t MultiSeqConfig::*;
+    for (const Field field : {&MultiSeqConfig::kv_cols, &MultiSeqConfig::hidden,
+                              &MultiSeqConfig::d_conv, &MultiSeqConfig::padding}) {
+      while (Budget() && best_.header.multiseq.*field > 1) {
+        Trace c = best_;
+        c.header.multiseq.*field /= 2;
+        if (!Try(std::move(c), "smaller cache shape")) break;
+      }
+    }
+    while (Budget() && best_.header.multiseq.num_conv_layers > 0) {
+      Trace c = best_;
+      --c.header.multiseq.num_conv_layers;
+      if (!Try(std::move(c), "fewer conv layers")) break;
+    }
+  }
+
+  // A forward's batch keeps equal tokens per sequence: it shrinks by each sequence's last
+  // token at once.
+  void ShortenBatch(size_t i) {
+    for (int guard = 0; guard < 64 && i < best_.events.size() && Budget(); ++guard) {
+      const bool ok = TryEvent(
+          i,
+          [](TraceEvent& e) {
+            MsOp& op = MsOpOf(e);
+            if (op.kind != MsOpKind::kForward || op.batch.size() < 2) return false;
+            std::map<int32_t, size_t> last;
+            for (size_t k = 0; k < op.batch.size(); ++k) last[op.batch[k].seq] = k;
+            if (last.size() == op.batch.size()) return false;  // one token per sequence
+            std::vector<MsBatchToken> kept;
+            for (size_t k = 0; k < op.batch.size(); ++k)
+              if (last[op.batch[k].seq] != k) kept.push_back(op.batch[k]);
+            op.batch = std::move(kept);
+            op.causal_off.clear();
+            return true;
+          },
+          "shorter batch");
+      if (!ok) break;
+    }
+  }
+
   void SimplifyMsOp(size_t i) {
+    ShortenBatch(i);
     TryEvent(
         i, [](TraceEvent& e) { return !std::exchange(MsOpOf(e).causal_off, {}).empty(); },
         "causal forward");

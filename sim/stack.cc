@@ -48,7 +48,8 @@ std::string StackConfig::Describe() const {
 }
 
 const std::vector<std::string>& PresetNames() {
-  static const std::vector<std::string> names = {"dense", "sliding", "recurrent", "mixed"};
+  static const std::vector<std::string> names = {"dense", "sliding", "recurrent", "mixed",
+                                                 "rotating"};
   return names;
 }
 
@@ -64,6 +65,8 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
     LayerSpec spec;
     if (preset == "dense") {
       spec.kind = CacheKind::kFullKv;
+    } else if (preset == "rotating") {
+      spec.kind = CacheKind::kRotating;
     } else if (preset == "sliding") {
       spec.kind = i % 2 == 0 ? CacheKind::kRotating : CacheKind::kFullKv;
     } else if (preset == "recurrent") {
@@ -73,7 +76,7 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
       spec.kind = cycle[i % 3];
     } else {
       return InvalidArgument(
-          fmt::format("unknown preset '{}' (dense, sliding, recurrent, mixed)", preset));
+          fmt::format("unknown preset '{}' (dense, rotating, sliding, recurrent, mixed)", preset));
     }
     if (spec.kind == CacheKind::kRotating) spec.window = window;
     config.layers.push_back(spec);

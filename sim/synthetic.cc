@@ -50,17 +50,25 @@ void SyntheticForward::FillKvRow(Tensor& out, int64_t row, int32_t layer, int64_
                                  bool is_value) const {
   KV_CHECK(out.cols() >= kTagElements, "K/V rows need room for the provenance tag");
   KV_CHECK(p >= 0 && p <= kMaxPosition, "position outside the 24-bit tag");
+  KV_CHECK(row >= 0 && row < out.rows(), "row out of range");
   const auto up = static_cast<uint64_t>(p);
-  out.Set(row, 0, Byte(up, 0));
-  out.Set(row, 1, Byte(up, 8));
-  out.Set(row, 2, Byte(up, 16));
-  out.Set(row, 3, Byte(h, 0));
-  out.Set(row, 4, Byte(h, 8));
-  out.Set(row, 5, Byte(h, 16));
-  out.Set(row, 6,
-          static_cast<float>((static_cast<uint32_t>(layer) & 0x7F) | (is_value ? 0x80 : 0)));
+  const float tag[kTagElements] = {
+      Byte(up, 0),
+      Byte(up, 8),
+      Byte(up, 16),
+      Byte(h, 0),
+      Byte(h, 8),
+      Byte(h, 16),
+      static_cast<float>((static_cast<uint32_t>(layer) & 0x7F) | (is_value ? 0x80 : 0))};
   uint64_t state = RowSeed(seed_, is_value ? kValue : kKey, layer, p, h);
-  for (int64_t c = kTagElements; c < out.cols(); ++c) out.Set(row, c, Uniform(state, -1.0f, 1.0f));
+  // Typed stores (a filler touches every element of every expected row; see Tensor::Visit),
+  // converting each float exactly as Tensor::Set does.
+  out.Visit([&](auto& m) {
+    using Scalar = typename std::decay_t<decltype(m)>::Scalar;
+    for (int64_t c = 0; c < kTagElements; ++c) m(row, c) = static_cast<Scalar>(tag[c]);
+    for (int64_t c = kTagElements; c < m.cols(); ++c)
+      m(row, c) = static_cast<Scalar>(Uniform(state, -1.0f, 1.0f));
+  });
 }
 
 void SyntheticForward::FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer, int64_t p,

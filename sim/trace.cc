@@ -16,6 +16,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
+#include <sstream>
 #include <string_view>
 
 #include "sim/stack.h"
@@ -490,17 +491,28 @@ Status DecodeOp(const Where& w, const Json& j, int32_t layers, Op* op) {
 
 Result<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path) {
   errno = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open()) {
+  auto in = std::make_unique<std::ifstream>(path, std::ios::binary);
+  if (!in->is_open()) {
     return IoError(fmt::format("{}: cannot open: {}", path, ReadError()));
   }
+  return Start(path, std::move(in));
+}
+
+Result<std::unique_ptr<TraceReader>> TraceReader::FromText(const std::string& name,
+                                                           std::string text) {
+  return Start(name, std::make_unique<std::istringstream>(std::move(text)));
+}
+
+Result<std::unique_ptr<TraceReader>> TraceReader::Start(const std::string& path,
+                                                        std::unique_ptr<std::istream> in) {
   std::unique_ptr<TraceReader> reader(new TraceReader(path, std::move(in)));
+  std::istream& s = *reader->in_;
   std::string text;
   reader->line_ = 1;
   const Where w{reader->path_, 1};
-  const bool read = static_cast<bool>(std::getline(reader->in_, text));
-  if (!read || (IsBlank(text) && reader->in_.peek() == std::ifstream::traits_type::eof())) {
-    if (reader->in_.bad()) return IoError(fmt::format("{}: cannot read: {}", path, ReadError()));
+  const bool read = static_cast<bool>(std::getline(s, text));
+  if (!read || (IsBlank(text) && s.peek() == std::istream::traits_type::eof())) {
+    if (s.bad()) return IoError(fmt::format("{}: cannot read: {}", path, ReadError()));
     return w.Error("", "empty trace (no header)");
   }
   if (IsBlank(text)) return w.Error("", "empty line");
@@ -512,8 +524,9 @@ Result<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path) 
 
 Result<std::optional<TraceEvent>> TraceReader::Next() {
   std::string text;
-  if (!std::getline(in_, text)) {
-    if (in_.bad()) {
+  std::istream& in = *in_;
+  if (!std::getline(in, text)) {
+    if (in.bad()) {
       return IoError(fmt::format("{}: cannot read after line {}: {}", path_, line_, ReadError()));
     }
     return std::optional<TraceEvent>();
@@ -522,7 +535,7 @@ Result<std::optional<TraceEvent>> TraceReader::Next() {
   const Where w{path_, line_};
   if (IsBlank(text)) {
     // One empty line at the end is what many editors leave; anywhere else it is a mistake.
-    if (in_.peek() == std::ifstream::traits_type::eof()) return std::optional<TraceEvent>();
+    if (in.peek() == std::istream::traits_type::eof()) return std::optional<TraceEvent>();
     return w.Error("", "empty line");
   }
   Json j;
@@ -544,8 +557,9 @@ Result<std::optional<TraceEvent>> TraceReader::Next() {
   return std::optional<TraceEvent>(std::move(plan));
 }
 
-Result<Trace> ReadTrace(const std::string& path) {
-  Result<std::unique_ptr<TraceReader>> reader = TraceReader::Open(path);
+namespace {
+
+Result<Trace> ReadAll(Result<std::unique_ptr<TraceReader>> reader) {
   if (!reader.ok()) return reader.status();
   Trace trace;
   trace.header = (*reader)->header();
@@ -555,6 +569,14 @@ Result<Trace> ReadTrace(const std::string& path) {
     if (!event->has_value()) return trace;
     trace.events.push_back(std::move(**event));
   }
+}
+
+}  // namespace
+
+Result<Trace> ReadTrace(const std::string& path) { return ReadAll(TraceReader::Open(path)); }
+
+Result<Trace> ParseTrace(const std::string& name, std::string text) {
+  return ReadAll(TraceReader::FromText(name, std::move(text)));
 }
 
 }  // namespace kvtwin::sim

@@ -60,6 +60,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <istream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -131,6 +132,8 @@ class TraceReader {
  public:
   // Opens `path` and reads the header. Errors: the file cannot be read; a malformed header.
   static Result<std::unique_ptr<TraceReader>> Open(const std::string& path);
+  // Reads `text` as if it were a file called `name` (errors say "NAME:LINE: ...").
+  static Result<std::unique_ptr<TraceReader>> FromText(const std::string& name, std::string text);
   const TraceHeader& header() const { return header_; }
   // The next event (nullopt at the end). Requests get index = their position (0-based).
   Result<std::optional<TraceEvent>> Next();
@@ -139,9 +142,12 @@ class TraceReader {
   const std::string& path() const { return path_; }
 
  private:
-  TraceReader(std::string path, std::ifstream in) : path_(std::move(path)), in_(std::move(in)) {}
+  TraceReader(std::string path, std::unique_ptr<std::istream> in)
+      : path_(std::move(path)), in_(std::move(in)) {}
+  static Result<std::unique_ptr<TraceReader>> Start(const std::string& path,
+                                                    std::unique_ptr<std::istream> in);
   std::string path_;
-  std::ifstream in_;
+  std::unique_ptr<std::istream> in_;
   TraceHeader header_;
   int64_t line_ = 0;
   int64_t next_index_ = 0;
@@ -149,6 +155,8 @@ class TraceReader {
 
 // Whole-file convenience over TraceReader.
 Result<Trace> ReadTrace(const std::string& path);
+// The same over text in memory, named `name` in errors.
+Result<Trace> ParseTrace(const std::string& name, std::string text);
 
 class TraceWriter {
  public:

@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <variant>
 
 namespace kvtwin {
@@ -66,6 +67,17 @@ class Tensor {
 
   // Bit-exact equality of dtype, shape and every element.
   bool Equals(const Tensor& other) const;
+
+  // Calls f with the typed storage (MatF or MatBf16): bulk loops without a per-element
+  // dtype dispatch, for checkers and fillers that touch every element.
+  template <typename F>
+  decltype(auto) Visit(F&& f) const {
+    return std::visit(std::forward<F>(f), data_);
+  }
+  template <typename F>
+  decltype(auto) Visit(F&& f) {
+    return std::visit(std::forward<F>(f), data_);
+  }
   std::string ShapeString() const;  // "bf16[12x8]"
 
  private:

@@ -219,6 +219,57 @@ TEST(Shrink, FindsTheKnownMinimumAndKeepsTheKind) {
   EXPECT_EQ(r.original_events, 60);
 }
 
+// Multi-sequence oracle: diverges once sequence 2 has been forwarded at position 3 after a
+// copy into it, and only when the forward carries at least two tokens of sequence 2.
+ReplayResult MultiSeqOracle(const Trace& t) {
+  ReplayResult r;
+  bool copied = false;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const MsOp& op = std::get<MsOp>(t.events[i]);
+    if (op.kind == MsOpKind::kCopyPrefix && op.dst == 2) copied = true;
+    if (op.kind != MsOpKind::kForward || !copied) continue;
+    int64_t mine = 0;
+    bool at3 = false;
+    for (const MsBatchToken& b : op.batch) {
+      mine += b.seq == 2;
+      at3 = at3 || (b.seq == 2 && b.pos == 3);
+    }
+    if (at3 && mine >= 2) {
+      r.divergence = r.divergence_kind = "M";
+      r.failing_event = static_cast<int64_t>(i);
+      return r;
+    }
+  }
+  return r;
+}
+
+// The multi-sequence passes: other sequences leave every batch, batches lose each
+// sequence's last token while equal counts hold, and the cache shape shrinks.
+TEST(Shrink, MultiSeqDropsUninvolvedSequencesAndShortensBatches) {
+  Trace t;
+  t.header.kind = TraceKind::kMultiSeq;
+  t.header.multiseq.max_seqs = 4;
+  t.header.multiseq.kv_cols = 8;
+  t.header.multiseq.num_conv_layers = 2;
+  t.events.emplace_back(MsOp::CopyPrefix(0, 2, 2));
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<MsBatchToken> batch;
+    for (int32_t seq : {0, 1, 2, 3})
+      for (int64_t k = 0; k < 4; ++k) batch.push_back({seq, step * 4 + k, seq + 1});
+    t.events.emplace_back(MsOp::Forward(batch));
+  }
+  ShrinkOptions options;
+  options.replay = MultiSeqOracle;
+  const ShrinkResult r = Shrink(t, options);
+  ASSERT_EQ(r.kind, "M");
+  ASSERT_EQ(r.trace.events.size(), 2u);
+  const MsOp& forward = std::get<MsOp>(r.trace.events[1]);
+  for (const MsBatchToken& b : forward.batch) EXPECT_EQ(b.seq, 2) << forward.ToString();
+  EXPECT_EQ(forward.batch.size(), 4u) << forward.ToString();  // positions 0..3: 3 is the last
+  EXPECT_EQ(r.trace.header.multiseq.kv_cols, 1);
+  EXPECT_EQ(r.trace.header.multiseq.num_conv_layers, 0);
+}
+
 TEST(Report, JsonAndJunitAreExactAndEscaped) {
   CaseReport pass{"a.jsonl", "pass", "", "", "", 3, 7, 0x1234, 10, 6, 5};
   CaseReport fail{

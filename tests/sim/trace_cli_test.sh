@@ -91,5 +91,22 @@ code=$?
 grep -q '^INTERRUPTED: ' "$tmp/int.out" || say "no partial summary after Ctrl-C: $(tail -2 "$tmp/int.out")"
 grep -q '"verdict":"interrupted"' "$tmp/partial.json" 2>/dev/null ||
   say "the --json summary of an interrupted replay is missing or does not say so"
+
+# Fuzz inputs: any bytes decode, are saved as a trace and replay to a verdict; the saved
+# trace replays on its own to the same digest; bad targets and files exit 2.
+# Compressed bytes: dense, varied and the same on every run.
+gzip -9 -n -c "$tmp/req.jsonl" | head -c 600 >"$tmp/fuzz.bin"
+for target in kv rotating recurrent speculation prefix hybrid; do
+  out=$("$kvtwin" replay --fuzz-input "$tmp/fuzz.bin" --target $target --save "$tmp/f-$target.jsonl" 2>&1)
+  [ $? -eq 0 ] || say "fuzz input (target $target) did not pass: $(tail -3 <<<"$out")"
+  again=$("$kvtwin" replay "$tmp/f-$target.jsonl" 2>&1)
+  [ -n "$(digest_of "$out")" ] && [ "$(digest_of "$out")" = "$(digest_of "$again")" ] ||
+    say "saved fuzz trace ($target) replays differently"
+done
+expect 0 'pass \(target trace_reader\)' -- replay --fuzz-input "$tmp/req.jsonl" --target trace_reader
+expect 2 'expected one of kv'         -- replay --fuzz-input "$tmp/fuzz.bin" --target nope
+expect 2 'cannot open'                -- replay --fuzz-input "$tmp/missing.bin" --target kv
+expect 2 'takes no trace files'       -- replay "$tmp/req.jsonl" --fuzz-input "$tmp/fuzz.bin" --target kv
+expect 2 'give trace files'           -- replay
 [ $fail -eq 0 ] && echo "trace cli: ok"
 exit $fail

@@ -453,7 +453,7 @@ TEST(TraceReaderErrors, HeaderFields) {
        "/model/window: expected an integer, got string"},
       {[](Json& j) { j["model"]["window"] = 0; }, "/model/window: must be >= 1, got 0"},
       {[](Json& j) { j["model"]["preset"] = "huge"; },
-       R"(/model/preset: unknown preset "huge" (expected one of dense, sliding, recurrent, mixed))"},
+       R"(/model/preset: unknown preset "huge" (expected one of dense, sliding, recurrent, mixed, rotating))"},
       {[](Json& j) { j["model"]["dtype"] = "f64"; },
        "/model/dtype: unknown dtype 'f64' (f32, bf16)"},
       {[](Json& j) { j["source"] = 3; }, "/source: expected a string, got 3"},

@@ -1,0 +1,44 @@
+// Goal: coverage-guided search for divergences between the production caches and the
+// reference, one executable per FuzzTarget (KVTWIN_FUZZ_TARGET names it). Method: the
+// bytes go through RunFuzzInput, the same decoder and lock-step drivers that
+// `kvtwin replay --fuzz-input` uses, and a divergence aborts with its report, so every
+// crash artifact replays outside the fuzzer. The custom mutator edits whole records and
+// aims value fields at window and snapshot boundaries (MutateFuzzInput). No logic here.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "sim/fuzz_input.h"
+
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+
+namespace {
+
+kvtwin::sim::FuzzTarget Target() {
+  static const kvtwin::sim::FuzzTarget target = [] {
+    const auto parsed = kvtwin::sim::ParseFuzzTarget(KVTWIN_FUZZ_TARGET);
+    if (!parsed) {
+      std::fprintf(stderr, "unknown fuzz target %s\n", KVTWIN_FUZZ_TARGET);
+      std::abort();
+    }
+    return *parsed;
+  }();
+  return target;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const kvtwin::sim::FuzzRun run = kvtwin::sim::RunFuzzInput(Target(), data, size);
+  if (run.divergence) {
+    std::fprintf(stderr, "%s\nreproduce: kvtwin replay --fuzz-input ARTIFACT --target %s\n",
+                 run.divergence->c_str(), KVTWIN_FUZZ_TARGET);
+    std::abort();
+  }
+  return 0;
+}
+
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
+                                          unsigned int seed) {
+  return kvtwin::sim::MutateFuzzInput(Target(), data, size, max_size, seed, &LLVMFuzzerMutate);
+}

@@ -1,0 +1,311 @@
+// The kHybrid fuzz family (contract: sim/fuzz_input.h): bytes -> a MultiSeqConfig and a run
+// of MsOps on the multi-sequence hybrid cache, in lock step through the MultiSeqDriver.
+//
+// Goal: let coverage guidance find op sequences the seeded MultiSeqGenerator does not
+// propose (forks of a fork, cuts at window edges, forwards that rewrite or skip positions,
+// copies onto the sequence itself) while every input stays a run a correct runner could
+// issue, so a reported divergence is a production bug, not a misuse.
+// Method: the header picks the cache shape from small tables that only hold legal shapes,
+// so Validate() passes by construction and no input is wasted on a refused shape. Each
+// record is one op; its fields are read by their own FuzzedDataProvider, one byte each with
+// the full 0..255 range (field k is byte kRecordBytes - 1 - k), and resolved against the
+// reference state: sequence fields index the sequences that hold something, position fields
+// are value fields (ResolveValue) anchored at the sequence's next position with its retained
+// range as the snapshot ends, and a negative or inverted result is clamped rather than
+// dropped. The conv expectation is kAsSpecified: the two documented weaknesses of the
+// original hybrid are counted, not reported, so a divergence means a real bug.
+//
+// Record fields (forward / copy_prefix / remove / can_resume):
+//    0  kind: % 16 < 9 forward, < 11 copy_prefix, < 14 remove, else can_resume
+//    1  forward: sequence bitmask; others: the sequence (src) as an index into the
+//       sequences holding something (any id when none does)
+//    2  forward: selection (even: every sequence holding something; odd: the bitmask);
+//       copy_prefix: dst (any id); remove: % 4 == 0 whole, 1 tail [begin, inf), else [begin, end)
+//    3  forward: tokens per sequence {1,1,2,2,3,4,8,16}[% 8], at most max_batch
+//    4  forward: % 6 == 0 unequal counts (one token more, or fewer, on the last sequence)
+//    5  forward: % 8 == 0 reserve
+//    6  forward: rotation of the batch order
+//    7  forward: causal_off count (% 8 >= 6: 1 or 2)   8, 9: causal_off indices (% batch)
+//   10  forward: token ids (byte * 256 + batch index)
+//   11  forward: even: every sequence continues at its next position (decoding); odd: at
+//       the value fields below
+//   12  forward: % 8 == 0 each sequence's run descends (positions written high to low)
+//   13+2s, 14+2s (s = 0..7): value field; forward: sequence s's first position;
+//       copy_prefix: len (s = 0); remove: begin (s = 0), end (s = 1); can_resume: pos (s = 0)
+// A record the driver rejects is skipped; with the clamps above none is (ValidMsOp asks only
+// for ids, sizes and positions in range), so every record is an event.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "sim/fuzz_families.h"
+#include "sim/multi_seq_driver.h"
+#include "sim/replay.h"
+#include "sim/synthetic.h"
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+constexpr size_t kHeaderBytes = 16;
+constexpr size_t kRecordBytes = 29;
+// The driver re-checks every cell after every op, about 150 us of CPU per op under
+// ASan+UBSan: 8 records run at ~1,000 exec/s, 16 at ~430, 48 at ~120. Sixteen ops still
+// prompt, fork, decode past a window, cut and fill a small cache; longer tails are ignored.
+constexpr size_t kMaxRecords = 16;
+constexpr int32_t kMaxSeqs = 8;
+constexpr size_t kFirstValueField = 13;
+// ValueContext::window when the cache has no window: a short characteristic length, so
+// kWindow / kBehindWindow still aim a few positions from the anchor.
+constexpr int64_t kUnboundedWindowLength = 4;
+
+enum Field : size_t {
+  kKind = 0,
+  kSeq = 1,
+  kMode = 2,  // forward selection; copy_prefix dst; remove range kind
+  kPerSeq = 3,
+  kUnequal = 4,
+  kReserve = 5,
+  kRotate = 6,
+  kCausalCount = 7,
+  kCausalA = 8,
+  kCausalB = 9,
+  kTokens = 10,
+  kContinue = 11,
+  kDescend = 12,
+};
+
+template <size_t N>
+std::array<uint8_t, N> ReadFields(const std::vector<uint8_t>& bytes) {
+  FuzzedDataProvider fdp(bytes.data(), bytes.size());
+  std::array<uint8_t, N> f{};
+  for (uint8_t& b : f) b = fdp.ConsumeIntegral<uint8_t>();
+  return f;
+}
+
+template <typename T, size_t N>
+T Pick(const std::array<T, N>& table, uint8_t b) {
+  return table[b % N];
+}
+
+// Header fields (field k is byte kHeaderBytes - 1 - k, as in records): 0 window, 1 memory,
+// 2 chunk, 3 max_seqs, 4 capacity, 5 max_batch, 6 padding, 7 permuted V, 8 dtype, 9 conv
+// layers, 10 d_conv, 11 hidden, 12 shift, 13 kv_cols, 14-15 run seed. Every table entry is
+// legal, and memory is only set over a finite window (as window or more), so Validate()
+// passes for every header. The driver checks every cell after every op, so its cost grows
+// with max_seqs x capacity: the tables lean to the few sequences and small capacities that
+// fork, share and fill up within a short run, and reach 8 sequences only now and then.
+MultiSeqConfig DecodeConfig(const std::array<uint8_t, kHeaderBytes>& h) {
+  MultiSeqConfig c;
+  c.window = Pick<int64_t, 8>({kvtwin::kUnbounded, kvtwin::kUnbounded, 1, 2, 3, 4, 5, 8}, h[0]);
+  if (c.window != kvtwin::kUnbounded && h[1] % 2 == 1) c.memory = c.window + (h[1] / 2) % 5;
+  c.chunk = Pick<int64_t, 6>({0, 0, 0, 2, 3, 4}, h[2]);
+  c.max_seqs = Pick<int32_t, 8>({1, 2, 2, 3, 3, 4, 6, kMaxSeqs}, h[3]);
+  c.capacity = Pick<int64_t, 5>({4, 6, 8, 12, 16}, h[4]);
+  c.max_batch = Pick<int64_t, 6>({1, 2, 4, 8, 8, 16}, h[5]);
+  c.padding = h[6] % 3 == 0 ? 4 : 1;
+  c.permuted_v = h[7] % 2 == 1;
+  c.dtype = h[8] % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
+  c.num_conv_layers = h[9] % 3;
+  c.d_conv = 1 + h[10] % 3;
+  c.hidden = 1 + h[11] % 4;
+  c.shift_supported = h[12] % 6 != 0;
+  c.kv_cols = h[13] % 2 == 0 ? 8 : 12;
+  c.conv = ConvExpectation::kAsSpecified;
+  const Status valid = c.Validate();
+  KV_CHECK(valid.ok(), "the header tables produced an illegal shape: " + valid.ToString());
+  return c;
+}
+
+// What a record reads of the reference: per sequence, whether it holds anything, its next
+// position and its retained range.
+struct SeqView {
+  bool holds = false;  // a history, even if nothing of it is retained
+  int64_t next = 0;
+  std::optional<int64_t> first, last;
+};
+
+SeqView ViewOf(const MultiSeqDriver& driver, int32_t seq) {
+  SeqView v;
+  const model::RefMultiSeqCache& kv = driver.model().kv();
+  const std::vector<model::MsEntry> history = kv.History(SeqId{seq});
+  if (history.empty()) return v;
+  v.holds = true;
+  v.next = history.back().pos + 1;
+  const std::vector<int64_t> held = kv.RetainedPositions(SeqId{seq});
+  if (!held.empty()) {
+    v.first = held.front();
+    v.last = held.back();
+  }
+  return v;
+}
+
+class Decoder {
+ public:
+  explicit Decoder(const MultiSeqDriver& driver) : driver_(driver) {
+    for (int32_t s = 0; s < driver.config().max_seqs; ++s) {
+      views_.push_back(ViewOf(driver, s));
+      if (views_.back().holds) holding_.push_back(s);
+    }
+  }
+
+  MsOp Decode(const std::array<uint8_t, kRecordBytes>& f) const {
+    const uint8_t kind = f[kKind] % 16;
+    if (kind < 9) return Forward(f);
+    if (kind >= 11 && kind < 14) return Remove(f);
+    const int32_t seq = HeldSeq(f[kSeq]);
+    if (kind < 11) return MsOp::CopyPrefix(seq, AnySeq(f[kMode]), Value(f, 0, seq));
+    return MsOp::CanResume(seq, Value(f, 0, seq));
+  }
+
+ private:
+  int32_t AnySeq(uint8_t b) const { return b % driver_.config().max_seqs; }
+  // An index into the sequences holding something: ops on empty ones are mostly no-ops.
+  int32_t HeldSeq(uint8_t b) const {
+    if (holding_.empty()) return AnySeq(b);
+    return holding_[b % holding_.size()];
+  }
+
+  ValueContext Context(int32_t seq) const {
+    const SeqView& v = views_[static_cast<size_t>(seq)];
+    const int64_t w = driver_.config().window;
+    return ValueContext{v.next, w == kvtwin::kUnbounded ? kUnboundedWindowLength : w, v.first,
+                        v.last};
+  }
+  // Value field `i` (mode byte at kFirstValueField + 2i) against `seq`, clamped to the legal
+  // positions: a negative length or position is the lowest legal one, not a skipped record.
+  int64_t Value(const std::array<uint8_t, kRecordBytes>& f, size_t i, int32_t seq) const {
+    const size_t k = kFirstValueField + 2 * i;
+    return std::clamp<int64_t>(ResolveValue(f[k], f[k + 1], Context(seq)), 0, kMaxPosition);
+  }
+
+  // Where sequence `seq`'s tokens of a forward start.
+  int64_t First(const std::array<uint8_t, kRecordBytes>& f, int32_t seq) const {
+    if (f[kContinue] % 2 == 0) return views_[static_cast<size_t>(seq)].next;
+    return Value(f, static_cast<size_t>(seq), seq);
+  }
+  std::vector<int32_t> Selected(const std::array<uint8_t, kRecordBytes>& f) const;
+  MsOp Forward(const std::array<uint8_t, kRecordBytes>& f) const;
+  MsOp Remove(const std::array<uint8_t, kRecordBytes>& f) const;
+
+  const MultiSeqDriver& driver_;
+  std::vector<SeqView> views_;
+  std::vector<int32_t> holding_;  // ascending
+};
+
+// The batch's sequences in batch order: the bitmask's ids (or every sequence holding
+// something: the beams decoding together), rotated, at least one.
+std::vector<int32_t> Decoder::Selected(const std::array<uint8_t, kRecordBytes>& f) const {
+  std::vector<int32_t> out;
+  if (f[kMode] % 2 == 0) out = holding_;
+  if (out.empty()) {
+    for (int32_t s = 0; s < driver_.config().max_seqs; ++s) {
+      if ((f[kSeq] >> s) & 1) out.push_back(s);
+    }
+  }
+  if (out.empty()) out.push_back(AnySeq(f[kSeq]));
+  std::rotate(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(f[kRotate] % out.size()),
+              out.end());
+  return out;
+}
+
+MsOp Decoder::Forward(const std::array<uint8_t, kRecordBytes>& f) const {
+  const int64_t max_batch = driver_.config().max_batch;
+  const int64_t per =
+      std::min<int64_t>(Pick<int64_t, 8>({1, 1, 2, 2, 3, 4, 8, 16}, f[kPerSeq]), max_batch);
+  std::vector<int32_t> seqs = Selected(f);
+  seqs.resize(std::min(seqs.size(), static_cast<size_t>(max_batch / per)));
+  std::vector<int64_t> counts(seqs.size(), per);
+  // The hybrid refuses unequal counts after committing the KV side (spec §2.9.1): worth
+  // hitting, but rarely, since the refused forward teaches nothing else.
+  if (f[kUnequal] % 6 == 0 && seqs.size() > 1) {
+    const auto total = static_cast<int64_t>(seqs.size()) * per;
+    counts.back() += total < max_batch ? 1 : (per > 1 ? -1 : 0);
+  }
+  std::vector<MsBatchToken> batch;
+  for (size_t j = 0; j < seqs.size(); ++j) {
+    const int64_t n = counts[j];
+    const int64_t base = std::min(First(f, seqs[j]), kMaxPosition - n + 1);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t p = f[kDescend] % 8 == 0 ? base + n - 1 - t : base + t;
+      const auto i = static_cast<int32_t>(batch.size());
+      batch.push_back({seqs[j], p, static_cast<int32_t>(f[kTokens]) * 256 + i});
+    }
+  }
+  std::vector<int64_t> off;
+  const uint8_t count = f[kCausalCount] % 8;
+  const auto size = static_cast<int64_t>(batch.size());
+  if (count >= 6) off.push_back(f[kCausalA] % size);
+  if (count == 7) off.push_back(f[kCausalB] % size);
+  const bool reserve = f[kReserve] % 8 == 0;
+  // A reserve pass ignores SetCausal; leave it out so the recorded event says what ran.
+  return MsOp::Forward(std::move(batch), reserve ? std::vector<int64_t>{} : off, reserve);
+}
+
+MsOp Decoder::Remove(const std::array<uint8_t, kRecordBytes>& f) const {
+  const int32_t seq = HeldSeq(f[kSeq]);
+  switch (f[kMode] % 4) {
+    case 0:
+      return MsOp::Remove(seq, 0, kvtwin::kUnbounded);
+    case 1:
+      return MsOp::Remove(seq, Value(f, 0, seq), kvtwin::kUnbounded);
+    default:
+      break;
+  }
+  const int64_t a = Value(f, 0, seq), b = Value(f, 1, seq);
+  return MsOp::Remove(seq, std::min(a, b), std::max(a, b));
+}
+
+// The op a record applies, or nullopt when the driver rejects it.
+std::optional<MsOp> ResolveRecord(const MultiSeqDriver& driver,
+                                  const std::array<uint8_t, kRecordBytes>& f) {
+  MsOp op = Decoder(driver).Decode(f);
+  if (!driver.Valid(op)) return std::nullopt;
+  return op;
+}
+
+}  // namespace
+
+FuzzLayout HybridFuzzLayout() {
+  FuzzLayout layout;
+  layout.header_bytes = kHeaderBytes;
+  layout.record_bytes = kRecordBytes;
+  for (size_t s = 0; s < size_t{kMaxSeqs}; ++s) {
+    layout.value_fields.push_back(kFirstValueField + 2 * s);
+  }
+  layout.max_records = kMaxRecords;
+  return layout;
+}
+
+FuzzRun RunHybridFuzz(const FuzzParts& parts) {
+  const std::array<uint8_t, kHeaderBytes> h = ReadFields<kHeaderBytes>(parts.header);
+  FuzzRun run;
+  TraceHeader& header = run.trace.header;
+  header.kind = TraceKind::kMultiSeq;
+  header.multiseq = DecodeConfig(h);
+  header.seed = 1 + h[14] + 256 * uint64_t{h[15]};
+  header.source = "fuzz target hybrid";
+  // The replay's value seed, so ReplayTrace(run.trace) reaches this digest and verdict.
+  MultiSeqDriver driver(header.multiseq, TraceValueSeed(header));
+  std::optional<MsDivergence> divergence = driver.divergence();  // the derived shape
+  for (size_t i = 0; i < parts.records.size() && !divergence; ++i) {
+    const std::optional<MsOp> op =
+        ResolveRecord(driver, ReadFields<kRecordBytes>(parts.records[i]));
+    if (!op) continue;
+    run.trace.events.emplace_back(*op);
+    divergence = driver.Apply(*op);
+  }
+  if (divergence) {
+    run.divergence = divergence->ToString();
+    run.divergence_kind = DivergenceKind(divergence->mismatch.what);
+  }
+  run.digest = driver.digest();
+  run.events = static_cast<int64_t>(run.trace.events.size());
+  return run;
+}
+
+}  // namespace kvtwin::sim

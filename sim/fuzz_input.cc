@@ -1,0 +1,122 @@
+// RunFuzzInput's dispatch, the shared pieces of the input format (names, value modes, the
+// header/record cut) and the kTraceReader family. The contract is sim/fuzz_input.h.
+#include "sim/fuzz_input.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+#include "sim/fuzz_families.h"
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+constexpr std::array<std::pair<FuzzTarget, const char*>, 7> kNames = {{
+    {FuzzTarget::kKv, "kv"},
+    {FuzzTarget::kRotating, "rotating"},
+    {FuzzTarget::kRecurrent, "recurrent"},
+    {FuzzTarget::kSpeculation, "speculation"},
+    {FuzzTarget::kPrefix, "prefix"},
+    {FuzzTarget::kHybrid, "hybrid"},
+    {FuzzTarget::kTraceReader, "trace_reader"},
+}};
+
+}  // namespace
+
+const char* FuzzTargetName(FuzzTarget target) {
+  for (const auto& [t, name] : kNames)
+    if (t == target) return name;
+  KV_CHECK(false, "unknown fuzz target");
+  return "";
+}
+
+std::optional<FuzzTarget> ParseFuzzTarget(std::string_view name) {
+  for (const auto& [t, n] : kNames)
+    if (name == n) return t;
+  return std::nullopt;
+}
+
+const std::vector<FuzzTarget>& AllFuzzTargets() {
+  static const std::vector<FuzzTarget> all = [] {
+    std::vector<FuzzTarget> v;
+    for (const auto& entry : kNames) v.push_back(entry.first);
+    return v;
+  }();
+  return all;
+}
+
+int64_t ResolveValue(uint8_t mode, uint8_t arg, const ValueContext& c) {
+  const auto a = static_cast<int64_t>(arg);
+  switch (static_cast<ValueMode>(mode % kValueModes)) {
+    case ValueMode::kRelative:
+      return c.anchor + a % 16 - 8;
+    case ValueMode::kAbsolute:
+      return a;
+    case ValueMode::kWindow:
+      return c.window - 1 + a % 3;
+    case ValueMode::kBehindWindow:
+      return c.anchor - c.window - 1 + a % 3;
+    case ValueMode::kSnapshotEnd:
+      if (!c.from || !c.to) return c.anchor + a % 16 - 8;
+      return (a % 2 == 1 ? *c.to : *c.from) + (a / 2) % 3 - 1;
+  }
+  return c.anchor;
+}
+
+FuzzParts SplitFuzzInput(const FuzzLayout& layout, const uint8_t* data, size_t size) {
+  KV_CHECK(layout.record_bytes > 0, "unstructured layouts have no records");
+  FuzzParts parts;
+  parts.header.assign(layout.header_bytes, 0);
+  std::copy_n(data, std::min(size, layout.header_bytes), parts.header.begin());
+  if (size <= layout.header_bytes) return parts;
+  const size_t whole = (size - layout.header_bytes) / layout.record_bytes;
+  const size_t n = std::min(whole, layout.max_records);
+  parts.records.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* r = data + layout.header_bytes + i * layout.record_bytes;
+    parts.records.emplace_back(r, r + layout.record_bytes);
+  }
+  return parts;
+}
+
+FuzzLayout LayoutOf(FuzzTarget target) {
+  switch (target) {
+    case FuzzTarget::kKv:
+    case FuzzTarget::kRotating:
+    case FuzzTarget::kRecurrent:
+    case FuzzTarget::kSpeculation:
+      return LayerFuzzLayout(target);
+    case FuzzTarget::kPrefix:
+      return PrefixFuzzLayout();
+    case FuzzTarget::kHybrid:
+      return HybridFuzzLayout();
+    case FuzzTarget::kTraceReader:
+      return FuzzLayout{};
+  }
+  return FuzzLayout{};
+}
+
+FuzzRun RunFuzzInput(FuzzTarget target, const uint8_t* data, size_t size) {
+  FuzzRun run;
+  switch (target) {
+    case FuzzTarget::kKv:
+    case FuzzTarget::kRotating:
+    case FuzzTarget::kRecurrent:
+    case FuzzTarget::kSpeculation:
+      run = RunLayerFuzz(target, SplitFuzzInput(LayoutOf(target), data, size));
+      break;
+    case FuzzTarget::kPrefix:
+      run = RunPrefixFuzz(SplitFuzzInput(LayoutOf(target), data, size));
+      break;
+    case FuzzTarget::kHybrid:
+      run = RunHybridFuzz(SplitFuzzInput(LayoutOf(target), data, size));
+      break;
+    case FuzzTarget::kTraceReader:
+      run = RunTraceReaderFuzz(data, size);
+      break;
+  }
+  return run;
+}
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,357 @@
+// The layer-op fuzz family (kKv, kRotating, kRecurrent, kSpeculation; contract:
+// sim/fuzz_input.h). Goal: every byte string is a lock-step run of Ops (sim/ops.h) on a small
+// stack, and one mutated byte changes one decision, so libFuzzer's coverage feedback and the
+// structure-aware mutator steer the run instead of fighting a decoder that resynchronizes.
+// Method: a 4-byte header picks the stack; each 26-byte record is read field by field, one
+// byte per field with a fixed range (field k = byte 25 - k), into a RawRecord, and only then
+// resolved against the reference state of the LockstepDriver (slots modulo the pool,
+// positions as value fields relative to the layer's offset, the window or a snapshot end).
+// Records that resolve to an op the driver would not accept are skipped; the applied ops
+// are recorded as an ops trace that ReplayTrace runs to the same digest and verdict.
+//
+// Header (field k = header byte 3 - k):
+//   0 layers   kKv, kRotating: 1 + b % 2; kRecurrent: 1 + b % 3; kSpeculation: 3 + b % 2
+//   1 window   W = 1 + b % 9 (rotating layers; the characteristic length everywhere)
+//   2 dtype    b % 2: bf16, else f32
+//   3 seed     the run seed (TraceHeader::seed) = b
+// Record fields (k; a value field is a mode byte k and its argument k + 1):
+//   0 kind      b through the target's weights (kLayerKinds, kSpeculationKinds); with
+//               more than kPoolCap snapshots held on the layer, a layer op is a close
+//   1 layer     b % layers (forwards: only the anchor of the relax rectangle)
+//   2 slot      b % (pool + 1), pool = -1 (close: b % pool)
+//   3 slot2     as slot (merge child)
+//   4 count     forward length / speculation drafts D (LengthOf: b < 128: 1 + b % 4;
+//               b < 192: W - 1 + b % 3; else 1 + b % (2 W + 4)), or prepare offsets b % 4
+//   5 pad       b % 5 == 0: 1 + (b / 5) % 3, else 0
+//   6 segmented b % 2
+//   7 mask      b % 10: 0-7 causal, 8 zero, 9 relax
+//   8 isolated  b % 6 == 0
+//   9 accept    b < 192: accepted drafts b % (D + 1); else the first value field
+//   10-13 rect  relax rectangle, relative to the write (see Rect)
+//   14-19 tokens 1 + (b + i / 6) % 6 for token i, from field 14 + i % 6
+//   20/21, 22/23, 24/25 value fields: snapshot from, restore target, split point, accepted
+//               drafts (accept >= 192), prepare offsets (the first; prepare also the second
+//               and third). Anchor: the layer's offset; for accepted drafts D; for prepare
+//               offset i + 1, offset i + 8. kSnapshotEnd: the ends of the snapshot in `slot`.
+//               A snapshot's from is clamped at 0 (the trace format has no negative from).
+// Single-threaded; deterministic in the bytes.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "sim/fuzz_families.h"
+#include "sim/lockstep.h"
+#include "sim/replay.h"
+#include "sim/stack.h"
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+constexpr size_t kHeaderBytes = 4;
+constexpr size_t kTokenFields = 6;
+constexpr size_t kValueFields = 3;
+constexpr size_t kFirstValueField = 20;
+constexpr size_t kRecordBytes = kFirstValueField + 2 * kValueFields;
+// Enough ops to wrap windows, fill pools and chain snapshots. The driver's checks after every
+// step are linear in the offset, so a run costs about records x offset: a full 64-record
+// input takes ~1-3 ms in a release build, a few records tens of microseconds.
+constexpr size_t kMaxRecords = 64;
+// Past this many held snapshots a record on the layer closes one instead: every held
+// snapshot is re-checked after every step, so an unbounded pool only slows the fuzzer.
+constexpr int32_t kPoolCap = 12;
+constexpr int kVocabulary = 6;  // equal tokens on different branches are common
+
+// Kind weights per target, in OpKind order, summing to 256 so the kind byte maps uniformly.
+using KindWeights = std::array<uint32_t, 10>;
+//                                write snap rest merge split free prep take close spec
+constexpr KindWeights kLayerKinds = {56, 28, 40, 20, 20, 6, 24, 24, 14, 24};
+// Speculation first, with the ops that move state under it (writes, snapshots, restores,
+// capture schedules) in between; merges and splits only keep the pool moving.
+constexpr KindWeights kSpeculationKinds = {40, 24, 36, 4, 6, 4, 20, 24, 10, 88};
+
+constexpr uint32_t Sum(const KindWeights& w) {
+  uint32_t total = 0;
+  for (const uint32_t x : w) total += x;
+  return total;
+}
+static_assert(Sum(kLayerKinds) == 256 && Sum(kSpeculationKinds) == 256);
+
+struct Shape {
+  std::string preset;
+  int32_t layers = 1;
+  int64_t window = 1;
+  DType dtype = DType::kFloat32;
+  uint64_t seed = 0;
+};
+
+// A record's bytes, one per field, before any of them is given meaning.
+struct RawRecord {
+  uint8_t kind, layer, slot, slot2, count, pad, segmented, mask, isolated, accept;
+  std::array<uint8_t, 4> rect;
+  std::array<uint8_t, kTokenFields> tokens;
+  std::array<std::array<uint8_t, 2>, kValueFields> values;  // {mode, argument}
+};
+
+uint8_t Field(FuzzedDataProvider& in) { return in.ConsumeIntegral<uint8_t>(); }
+
+// Reads every field in field order, whatever the kind: the byte of field k never depends on
+// the other fields, so the layout table (and the mutator) can address it.
+RawRecord ReadRecord(const std::vector<uint8_t>& bytes) {
+  KV_CHECK(bytes.size() == kRecordBytes, "a record is kRecordBytes long");
+  FuzzedDataProvider in(bytes.data(), bytes.size());
+  RawRecord r{};
+  r.kind = Field(in);
+  r.layer = Field(in);
+  r.slot = Field(in);
+  r.slot2 = Field(in);
+  r.count = Field(in);
+  r.pad = Field(in);
+  r.segmented = Field(in);
+  r.mask = Field(in);
+  r.isolated = Field(in);
+  r.accept = Field(in);
+  for (uint8_t& b : r.rect) b = Field(in);
+  for (uint8_t& b : r.tokens) b = Field(in);
+  for (auto& v : r.values) {
+    v[0] = Field(in);
+    v[1] = Field(in);
+  }
+  KV_CHECK(in.remaining_bytes() == 0, "every record byte is one field");
+  return r;
+}
+
+const char* PresetOf(FuzzTarget target) {
+  switch (target) {
+    case FuzzTarget::kKv:
+      return "dense";
+    case FuzzTarget::kRotating:
+      return "rotating";
+    case FuzzTarget::kRecurrent:
+      return "recurrent";  // < 4 layers: no full KV layer, all gated-delta
+    case FuzzTarget::kSpeculation:
+      return "mixed";
+    default:
+      KV_CHECK(false, "not a layer-op target");
+      return "";
+  }
+}
+
+// Every check after a step costs time in layers x offset: full KV and rotating stacks get two
+// layers at most (enough for layers at different offsets), recurrent ones three (still all
+// gated-delta), the speculation stack one of each kind, sometimes plus a second full KV.
+int32_t LayersOf(FuzzTarget target, uint8_t b) {
+  if (target == FuzzTarget::kSpeculation) return 3 + b % 2;
+  if (target == FuzzTarget::kRecurrent) return 1 + b % 3;
+  return 1 + b % 2;
+}
+
+Shape ReadHeader(FuzzTarget target, const std::vector<uint8_t>& bytes) {
+  FuzzedDataProvider in(bytes.data(), bytes.size());
+  Shape s;
+  s.preset = PresetOf(target);
+  s.layers = LayersOf(target, Field(in));
+  s.window = 1 + Field(in) % 9;
+  s.dtype = Field(in) % 2 == 1 ? DType::kBFloat16 : DType::kFloat32;
+  s.seed = Field(in);
+  return s;
+}
+
+OpKind KindOf(FuzzTarget target, uint8_t b) {
+  const KindWeights& w = target == FuzzTarget::kSpeculation ? kSpeculationKinds : kLayerKinds;
+  uint32_t r = b;
+  for (size_t k = 0; k < w.size(); ++k) {
+    if (r < w[k]) return static_cast<OpKind>(k);
+    r -= w[k];
+  }
+  KV_CHECK(false, "kind weights must sum to 256");
+  return OpKind::kWrite;
+}
+
+// b % (n + 1) with the value n naming the null snapshot (-1).
+int32_t SlotOf(uint8_t b, int32_t pool) {
+  const int32_t s = b % (pool + 1);
+  return s == pool ? -1 : s;
+}
+
+// Mostly short forwards, a quarter at the window's edges (W - 1, W, W + 1: the wrap of a
+// rotating layer inside one batched write), the rest up to 2 W + 4 (a write that wraps the
+// ring twice). No longer: every check after a step costs time in the offset.
+int64_t LengthOf(uint8_t b, int64_t window) {
+  if (b < 128) return 1 + b % 4;
+  if (b < 192) return std::max<int64_t>(1, window - 1 + b % 3);
+  return 1 + b % (2 * window + 4);
+}
+
+// The value context of a layer op: its layer's offset, W, and the addressed snapshot's ends.
+ValueContext LayerContext(const LockstepDriver& d, const Shape& s, int32_t layer, int32_t slot) {
+  ValueContext c{d.ref(layer).Offset(), s.window, std::nullopt, std::nullopt};
+  if (slot >= 0 && slot < d.pool_size(layer)) {
+    const model::RefSnap& snap = d.pool_ref(layer, slot);
+    KV_CHECK(snap.has_value(), "the pool holds no null snapshots");
+    c.from = snap->from;
+    c.to = snap->to;
+  }
+  return c;
+}
+
+int64_t Value(const RawRecord& r, size_t i, const ValueContext& c) {
+  return ResolveValue(r.values[i][0], r.values[i][1], c);
+}
+
+// Relaxation rectangle of a forward of `length` tokens at `start`, shaped like the
+// generator's: queries inside the forward, keys from a little before it. Absolute and
+// non-negative with hi >= lo, as the trace format requires.
+void Rect(const RawRecord& r, int64_t start, int64_t length, Op& op) {
+  op.rect_q_lo = start + r.rect[0] % length;
+  op.rect_q_hi = op.rect_q_lo + 1 + r.rect[1] % length;
+  op.rect_k_lo = std::max<int64_t>(0, start - 4 + r.rect[2] % (length + 4));
+  op.rect_k_hi = op.rect_k_lo + 1 + r.rect[3] % (length + 4);
+}
+
+// Mostly a real acceptance, uniform over 0..D: a partial commit is where the layers' rewinds
+// differ. A quarter of the records take it from the first value field instead (anchor D,
+// window W): D itself, D + 1 and beyond (clamped), negative ones, W - 1..W + 1.
+int64_t Accepted(const RawRecord& r, int64_t drafts, int64_t window) {
+  if (r.accept < 192) return r.accept % (drafts + 1);
+  return Value(r, 0, ValueContext{drafts, window, std::nullopt, std::nullopt});
+}
+
+// kWrite (length = count) or kSpeculate (count drafts after the current token).
+Op Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape& s,
+           int32_t layer) {
+  Op op;
+  op.kind = kind;
+  const int64_t drafts = LengthOf(r.count, s.window);
+  const int64_t length = kind == OpKind::kSpeculate ? drafts + 1 : drafts;
+  for (int64_t i = 0; i < length; ++i) {
+    const uint8_t b = r.tokens[static_cast<size_t>(i) % kTokenFields];
+    op.tokens.push_back(1 + static_cast<int32_t>((b + i / kTokenFields) % kVocabulary));
+  }
+  op.pad = r.pad % 5 == 0 ? 1 + (r.pad / 5) % 3 : 0;
+  op.segmented = r.segmented % 2 == 1;
+  const int m = r.mask % 10;
+  op.mask = m < 8 ? MaskForm::kCausal : m == 8 ? MaskForm::kZero : MaskForm::kRelax;
+  if (op.mask == MaskForm::kRelax) Rect(r, d.ref(layer).Offset(), length, op);
+  if (kind == OpKind::kSpeculate) {
+    op.isolated = r.isolated % 6 == 0;
+    op.value = Accepted(r, drafts, s.window);
+  }
+  return op;
+}
+
+// Up to three offsets, each anchored 8 past the previous one (the first 8 past the layer's
+// offset), so kRelative gives mostly ascending schedules ahead of the cache and sometimes a
+// duplicate or one behind it; the other modes aim at the window or a snapshot end.
+std::vector<int64_t> PrepareOffsets(const RawRecord& r, ValueContext c) {
+  std::vector<int64_t> offsets;
+  const size_t n = r.count % (kValueFields + 1);
+  for (size_t i = 0; i < n; ++i) {
+    c.anchor += 8;
+    offsets.push_back(Value(r, i, c));
+    c.anchor = offsets.back();
+  }
+  return offsets;
+}
+
+// A one-layer op; nullopt when the record names nothing (a close with an empty pool).
+std::optional<Op> LayerOp(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape& s,
+                          int32_t layer) {
+  Op op;
+  op.kind = kind;
+  op.layer = layer;
+  const int32_t pool = d.pool_size(layer);
+  if (pool > kPoolCap) op.kind = OpKind::kClose;
+  if (op.kind == OpKind::kClose) {
+    if (pool == 0) return std::nullopt;
+    op.slot = r.slot % pool;
+    return op;
+  }
+  op.slot = SlotOf(r.slot, pool);
+  const ValueContext c = LayerContext(d, s, layer, op.slot);
+  switch (op.kind) {
+    case OpKind::kSnapshot:
+      op.slot = -1;  // not part of a snapshot op; only aims kSnapshotEnd
+      op.value = std::max<int64_t>(0, Value(r, 0, c));
+      break;
+    case OpKind::kRestore:
+    case OpKind::kSplit:
+      op.value = Value(r, 0, c);
+      break;
+    case OpKind::kMerge:
+      op.slot2 = SlotOf(r.slot2, pool);
+      break;
+    case OpKind::kPrepare:
+      op.offsets = PrepareOffsets(r, c);
+      op.slot = -1;
+      break;
+    default:  // kFree, kTake: nothing but the layer
+      op.slot = -1;
+      break;
+  }
+  return op;
+}
+
+std::optional<Op> Resolve(FuzzTarget target, const RawRecord& r, const LockstepDriver& d,
+                          const Shape& s) {
+  const OpKind kind = KindOf(target, r.kind);
+  const int32_t layer = r.layer % d.num_layers();
+  if (kind == OpKind::kWrite || kind == OpKind::kSpeculate) return Forward(r, kind, d, s, layer);
+  return LayerOp(r, kind, d, s, layer);
+}
+
+TraceHeader HeaderFor(FuzzTarget target, const Shape& s) {
+  TraceHeader h;
+  h.kind = TraceKind::kOps;
+  h.seed = s.seed;
+  h.preset = s.preset;
+  h.layers = s.layers;
+  h.window = s.window;
+  h.dtype = DTypeName(s.dtype);
+  h.source = std::string("fuzz target ") + FuzzTargetName(target);
+  return h;
+}
+
+}  // namespace
+
+FuzzLayout LayerFuzzLayout(FuzzTarget target) {
+  KV_CHECK(target == FuzzTarget::kKv || target == FuzzTarget::kRotating ||
+               target == FuzzTarget::kRecurrent || target == FuzzTarget::kSpeculation,
+           "not a layer-op target");
+  FuzzLayout layout;
+  layout.header_bytes = kHeaderBytes;
+  layout.record_bytes = kRecordBytes;
+  for (size_t i = 0; i < kValueFields; ++i) layout.value_fields.push_back(kFirstValueField + 2 * i);
+  layout.max_records = kMaxRecords;
+  return layout;
+}
+
+FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts) {
+  const Shape shape = ReadHeader(target, parts.header);
+  Result<StackConfig> config =
+      StackFromPreset(shape.preset, shape.layers, shape.window, shape.dtype);
+  KV_CHECK(config.ok(), config.status().ToString());
+  FuzzRun run;
+  run.trace.header = HeaderFor(target, shape);
+  // The replay's value seed, so ReplayTrace(run.trace) reaches this run's digest.
+  LockstepDriver driver(std::move(*config), TraceValueSeed(run.trace.header));
+  for (const std::vector<uint8_t>& bytes : parts.records) {
+    const std::optional<Op> op = Resolve(target, ReadRecord(bytes), driver, shape);
+    if (!op || !driver.Valid(*op)) continue;
+    run.trace.events.emplace_back(*op);
+    ++run.events;
+    if (std::optional<Divergence> div = driver.Apply(*op)) {
+      run.divergence = div->ToString();
+      run.divergence_kind = DivergenceKind(div->mismatch.what);
+      break;
+    }
+  }
+  run.digest = driver.digest();
+  return run;
+}
+
+}  // namespace kvtwin::sim
