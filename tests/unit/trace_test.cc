@@ -417,6 +417,10 @@ TEST(TraceReaderErrors, NotJson) {
   EXPECT_EQ(bad_event.rfind("FILE:3: /: not JSON: ", 0), 0u) << bad_event;
   EXPECT_EQ(ErrorOf({kRequestsHeader, "[1,2]"}), "FILE:2: /: expected an object, got array");
   EXPECT_EQ(ErrorOf({"42"}), "FILE:1: /: expected an object, got 42");
+  // A number beyond a double: nlohmann throws even when asked not to (a fuzz finding).
+  EXPECT_EQ(ErrorOf({kRequestsHeader, R"({"inputs":[1e99940],"outputs":[2]})"}),
+            "FILE:2: /: not JSON: [json.exception.out_of_range.406] number overflow parsing "
+            "'1e99940'");
 }
 
 TEST(TraceReaderErrors, HeaderFormatAndVersionComeFirst) {

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Goal: the exec/s of every libFuzzer target under ASan + UBSan on this machine, the
+# figures the README quotes (a measurement, never a test assertion).
+# Method: build the `fuzz` preset, then run each NAME_fuzz for SECONDS (default 30) with a
+# pinned seed from a scratch copy of its seed corpus, and print libFuzzer's final
+# average_exec_per_sec, executions and peak RSS as a markdown table.
+# Usage: bench/fuzz_rates.sh [SECONDS]
+set -euo pipefail
+secs=${1:-30}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+cmake --preset fuzz >/dev/null && cmake --build --preset fuzz -j "$(nproc)" >/dev/null
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+echo "| target | exec/s | executions | peak RSS (MB) |"
+echo "|---|---:|---:|---:|"
+for exe in build/fuzz/fuzz/*_fuzz; do
+  name=$(basename "$exe" _fuzz)
+  mkdir -p "$tmp/$name"
+  [ -d "fuzz/corpus/$name" ] && cp -r "fuzz/corpus/$name/." "$tmp/$name/"
+  dict=(); [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
+  out=$("$exe" -seed=1 -max_total_time="$secs" -print_final_stats=1 "${dict[@]}" \
+          -artifact_prefix="$tmp/" "$tmp/$name" 2>&1) || { echo "| $name | CRASH | | |"; continue; }
+  stat() { grep -oE "stat::$1: *[0-9]+" <<<"$out" | grep -oE '[0-9]+$'; }
+  echo "| $name | $(stat average_exec_per_sec) | $(stat number_of_executed_units) | $(stat peak_rss_mb) |"
+done
