@@ -4,7 +4,7 @@
 JOBS ?= $(shell nproc)
 BUILD := build/default
 
-.PHONY: setup configure build run test test-asan clean
+.PHONY: setup configure build run test test-asan clean mutants
 
 setup:
 	@bash scripts/setup.sh
@@ -26,3 +26,9 @@ test-asan: setup
 
 clean:
 	rm -rf build
+
+# The mutant catalogue (tests/mutants/*.patch): plants each bug in a scratch copy under
+# $TMPDIR (default /tmp), runs the fast gate, writes tests/mutants/RESULTS.md. A subset:
+# `make mutants MUTANTS=rotating` (a substring of the patch names).
+mutants: setup
+	@bash scripts/mutants.sh $(MUTANTS)
