@@ -34,71 +34,46 @@ uint64_t RowHash(const Tensor& row) {
 
 }  // namespace
 
+const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
+  // Every counter, in declaration order: ToString, += and the coverage floors of the
+  // tests all walk this one list.
+  static const std::vector<Field> fields = {
+      {"forwards", &MsCoverage::forwards},
+      {"reserves", &MsCoverage::reserves},
+      {"cache_full", &MsCoverage::cache_full},
+      {"unequal_batches", &MsCoverage::unequal_batches},
+      {"causal_off", &MsCoverage::causal_off},
+      {"copy_prefix", &MsCoverage::copy_prefix},
+      {"copy_prefix_partial", &MsCoverage::copy_prefix_partial},
+      {"removes_tail", &MsCoverage::removes_tail},
+      {"removes_whole", &MsCoverage::removes_whole},
+      {"removes_middle_shift", &MsCoverage::removes_middle_shift},
+      {"removes_refused_shared", &MsCoverage::removes_refused_shared},
+      {"removes_refused_no_shift", &MsCoverage::removes_refused_no_shift},
+      {"cow_copies", &MsCoverage::cow_copies},
+      {"can_resume_true", &MsCoverage::can_resume_true},
+      {"can_resume_false", &MsCoverage::can_resume_false},
+      {"ideal_divergences", &MsCoverage::ideal_divergences},
+      {"rewrites", &MsCoverage::rewrites},
+      {"cache_full_pruned", &MsCoverage::cache_full_pruned},
+      {"unordered_batches", &MsCoverage::unordered_batches},
+      {"joins", &MsCoverage::joins},
+      {"removes_degenerate", &MsCoverage::removes_degenerate},
+      {"half_edited_ops", &MsCoverage::half_edited_ops},
+      {"causal_reset_calls", &MsCoverage::causal_reset_calls},
+  };
+  return fields;
+}
+
 std::string MsCoverage::ToString() const {
-  return fmt::format(
-      "forwards={} reserves={} cache_full={} unequal_batches={} causal_off={} copy_prefix={} "
-      "copy_prefix_partial={} removes_tail={} removes_whole={} removes_middle_shift={} "
-      "removes_refused_shared={} removes_refused_no_shift={} cow_copies={} can_resume_true={} "
-      "can_resume_false={} ideal_divergences={} rewrites={} cache_full_pruned={} "
-      "unordered_batches={} joins={} removes_degenerate={} half_edited_ops={} "
-      "causal_reset_calls={}",
-      forwards, reserves, cache_full, unequal_batches, causal_off, copy_prefix, copy_prefix_partial,
-      removes_tail, removes_whole, removes_middle_shift, removes_refused_shared,
-      removes_refused_no_shift, cow_copies, can_resume_true, can_resume_false, ideal_divergences,
-      rewrites, cache_full_pruned, unordered_batches, joins, removes_degenerate, half_edited_ops,
-      causal_reset_calls);
+  std::string out;
+  for (const auto& [name, member] : Fields())
+    out += fmt::format("{}{}={}", out.empty() ? "" : " ", name, this->*member);
+  return out;
 }
 
 MsCoverage& MsCoverage::operator+=(const MsCoverage& o) {
-  // Every counter, in declaration order (the same list as ToString).
-  int64_t* mine[] = {&forwards,
-                     &reserves,
-                     &cache_full,
-                     &unequal_batches,
-                     &causal_off,
-                     &copy_prefix,
-                     &copy_prefix_partial,
-                     &removes_tail,
-                     &removes_whole,
-                     &removes_middle_shift,
-                     &removes_refused_shared,
-                     &removes_refused_no_shift,
-                     &cow_copies,
-                     &can_resume_true,
-                     &can_resume_false,
-                     &ideal_divergences,
-                     &rewrites,
-                     &cache_full_pruned,
-                     &unordered_batches,
-                     &joins,
-                     &removes_degenerate,
-                     &half_edited_ops,
-                     &causal_reset_calls};
-  const int64_t theirs[] = {o.forwards,
-                            o.reserves,
-                            o.cache_full,
-                            o.unequal_batches,
-                            o.causal_off,
-                            o.copy_prefix,
-                            o.copy_prefix_partial,
-                            o.removes_tail,
-                            o.removes_whole,
-                            o.removes_middle_shift,
-                            o.removes_refused_shared,
-                            o.removes_refused_no_shift,
-                            o.cow_copies,
-                            o.can_resume_true,
-                            o.can_resume_false,
-                            o.ideal_divergences,
-                            o.rewrites,
-                            o.cache_full_pruned,
-                            o.unordered_batches,
-                            o.joins,
-                            o.removes_degenerate,
-                            o.half_edited_ops,
-                            o.causal_reset_calls};
-  static_assert(std::size(mine) == std::size(theirs));
-  for (size_t i = 0; i < std::size(mine); ++i) *mine[i] += theirs[i];
+  for (const auto& [name, member] : Fields()) this->*member += o.*member;
   return *this;
 }
 

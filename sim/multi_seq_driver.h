@@ -97,6 +97,12 @@ struct MsCoverage {
   int64_t causal_reset_calls = 0;  // SetCausal with an empty list
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
+  // Every counter by name ("forwards", ...), in declaration order.
+  struct Field {
+    const char* name;
+    int64_t MsCoverage::*member;
+  };
+  static const std::vector<Field>& Fields();
 };
 
 struct MsDivergence {

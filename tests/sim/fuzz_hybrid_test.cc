@@ -120,32 +120,7 @@ TEST(HybridFuzz, RandomInputsPassReplayAndCoverEveryMechanism) {
   // Every record resolves to a valid op (clamped values, indices into the sequences that
   // exist): a skipped record is a byte string the fuzzer mutates for nothing.
   EXPECT_EQ(events, records);
-  const std::pair<const char*, int64_t> counters[] = {
-      {"forwards", total.forwards},
-      {"reserves", total.reserves},
-      {"cache_full", total.cache_full},
-      {"unequal_batches", total.unequal_batches},
-      {"causal_off", total.causal_off},
-      {"copy_prefix", total.copy_prefix},
-      {"copy_prefix_partial", total.copy_prefix_partial},
-      {"removes_tail", total.removes_tail},
-      {"removes_whole", total.removes_whole},
-      {"removes_middle_shift", total.removes_middle_shift},
-      {"removes_refused_shared", total.removes_refused_shared},
-      {"removes_refused_no_shift", total.removes_refused_no_shift},
-      {"cow_copies", total.cow_copies},
-      {"can_resume_true", total.can_resume_true},
-      {"can_resume_false", total.can_resume_false},
-      {"ideal_divergences", total.ideal_divergences},
-      {"rewrites", total.rewrites},
-      {"cache_full_pruned", total.cache_full_pruned},
-      {"unordered_batches", total.unordered_batches},
-      {"joins", total.joins},
-      {"removes_degenerate", total.removes_degenerate},
-      {"half_edited_ops", total.half_edited_ops},
-      {"causal_reset_calls", total.causal_reset_calls},
-  };
-  for (const auto& [name, value] : counters) EXPECT_GT(value, 0) << name;
+  for (const auto& [name, member] : MsCoverage::Fields()) EXPECT_GT(total.*member, 0) << name;
   RecordProperty("coverage", total.ToString());
 }
 
