@@ -5,6 +5,9 @@
 // MultiSeqDriver), fuzz_input.cc (kTraceReader).
 #pragma once
 
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -20,6 +23,17 @@ struct FuzzParts {
   std::vector<std::vector<uint8_t>> records;
 };
 FuzzParts SplitFuzzInput(const FuzzLayout& layout, const uint8_t* data, size_t size);
+
+// The N one-byte fields of a header or record, in field order: field k is byte N - 1 - k
+// (FuzzedDataProvider reads integers from the end), whatever the state, so a mutation of
+// one byte changes one decision and the layout table can address every field.
+template <size_t N>
+std::array<uint8_t, N> ReadFields(const std::vector<uint8_t>& bytes) {
+  FuzzedDataProvider in(bytes.data(), bytes.size());
+  std::array<uint8_t, N> fields{};
+  for (uint8_t& f : fields) f = in.ConsumeIntegral<uint8_t>();
+  return fields;
+}
 
 FuzzLayout LayerFuzzLayout(FuzzTarget target);  // kKv, kRotating, kRecurrent, kSpeculation
 FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts);

@@ -34,7 +34,6 @@
 //       copy_prefix: len (s = 0); remove: begin (s = 0), end (s = 1); can_resume: pos (s = 0)
 // A record the driver rejects is skipped; with the clamps above none is (ValidMsOp asks only
 // for ids, sizes and positions in range), so every record is an event.
-#include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
 #include <array>
@@ -78,14 +77,6 @@ enum Field : size_t {
   kContinue = 11,
   kDescend = 12,
 };
-
-template <size_t N>
-std::array<uint8_t, N> ReadFields(const std::vector<uint8_t>& bytes) {
-  FuzzedDataProvider fdp(bytes.data(), bytes.size());
-  std::array<uint8_t, N> f{};
-  for (uint8_t& b : f) b = fdp.ConsumeIntegral<uint8_t>();
-  return f;
-}
 
 template <typename T, size_t N>
 T Pick(const std::array<T, N>& table, uint8_t b) {

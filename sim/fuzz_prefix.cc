@@ -116,14 +116,6 @@ TraceHeader ReadHeader(const std::vector<uint8_t>& bytes) {
   return h;
 }
 
-// Every field one byte, whatever the state: a mutation of one byte changes one decision.
-Record ReadRecord(const std::vector<uint8_t>& bytes) {
-  FuzzedDataProvider fdp(bytes.data(), bytes.size());
-  Record r{};
-  for (uint8_t& field : r) field = fdp.ConsumeIntegral<uint8_t>();
-  return r;
-}
-
 // Turns records into plans, keeping each conversation's last request like RequestWorkload.
 class PlanDecoder {
  public:
@@ -304,9 +296,8 @@ FuzzRun RunPrefixFuzz(const FuzzParts& parts) {
   RequestDriver driver(StackOf(h), {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking},
                        TraceValueSeed(h));
   PlanDecoder decoder(h);
-  const size_t n = std::min(parts.records.size(), kMaxRecords);
-  for (size_t i = 0; i < n; ++i) {
-    RequestPlan plan = decoder.Next(ReadRecord(parts.records[i]), run.events);
+  for (const std::vector<uint8_t>& bytes : parts.records) {  // at most kMaxRecords
+    RequestPlan plan = decoder.Next(ReadFields<kFields>(bytes), run.events);
     std::optional<RequestDivergence> divergence = driver.Run(plan);
     run.trace.events.emplace_back(std::move(plan));
     ++run.events;
