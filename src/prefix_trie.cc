@@ -86,8 +86,21 @@ PrefixTrie::Match PrefixTrie::FindBestMatch(TrieNode* from, std::span<const Trie
     TrieNode* best = nullptr;
     size_t best_len = 0;
     bool best_full = false;
-    // Under the sibling invariant at most one child qualifies; the tie-breaks (whole edge,
-    // then longer prefix, then earlier child) keep a broken trie deterministic (spec §3.2).
+    // Under the sibling invariant at most one child qualifies, found through the index;
+    // the tie-breaks (whole edge, then longer prefix, then earlier child) keep a broken
+    // trie deterministic (spec §3.2), so the list is scanned when a key has several.
+    const auto [lo, hi] = children_by_key_.equal_range({node, rest.front()});
+    if (lo == hi) break;
+    if (std::next(lo) == hi) {
+      TrieNode* c = lo->second;
+      const size_t len = CommonPrefix(c->edge_, rest);
+      match.path.push_back(c);
+      match.matched += static_cast<int64_t>(len);
+      pos += len;
+      if (len != c->edge_.size()) break;
+      node = c;
+      continue;
+    }
     for (const std::unique_ptr<TrieNode>& c : node->children_) {
       if (c->edge_.empty() || c->edge_.front() != rest.front()) continue;
       const size_t len = CommonPrefix(c->edge_, rest);
@@ -122,6 +135,7 @@ TrieNode* PrefixTrie::AppendChild(TrieNode* node, std::span<const TrieKey> keys,
   child->last_used_ = node->last_used_;
   node->children_.push_back(std::move(child));
   ++num_nodes_;
+  IndexChild(node->children_.back().get());
   return node->children_.back().get();
 }
 
@@ -134,6 +148,7 @@ void PrefixTrie::RemoveNode(TrieNode* node) {
   auto it = SlotInParent(siblings, node);
   std::unique_ptr<TrieNode> owned = std::move(*it);
   siblings.erase(it);  // keeps sibling order
+  UnindexChild(node->parent_, node->edge_.front(), node);
   --num_nodes_;
   // Out of the counter now; the snapshots are closed with the node at the end of scope.
   Detach(owned.get());
@@ -172,8 +187,11 @@ TrieNode* PrefixTrie::SplitNode(TrieNode* node, int64_t at) {
   auto it = SlotInParent(siblings, node);
   std::unique_ptr<TrieNode> owned = std::move(*it);
   *it = std::move(parent);  // same index: sibling order is part of the match tie-break
+  UnindexChild(p->parent_, p->edge_.front(), node);  // P took node's first key
+  IndexChild(p);
   owned->parent_ = p;
   p->children_.push_back(std::move(owned));
+  IndexChild(node);
   return p;
 }
 
@@ -185,6 +203,7 @@ void PrefixTrie::MergeWithChild(TrieNode* node) {
                                             std::to_string(node->children_.size()));
   std::unique_ptr<TrieNode> child = std::move(node->children_.front());
   node->children_.clear();
+  UnindexChild(node, child->edge_.front(), child.get());
   --num_nodes_;
 
   if (node->HasSnapshots() || child->HasSnapshots()) {
@@ -203,7 +222,11 @@ void PrefixTrie::MergeWithChild(TrieNode* node) {
   node->edge_.insert(node->edge_.end(), child->edge_.begin(), child->edge_.end());
   node->end_offset_ = child->end_offset_;
   node->children_ = std::move(child->children_);
-  for (std::unique_ptr<TrieNode>& c : node->children_) c->parent_ = node;
+  for (std::unique_ptr<TrieNode>& c : node->children_) {
+    UnindexChild(child.get(), c->edge_.front(), c.get());
+    c->parent_ = node;
+    IndexChild(c.get());
+  }
   node->user_ = child->user_;  // the child's flag wins, even over a user parent
   node->last_used_ = std::max(node->last_used_, child->last_used_);
   // `child` (now childless, its snapshots consumed) is destroyed here.
@@ -214,6 +237,26 @@ void PrefixTrie::SetSnapshots(TrieNode* node, std::vector<SnapshotPtr> snapshots
   std::vector<SnapshotPtr> old = Detach(node);
   Attach(node, std::move(snapshots));
   // `old` is closed on return.
+}
+
+size_t PrefixTrie::ChildKeyHash::operator()(const ChildKey& k) const {
+  const size_t a = std::hash<const TrieNode*>()(k.parent);
+  return a ^ (std::hash<TrieKey>()(k.first) + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
+}
+
+void PrefixTrie::IndexChild(TrieNode* child) {
+  children_by_key_.emplace(ChildKey{child->parent_, child->edge_.front()}, child);
+}
+
+void PrefixTrie::UnindexChild(const TrieNode* parent, TrieKey first, const TrieNode* child) {
+  auto [lo, hi] = children_by_key_.equal_range({parent, first});
+  for (auto it = lo; it != hi; ++it) {
+    if (it->second == child) {
+      children_by_key_.erase(it);
+      return;
+    }
+  }
+  KV_CHECK(false, "trie child index misses a child");
 }
 
 void PrefixTrie::Walk(const std::function<void(TrieNode*)>& visit) const {

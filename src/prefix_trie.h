@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "src/cache.h"
@@ -107,10 +108,27 @@ class PrefixTrie {
   // Installs a set on a node without snapshots and adds it to the byte counter.
   void Attach(TrieNode* node, std::vector<SnapshotPtr> snapshots);
 
+  // (parent, first key of the child's edge) -> child, so FindBestMatch costs O(depth) and
+  // not O(siblings): a shared system prompt has one child per distinct next token, tens of
+  // thousands under load. A multimap, so a broken trie with two siblings on one first key
+  // still matches exactly as the spec's scan (the scan decides whenever a key has more
+  // than one entry).
+  struct ChildKey {
+    const TrieNode* parent;
+    TrieKey first;
+    bool operator==(const ChildKey&) const = default;
+  };
+  struct ChildKeyHash {
+    size_t operator()(const ChildKey& k) const;
+  };
+  void IndexChild(TrieNode* child);
+  void UnindexChild(const TrieNode* parent, TrieKey first, const TrieNode* child);
+
   std::vector<LayerCache*> caches_;
   std::unique_ptr<TrieNode> root_;
   int64_t paged_out_bytes_ = 0;
   int64_t num_nodes_ = 1;
+  std::unordered_multimap<ChildKey, TrieNode*, ChildKeyHash> children_by_key_;
 };
 
 }  // namespace kvtwin

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/core/rng.h"
 #include "src/kv_cache.h"
 #include "src/recurrent_cache.h"
 #include "src/rotating_cache.h"
@@ -436,6 +437,60 @@ TEST(PrefixTrie, DeepChainWalksAndDestroysWithoutOverflowingTheStack) {
   trie->Walk([&visited](TrieNode*) { ++visited; });
   EXPECT_EQ(visited, kDepth + 1);
   trie.reset();  // a recursive teardown would need one stack frame per node
+}
+
+}  // namespace
+}  // namespace kvtwin
+
+namespace kvtwin {
+namespace {
+
+// The key path root -> node.
+Keys KeyPath(const TrieNode* node) {
+  std::vector<const TrieNode*> chain;
+  for (; !node->is_root(); node = node->parent()) chain.push_back(node);
+  Keys keys;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+    keys.insert(keys.end(), (*it)->edge().begin(), (*it)->edge().end());
+  return keys;
+}
+
+// FindBestMatch looks children up by first key; the index must follow every structural
+// change. Seeded inserts over a small alphabet (many splits, wide nodes), removals of
+// leaves and merges of single-child nodes; after each, every node is found by its own key
+// path (a whole-path match ending exactly at it) and one key past a leaf matches nothing
+// more.
+TEST(PrefixTrie, EveryNodeIsFoundByItsKeyPathThroughSplitsMergesAndRemovals) {
+  KvEnv e;
+  Rng rng(7);
+  for (int step = 0; step < 600; ++step) {
+    std::vector<TrieNode*> nodes;
+    e.trie.Walk([&](TrieNode* n) { nodes.push_back(n); });
+    const uint64_t op = rng.Below(10);
+    if (op < 6 || nodes.size() < 3) {
+      Keys keys(static_cast<size_t>(rng.Range(1, 8)));
+      for (TrieKey& k : keys) k = rng.Below(op < 3 ? 3 : 40);
+      Insert(e.trie, keys);
+    } else {
+      TrieNode* n = nodes[1 + rng.Below(nodes.size() - 1)];
+      if (n->num_children() == 0)
+        e.trie.RemoveNode(n);
+      else if (n->num_children() == 1)
+        e.trie.MergeWithChild(n);
+    }
+    ASSERT_TRUE(TrieIsSound(e.trie)) << "step " << step;
+    e.trie.Walk([&](TrieNode* n) {
+      Keys keys = KeyPath(n);
+      const Found found = e.Match(keys);
+      ASSERT_EQ(found.first, n->end_offset()) << "step " << step;
+      ASSERT_EQ(found.second.back(), n) << "step " << step;
+      if (n->num_children() == 0) {
+        keys.push_back(1000);  // a key no insert uses
+        ASSERT_EQ(e.Match(keys).first, n->end_offset()) << "step " << step;
+      }
+    });
+  }
+  EXPECT_GT(e.trie.num_nodes(), 20);
 }
 
 }  // namespace
