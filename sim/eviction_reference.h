@@ -12,9 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "model/ref_trie.h"
 #include "sim/checks.h"
 #include "src/prefix_cache.h"
 
@@ -39,8 +41,8 @@ class EvictionReference {
 
   PrefixCache& manager_;
   int64_t budget_ = 0;
-  std::string expected_;  // the reference result of the pass under way
-  std::string victims_;   // its evictions, for the report
+  std::unique_ptr<model::RefNode> expected_;  // the reference result of the pass under way
+  std::string victims_;                       // its evictions, for the report
   Check mismatch_;
   int64_t passes_ = 0, evictions_ = 0;
   bool enabled_ = true;

@@ -46,7 +46,12 @@ Check ManagerReference::CheckPending(const PrefixCache& pc) const {
   return Mismatch{"pending capture offsets (u = user point)", want, got};
 }
 
+// Renders only on a difference: the lock-step walk decides equality without the mirror.
 Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) const {
+  if (SameTrie(pc.trie(), ref_.root(), /*with_bytes=*/false, /*raw_ticks=*/false) &&
+      SamePath(pc.trie(), pc.active_path())) {
+    return std::nullopt;
+  }
   const TrieMirror got = MirrorTrie(pc.trie(), pc.active_path());
   const std::string want_text = model::RenderRefTrie(ref_.root(), /*with_bytes=*/false);
   const std::string got_text = model::RenderRefTrie(*got.root, /*with_bytes=*/false);
@@ -61,6 +66,25 @@ Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) cons
   const std::string have = RenderPath(got.active);
   if (want == have && got.active.size() == pc.active_path().size()) return std::nullopt;
   return Mismatch{fmt::format("active path after {}", after), want, have};
+}
+
+// What RenderPath compares (the ranges of the path's nodes), for a path that runs from the
+// root through parent -> child links; a pointer is dereferenced only once it is found
+// among the children of a node already on that chain, so a freed node reads as "differs".
+bool ManagerReference::SamePath(const PrefixTrie& trie, std::span<TrieNode* const> got) const {
+  const auto& want = ref_.active_path();
+  if (got.size() != want.size() || got.empty() || got[0] != trie.root()) return false;
+  for (size_t i = 1; i < got.size(); ++i) {
+    const TrieNode* parent = got[i - 1];
+    bool child = false;
+    for (size_t c = 0; c < parent->num_children() && !child; ++c)
+      child = parent->child(c) == got[i];
+    if (!child || got[i]->end_offset() != want[i]->end ||
+        got[i]->start_offset() != want[i]->start()) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace kvtwin::sim

@@ -34,6 +34,8 @@ class ManagerReference {
   Check CheckTrie(const PrefixCache& pc, const char* after) const;
 
  private:
+  bool SamePath(const PrefixTrie& trie, std::span<TrieNode* const> got) const;
+
   model::RefPrefixCache ref_;
 };
 

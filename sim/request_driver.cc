@@ -129,6 +129,12 @@ RequestDriver::Census RequestDriver::TakeCensus() const {
   return census;
 }
 
+void RequestDriver::UpdateCensus() {
+  Census now = TakeCensus();
+  if (census_) CountChanges(*census_, now);
+  census_ = std::move(now);
+}
+
 void RequestDriver::CountChanges(const Census& before, const Census& after) {
   for (const auto& [end_hash, start] : before.start_by_end) {
     auto it = after.start_by_end.find(end_hash);
@@ -157,6 +163,32 @@ RequestDriver::TrieDumps RequestDriver::DumpTries(bool diverged) const {
   const std::span<TrieNode* const> path =
       diverged ? std::span<TrieNode* const>() : std::span(manager_->active_path());
   return {DumpTrie(manager_->trie(), path), TrieToDot(manager_->trie(), path)};
+}
+
+uint64_t RequestDriver::TrieDigest() const {
+  const PrefixTrie& trie = manager_->trie();
+  uint64_t h = XXH3_64bits_withSeed(nullptr, 0, static_cast<uint64_t>(trie.paged_out_bytes()));
+  auto fold = [&h](const void* data, size_t bytes) { h = XXH3_64bits_withSeed(data, bytes, h); };
+  trie.Walk([&](TrieNode* n) {
+    const int64_t fields[6] = {n->start_offset(),
+                               n->end_offset(),
+                               static_cast<int64_t>(n->num_children()),
+                               static_cast<int64_t>(n->last_used()),
+                               n->SnapshotBytes(),
+                               n->user() ? 1 : 0};
+    fold(fields, sizeof(fields));
+    fold(n->edge().data(), n->edge().size() * sizeof(TrieKey));
+    for (const SnapshotPtr& s : n->snapshots()) {
+      const int64_t slot[3] = {s == nullptr ? -1 : static_cast<int64_t>(s->kind()),
+                               s == nullptr ? 0 : s->from(), s == nullptr ? 0 : s->to()};
+      fold(slot, sizeof(slot));
+    }
+  });
+  for (const TrieNode* n : manager_->active_path()) {
+    const int64_t range[2] = {n->start_offset(), n->end_offset()};
+    fold(range, sizeof(range));
+  }
+  return h;
 }
 
 void RequestDriver::Fold(uint64_t value) {

@@ -95,6 +95,11 @@ struct RequestDriverOptions {
   int64_t pre_thinking = 4;      // 0: no capture at len - pre_thinking
 };
 
+// The offsets a request's SchedulePrefillSnapshots asks for: the plan's user offsets, then
+// every capture_interval-th position up to the prompt length, then len - pre_thinking.
+std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
+                                           const RequestPlan& plan);
+
 class RequestDriver {
  public:
   // REQUIRES: config.Validate().ok(); chunk >= 1.
@@ -137,8 +142,15 @@ class RequestDriver {
   std::vector<LayerCache*> Caches() const;
   std::vector<std::optional<model::RefCache>> Shadows() const;
   Census TakeCensus() const;
+  // After an audited call: counts the changes since the previous audited call's census
+  // (splits and evictions, approximate: a node that came and went between two audits is
+  // not seen) and keeps the new census.
+  void UpdateCensus();
   void CountChanges(const Census& before, const Census& after);
   void Fold(uint64_t value);
+  // A hash of everything DumpTrie shows (structure, keys, ticks, bytes, slot kinds and
+  // ranges, user flags, the active path), folded field by field with no text.
+  uint64_t TrieDigest() const;
 
   StackConfig config_;
   RequestDriverOptions options_;
@@ -160,6 +172,7 @@ class RequestDriver {
   RequestCoverage coverage_;
   std::string last_outcome_;
   BeginReport last_report_;
+  std::optional<Census> census_;  // at the last audited call
   int64_t audit_credit_ = 0;
   bool audit_ = true;
   SoundnessMemo soundness_memo_;

@@ -66,7 +66,6 @@ class RequestDriver::Session {
     // Described now: a faulty eviction inside Begin may free these nodes.
     const std::string want_path = DescribePath(want.active_path);
     const bool audit = d_.StartCall();
-    const Census before = audit ? d_.TakeCensus() : Census{};
     d_.last_outcome_ = "(no Begin report)";
     ++d_.steps_;
     Result<BeginReport> begun = d_.manager_->Begin(plan_.inputs);
@@ -91,7 +90,7 @@ class RequestDriver::Session {
         if (Check c = d_.reference_->CheckTrie(pc(), "Begin")) return c;
       }
     }
-    if (audit) d_.CountChanges(before, d_.TakeCensus());
+    if (audit) d_.UpdateCensus();
     Count();
     d_.coverage_.kv_gaps += !want.kv_chain;
     return std::nullopt;
@@ -194,15 +193,7 @@ class RequestDriver::Session {
 
   Check Prefill() {
     if (plan_.schedule) {
-      std::vector<int64_t> requested = plan_.user_offsets;
-      const RequestDriverOptions& o = d_.options_;
-      for (int64_t p = o.capture_interval; o.capture_interval > 0 && p <= len();
-           p += o.capture_interval) {
-        requested.push_back(p);
-      }
-      if (o.pre_thinking > 0 && len() - o.pre_thinking > 0) {
-        requested.push_back(len() - o.pre_thinking);
-      }
+      const std::vector<int64_t> requested = PrefillCaptureOffsets(d_.options_, plan_);
       phase_ = "SchedulePrefillSnapshots";
       ++d_.steps_;
       if (Check c = StatusIsOk(d_.manager_->SchedulePrefillSnapshots(requested),
@@ -232,7 +223,6 @@ class RequestDriver::Session {
   Check Attach() {
     phase_ = "AttachPrefillSnapshots";
     const bool audit = d_.StartCall();
-    const Census before = audit ? d_.TakeCensus() : Census{};
     ++d_.steps_;
     if (Check c = StatusIsOk(d_.manager_->AttachPrefillSnapshots(), "AttachPrefillSnapshots")) {
       return c;
@@ -246,7 +236,7 @@ class RequestDriver::Session {
       }
     }
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
-    if (audit) d_.CountChanges(before, d_.TakeCensus());
+    if (audit) d_.UpdateCensus();
     return std::nullopt;
   }
 
@@ -289,7 +279,6 @@ class RequestDriver::Session {
     phase_ = "before Close";
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
     const bool audit = d_.StartCall();
-    const Census before = audit ? d_.TakeCensus() : Census{};
     phase_ = "Close";
     ++d_.steps_;
     if (Check c = StatusIsOk(d_.manager_->Close(), "Close")) return c;
@@ -306,7 +295,7 @@ class RequestDriver::Session {
     if (offset > 0 && end != offset) {
       return Mismatch{"active path end after Close", std::to_string(offset), std::to_string(end)};
     }
-    if (audit) d_.CountChanges(before, d_.TakeCensus());
+    if (audit) d_.UpdateCensus();
     d_.coverage_.completed += !cancelled_;
     d_.coverage_.cancelled += cancelled_;
     d_.previous_stored_ = plan_.inputs;
@@ -316,8 +305,7 @@ class RequestDriver::Session {
     }
     d_.previous_offset_ = offset;
     if (audit) {
-      const std::string dump = DumpTrie(pc().trie(), pc().active_path());
-      d_.Fold(XXH3_64bits(dump.data(), dump.size()));
+      d_.Fold(d_.TrieDigest());
     } else {
       d_.Fold(static_cast<uint64_t>(pc().trie().num_nodes()));
       d_.Fold(static_cast<uint64_t>(pc().trie().paged_out_bytes()));
@@ -428,6 +416,20 @@ class RequestDriver::Session {
   bool cancelled_ = false;
   int64_t budget_bytes_ = 0;  // this request's budget; 0 = unlimited
 };
+
+std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
+                                           const RequestPlan& plan) {
+  const auto len = static_cast<int64_t>(plan.inputs.size());
+  std::vector<int64_t> requested = plan.user_offsets;
+  for (int64_t p = options.capture_interval; options.capture_interval > 0 && p <= len;
+       p += options.capture_interval) {
+    requested.push_back(p);
+  }
+  if (options.pre_thinking > 0 && len - options.pre_thinking > 0) {
+    requested.push_back(len - options.pre_thinking);
+  }
+  return requested;
+}
 
 std::optional<RequestDivergence> RequestDriver::Run(const RequestPlan& plan) {
   Session session(*this, plan);

@@ -110,6 +110,14 @@ uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash) {
   auto fold_floats = [&fold](const MatF& m) {
     fold(m.data(), static_cast<size_t>(m.size()) * sizeof(float));
   };
+  // The stored elements themselves, with dtype and shape (no float copy: this runs on every
+  // snapshot of every audited trie).
+  auto fold_tensor = [&fold](const Tensor& t) {
+    const int64_t shape[3] = {static_cast<int64_t>(t.dtype()), t.rows(), t.cols()};
+    fold(shape, sizeof(shape));
+    t.Visit(
+        [&](const auto& m) { fold(m.data(), static_cast<size_t>(m.size()) * sizeof(*m.data())); });
+  };
   const int64_t range[2] = {n.start_offset(), n.end_offset()};
   fold(range, sizeof(range));
   for (size_t i = 0; i < n.snapshots().size(); ++i) {
@@ -119,13 +127,13 @@ uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash) {
                              s == nullptr ? 0 : s->from(), s == nullptr ? 0 : s->to()};
     fold(slot, sizeof(slot));
     if (const auto* kv = dynamic_cast<const KvSnapshot*>(s)) {
-      fold_floats(kv->k().ToFloat());
-      fold_floats(kv->v().ToFloat());
+      fold_tensor(kv->k());
+      fold_tensor(kv->v());
     } else if (const auto* rot = dynamic_cast<const RotatingSnapshot*>(s)) {
-      fold_floats(rot->k().ToFloat());
-      fold_floats(rot->v().ToFloat());
+      fold_tensor(rot->k());
+      fold_tensor(rot->v());
     } else if (const auto* rec = dynamic_cast<const RecurrentSnapshot*>(s)) {
-      fold_floats(rec->conv().ToFloat());
+      fold_tensor(rec->conv());
       fold_floats(rec->delta());
     }
   }
@@ -181,7 +189,8 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
     return AtNode(root, "root", "an empty edge ending at 0",
                   fmt::format("{} keys ending at {}", root.edge().size(), root.end_offset()));
   }
-  std::set<const TrieNode*> members;  // membership only: nothing is ordered by address
+  std::unordered_set<const TrieNode*> members;  // membership only
+  members.reserve(static_cast<size_t>(trie.num_nodes()));
   int64_t bytes = 0;
   Check found;
   trie.Walk([&](TrieNode* n) {

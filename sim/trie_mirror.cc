@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <unordered_map>
 #include <utility>
 
@@ -48,6 +49,66 @@ TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_
     if (it != mirror_of.end()) m.active.push_back(it->second);
   }
   return m;
+}
+
+namespace {
+
+// Dense ranks of `ticks` (0 = oldest), in place.
+void RankTicks(std::vector<int64_t>& ticks) {
+  std::vector<int64_t> sorted = ticks;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  for (int64_t& t : ticks) t = std::lower_bound(sorted.begin(), sorted.end(), t) - sorted.begin();
+}
+
+// Slot i as RenderRefTrie shows it: present or not, its kind, and the range it prints.
+bool SameSlot(const CacheSnapshot* got, const model::RefSnap& want, int64_t want_bytes,
+              bool with_bytes) {
+  if ((got != nullptr) != want.has_value()) return false;
+  if (with_bytes && (got != nullptr ? got->SizeBytes() : 0) != want_bytes) return false;
+  if (got == nullptr) return true;
+  const model::RefKind kind = ToRefKind(got->kind());
+  if (kind != want->kind || got->to() != want->to) return false;
+  return kind != model::RefKind::kKv || got->from() == want->from;
+}
+
+bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes) {
+  if (got.end_offset() != want.end || got.user() != want.user ||
+      got.num_children() != want.children.size() || got.edge().size() != want.edge.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < want.edge.size(); ++i) {
+    if (static_cast<int32_t>(got.edge()[i]) != want.edge[i]) return false;
+  }
+  if (got.HasSnapshots() != want.HasSnapshots()) return false;
+  if (!want.HasSnapshots()) return true;
+  if (got.snapshots().size() != want.snaps.size()) return false;
+  for (size_t i = 0; i < want.snaps.size(); ++i) {
+    const int64_t bytes = i < want.bytes.size() ? want.bytes[i] : 0;
+    if (!SameSlot(got.snapshot(i), want.snaps[i], bytes, with_bytes)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes, bool raw_ticks) {
+  std::vector<int64_t> got_ticks, want_ticks;
+  std::vector<std::pair<const TrieNode*, const model::RefNode*>> stack = {{trie.root(), &want}};
+  while (!stack.empty()) {  // pre-order; children pushed in reverse
+    const auto [g, w] = stack.back();
+    stack.pop_back();
+    if (!SameNode(*g, *w, with_bytes)) return false;
+    got_ticks.push_back(static_cast<int64_t>(g->last_used()));
+    want_ticks.push_back(w->last_used);
+    for (size_t i = w->children.size(); i-- > 0;)
+      stack.emplace_back(g->child(i), w->children[i].get());
+  }
+  if (!raw_ticks) {
+    RankTicks(got_ticks);
+    RankTicks(want_ticks);
+  }
+  return got_ticks == want_ticks;
 }
 
 std::string RenderPath(std::span<const model::RefNode* const> path) {

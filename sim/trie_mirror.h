@@ -24,6 +24,14 @@ struct TrieMirror {
 
 TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path);
 
+// Whether RenderRefTrie(*MirrorTrie(trie, ...).root, with_bytes, raw_ticks) would equal
+// RenderRefTrie(want, with_bytes, raw_ticks), decided by walking both trees in lock step
+// with no mirror and no text: same shape, edges, ends, user flags, ticks (raw, or dense
+// ranks among each tree's own nodes), and slots shown alike (a node without any snapshot
+// shows none; kv by range, rot and rec by end; bytes when asked). Callers render only
+// when this says they differ, to report the first differing line.
+bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes, bool raw_ticks);
+
 // "[0,5) [5,9)": the ranges of a path after the root, for comparing active paths.
 std::string RenderPath(std::span<const model::RefNode* const> path);
 
