@@ -87,6 +87,17 @@ class LayerOracle {
   Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                      int64_t start, int64_t query_len, const Op& write, model::RefKind kind);
 
+  // The expected row (K or V) of token `t` at position p, from the memo: a row is a pure
+  // function of (layer, p, t.h, K|V), so the memo keeps, per position, the rows of the last
+  // hash asked for there and synthesizes only on a miss. A hit is exactly what FillRow
+  // would write; only the synthesis is saved (long histories are re-checked after every
+  // forward). Returns the memo tensor; the row is p.
+  const Tensor& ExpectedRow(int64_t p, const model::Token& t, bool is_value);
+  // actual[row] against the memo's row p of the same kind: bit-equal rows are equal;
+  // otherwise RowEquals decides (NaN == NaN, -0 == +0, other dtypes).
+  bool MatchesExpected(const Tensor& actual, int64_t row, int64_t p, const model::Token& t,
+                       bool is_value);
+
   const SyntheticForward& synth_;
   int32_t layer_;
   LayerSpec spec_;
@@ -94,6 +105,10 @@ class LayerOracle {
   int64_t cols_;
   RecurrentDims dims_;
   model::RefGdnFolder folder_;
+  // ExpectedRow's memo: rows [0, capacity) of K and V, the hash each holds, and whether set.
+  Tensor memo_k_, memo_v_;
+  std::vector<uint64_t> memo_h_;
+  std::vector<uint8_t> memo_set_;
 };
 
 }  // namespace kvtwin::sim

@@ -389,7 +389,10 @@ class RequestDriver::Session {
     ++d_.steps_;
     const auto start = static_cast<int64_t>(d_.live_.size());
     const auto n = static_cast<int64_t>(tokens.size());
-    model::TokenLog after = d_.live_;
+    // One buffer for every forward of the run: a fresh copy of a long log per decode token
+    // was an allocation per token.
+    model::TokenLog& after = d_.forward_log_;
+    after.assign(d_.live_.begin(), d_.live_.end());
     after.insert(after.end(), tokens.begin(), tokens.end());
     size_t wrapper = 0;
     for (size_t i = 0; i < d_.caches_.size(); ++i) {
