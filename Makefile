@@ -4,7 +4,7 @@
 JOBS ?= $(shell nproc)
 BUILD := build/default
 
-.PHONY: setup configure build run test test-asan clean mutants
+.PHONY: setup configure build run test test-asan clean mutants bench
 
 setup:
 	@bash scripts/setup.sh
@@ -32,3 +32,9 @@ clean:
 # `make mutants MUTANTS=rotating` (a substring of the patch names).
 mutants: setup
 	@bash scripts/mutants.sh $(MUTANTS)
+
+# The benchmarks (`bench` preset, build/bench): the end-to-end Mooncake replay in three modes
+# at block scales 1, 16 and 512, the micro benchmarks and, when built, the scaling
+# benchmark; writes bench/results/latest.json and prints the table (scripts/bench.sh).
+bench: setup
+	@bash scripts/bench.sh

@@ -1,8 +1,9 @@
-// Goal: how fast the production caches write, what a speculative forward plus commit costs
-// against a plain write, and how fast the lock-step driver checks.
-// Method: Google Benchmark; decode (L = 1) and batched writes per cache kind on tiny
-// dimensions; a D = 3 speculation (4-token forward, 2 tokens committed) over a cache at a
-// steady offset; whole seeded lock-step runs per preset (steps per second).
+// Goal: what a speculative forward plus commit costs against a plain write (micro_write.cc),
+// and how fast the lock-step driver runs and checks whole seeded runs.
+// Method: Google Benchmark; a D = 3 speculation (4-token forward, 2 tokens committed) over
+// a cache at a steady offset on tiny dimensions; whole seeded lock-step runs per preset
+// (steps per second). The other micro-benchmarks of the `cache_bench` binary live in
+// micro_*.cc: writes, snapshots, recurrent kernels, the trie and manager, the checks.
 #include <benchmark/benchmark.h>
 
 #include "sim/run.h"
@@ -14,24 +15,6 @@ namespace {
 
 using kvtwin::DType;
 using kvtwin::Tensor;
-
-template <typename Cache>
-void WriteBench(benchmark::State& state, Cache cache) {
-  const auto length = state.range(0);
-  const Tensor k(DType::kBFloat16, length, 8), v(DType::kBFloat16, length, 8);
-  int64_t tokens = 0;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(cache.Update(k, v).length);
-    tokens += length;
-    if (cache.Offset() > 8192) cache.Free();
-  }
-  state.SetItemsProcessed(tokens);
-}
-
-void BM_KvWrite(benchmark::State& state) { WriteBench(state, kvtwin::KvCache()); }
-void BM_RotatingWrite(benchmark::State& state) { WriteBench(state, kvtwin::RotatingCache(64)); }
-BENCHMARK(BM_KvWrite)->Arg(1)->Arg(16)->Arg(512);
-BENCHMARK(BM_RotatingWrite)->Arg(1)->Arg(16)->Arg(512);
 
 // Each iteration: Begin over one layer, a 4-token forward through the wrapper, Commit(2);
 // the cache is freed now and then so the offset stays in one regime.

@@ -72,10 +72,7 @@ class Replayer {
       RunMultiSeq();
       return;
     }
-    auto dtype = ParseDType(r_.header.dtype);
-    Result<StackConfig> config =
-        dtype.ok() ? StackFromPreset(r_.header.preset, r_.header.layers, r_.header.window, *dtype)
-                   : Result<StackConfig>(dtype.status());
+    Result<StackConfig> config = TraceStack(r_.header);
     if (!config.ok()) {
       r_.input_error =
           InvalidArgument(fmt::format("{}: /model: {}", HeaderWhere(), config.status().message()));
@@ -170,9 +167,7 @@ class Replayer {
 
   void RunRequests(StackConfig config) {
     const TraceHeader& h = r_.header;
-    RequestDriver d(std::move(config),
-                    {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking},
-                    TraceValueSeed(h));
+    RequestDriver d(std::move(config), TraceDriverOptions(h), TraceValueSeed(h));
     while (std::optional<TraceEvent> e = Next()) {
       RequestPlan* plan = std::get_if<RequestPlan>(&*e);
       if (plan == nullptr) {
@@ -224,6 +219,16 @@ uint64_t TraceValueSeed(const TraceHeader& header) {
   if (header.kind == TraceKind::kMultiSeq)
     return Rng::Derive(header.seed, "multiseq-values").Next();
   return Rng::Derive(header.seed, "values").Next();
+}
+
+Result<StackConfig> TraceStack(const TraceHeader& header) {
+  Result<DType> dtype = ParseDType(header.dtype);
+  if (!dtype.ok()) return dtype.status();
+  return StackFromPreset(header.preset, header.layers, header.window, *dtype);
+}
+
+RequestDriverOptions TraceDriverOptions(const TraceHeader& header) {
+  return {header.budget_bytes, header.chunk, header.capture_interval, header.pre_thinking};
 }
 
 std::string DivergenceKind(const std::string& what) {
