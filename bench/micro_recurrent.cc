@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "bench/bench_dims.h"
 #include "sim/forward.h"
 #include "sim/stack.h"
 #include "src/kernels.h"
@@ -24,19 +25,10 @@ namespace {
 using kvtwin::DType;
 using kvtwin::MatF;
 
-kvtwin::RecurrentDims Dims() {
-  kvtwin::RecurrentDims d;
-  d.num_k_heads = 2;
-  d.num_v_heads = 4;
-  d.head_k_dim = 64;
-  d.head_v_dim = 64;
-  return d;
-}
-
 // Synthetic inputs of `length` tokens and the layer's kernel parameters.
 struct Inputs {
   explicit Inputs(int64_t length) : synth(1) {
-    const kvtwin::RecurrentDims dims = Dims();
+    const kvtwin::RecurrentDims dims = kvtwin::bench::BenchRecurrentDims();
     conv = synth.ConvParams(0, dims);
     gdn = synth.GdnParamsFor(0, dims);
     MatF x(length, dims.conv_dim());
@@ -61,7 +53,7 @@ struct Inputs {
 
 void BM_GatedDeltaStep(benchmark::State& state) {
   Inputs in(64);
-  std::vector<float> y(static_cast<size_t>(Dims().delta_rows()));
+  std::vector<float> y(static_cast<size_t>(kvtwin::bench::BenchRecurrentDims().delta_rows()));
   int64_t t = 0;
   for (auto _ : state) {
     kvtwin::GatedDeltaStep(in.state, in.scan.qkv.row(t).data(), in.scan.ba.row(t).data(), in.gdn,
@@ -108,7 +100,7 @@ void BM_RecurrentCommit(benchmark::State& state) {
   kvtwin::sim::StackConfig config;
   config.preset = "bench";
   config.dtype = DType::kBFloat16;
-  config.recurrent = Dims();
+  config.recurrent = kvtwin::bench::BenchRecurrentDims();
   config.layers = {{kvtwin::CacheKind::kRecurrent, 0}};
   const kvtwin::sim::SyntheticForward synth(1);
   kvtwin::model::TokenLog log;

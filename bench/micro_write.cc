@@ -11,6 +11,7 @@
 // the write path itself.
 #include <benchmark/benchmark.h>
 
+#include "bench/bench_dims.h"
 #include "sim/synthetic.h"
 #include "src/kv_cache.h"
 #include "src/recurrent_cache.h"
@@ -25,15 +26,6 @@ using kvtwin::Tensor;
 constexpr int64_t kKvCols = 256;
 constexpr int64_t kWindow = 256;
 constexpr int64_t kMaxOffset = 8192;
-
-kvtwin::RecurrentDims BenchRecurrentDims() {
-  kvtwin::RecurrentDims d;
-  d.num_k_heads = 2;
-  d.num_v_heads = 4;
-  d.head_k_dim = 64;
-  d.head_v_dim = 64;
-  return d;
-}
 
 template <typename Cache>
 void AttentionWrite(benchmark::State& state, Cache cache) {
@@ -78,7 +70,7 @@ BENCHMARK(BM_KvWriteNoGrowth);
 // A recurrent layer's write is its forward: conv, gated-delta scan, Put.
 void BM_RecurrentWrite(benchmark::State& state) {
   const auto length = state.range(0);
-  const kvtwin::RecurrentDims dims = BenchRecurrentDims();
+  const kvtwin::RecurrentDims dims = kvtwin::bench::BenchRecurrentDims();
   const kvtwin::sim::SyntheticForward synth(1);
   const kvtwin::ConvWeights conv = synth.ConvParams(0, dims);
   const kvtwin::GdnParams gdn = synth.GdnParamsFor(0, dims);

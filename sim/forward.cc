@@ -3,6 +3,17 @@
 #include "src/recurrent_forward.h"
 
 namespace kvtwin::sim {
+
+LayerKernels DeriveLayerKernels(const SyntheticForward& synth, const StackConfig& config) {
+  LayerKernels k;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const auto layer = static_cast<int32_t>(i);
+    const bool recurrent = config.layers[i].kind == CacheKind::kRecurrent;
+    k.conv.push_back(recurrent ? synth.ConvParams(layer, config.recurrent) : ConvWeights{});
+    k.gdn.push_back(recurrent ? synth.GdnParamsFor(layer, config.recurrent) : GdnParams{});
+  }
+  return k;
+}
 namespace {
 
 // Junk in padded rows: a correct kernel ignores it, a wrong one folds it in visibly.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "model/ref_cache.h"
 #include "sim/stack.h"
@@ -20,6 +21,15 @@ namespace kvtwin::sim {
 // Returns the attention history the forward saw (empty for a recurrent layer). The
 // kernel parameters default to the ones `synth` derives for the layer; `segmented` runs
 // the gated delta segment by segment.
+// The kernel parameters `synth` derives for every layer of `config`, one entry per layer
+// (default-constructed for a non-recurrent layer), as the drivers hand them to
+// ForwardSynthetic.
+struct LayerKernels {
+  std::vector<ConvWeights> conv;
+  std::vector<GdnParams> gdn;
+};
+LayerKernels DeriveLayerKernels(const SyntheticForward& synth, const StackConfig& config);
+
 History ForwardSynthetic(LayerCache& target, const StackConfig& config,
                          const SyntheticForward& synth, int32_t layer, int64_t start,
                          std::span<const model::Token> tokens, const ConvWeights* conv = nullptr,

@@ -18,13 +18,7 @@ ProductionRunner::ProductionRunner(StackConfig config, RequestDriverOptions opti
   KV_CHECK(valid.ok(), valid.ToString());
   KV_CHECK(options_.chunk >= 1, "prefill chunks hold at least one token");
   caches_ = BuildCaches(config_);
-  for (size_t i = 0; i < caches_.size(); ++i) {
-    const auto layer = static_cast<int32_t>(i);
-    const bool recurrent = config_.layers[i].kind == CacheKind::kRecurrent;
-    conv_weights_.push_back(recurrent ? synth_.ConvParams(layer, config_.recurrent)
-                                      : ConvWeights{});
-    gdn_params_.push_back(recurrent ? synth_.GdnParamsFor(layer, config_.recurrent) : GdnParams{});
-  }
+  kernels_ = DeriveLayerKernels(synth_, config_);
   manager_ = std::make_unique<PrefixCache>(Caches());
   manager_->set_max_paged_out_bytes(
       options_.budget_bytes > 0 ? options_.budget_bytes : std::numeric_limits<int64_t>::max());
@@ -45,7 +39,7 @@ void ProductionRunner::Forward(std::span<const model::Token> tokens, Speculation
     if (caches_[i] == nullptr) continue;
     LayerCache& target = spec != nullptr ? spec->layer(wrapper++) : *caches_[i];
     const History history = ForwardSynthetic(target, config_, synth_, static_cast<int32_t>(i),
-                                             offset_, tokens, &conv_weights_[i], &gdn_params_[i]);
+                                             offset_, tokens, &kernels_.conv[i], &kernels_.gdn[i]);
     checksum_ += static_cast<uint64_t>(history.length);
   }
 }

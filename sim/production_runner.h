@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "sim/forward.h"
 #include "sim/request_driver.h"
 #include "sim/stack.h"
 #include "sim/synthetic.h"
@@ -42,8 +43,7 @@ class ProductionRunner {
   RequestDriverOptions options_;
   SyntheticForward synth_;
   std::vector<std::unique_ptr<LayerCache>> caches_;
-  std::vector<ConvWeights> conv_weights_;
-  std::vector<GdnParams> gdn_params_;
+  LayerKernels kernels_;
   std::unique_ptr<PrefixCache> manager_;
   int64_t offset_ = 0;  // the live offset every cache is at
   uint64_t checksum_ = 0;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "sim/forward.h"
 #include "sim/trie_checks.h"
 #include "src/core/check.h"
 #include "src/trie_export.h"
@@ -66,11 +67,10 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
     const auto layer = static_cast<int32_t>(i);
     oracles_.push_back(std::make_unique<LayerOracle>(synth_, config_, layer));
     oracle_ptrs_.push_back(oracles_.back().get());
-    const bool recurrent = config_.layers[i].kind == CacheKind::kRecurrent;
-    conv_weights_.push_back(recurrent ? synth_.ConvParams(layer, config_.recurrent)
-                                      : ConvWeights{});
-    gdn_params_.push_back(recurrent ? synth_.GdnParamsFor(layer, config_.recurrent) : GdnParams{});
   }
+  LayerKernels kernels = DeriveLayerKernels(synth_, config_);
+  conv_weights_ = std::move(kernels.conv);
+  gdn_params_ = std::move(kernels.gdn);
   manager_ = std::make_unique<PrefixCache>(Caches());
   // 0 = unlimited: the counter can never exceed the largest int64.
   manager_->set_max_paged_out_bytes(
