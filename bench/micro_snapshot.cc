@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/bench_dims.h"
 #include "sim/forward.h"
 #include "sim/stack.h"
 #include "src/core/check.h"
@@ -36,10 +37,7 @@ kvtwin::sim::StackConfig SnapshotStack() {
   config.dtype = kvtwin::DType::kBFloat16;
   config.kv_heads = 4;
   config.head_dim = 64;
-  config.recurrent.num_k_heads = 2;
-  config.recurrent.num_v_heads = 4;
-  config.recurrent.head_k_dim = 64;
-  config.recurrent.head_v_dim = 64;
+  config.recurrent = kvtwin::bench::BenchRecurrentDims();
   config.layers = {
       {CacheKind::kFullKv, 0}, {CacheKind::kRotating, 256}, {CacheKind::kRecurrent, 0}};
   return config;

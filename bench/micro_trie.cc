@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "bench/bench_dims.h"
 #include "bench/scaling_workload.h"
 #include "sim/forward.h"
 #include "sim/production_runner.h"
@@ -46,10 +47,7 @@ StackConfig SmallStack() {
   config.dtype = kvtwin::DType::kBFloat16;
   config.kv_heads = 4;
   config.head_dim = 64;
-  config.recurrent.num_k_heads = 2;
-  config.recurrent.num_v_heads = 4;
-  config.recurrent.head_k_dim = 64;
-  config.recurrent.head_v_dim = 64;
+  config.recurrent = kvtwin::bench::BenchRecurrentDims();
   config.layers[1].window = 256;
   return config;
 }

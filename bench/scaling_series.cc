@@ -15,6 +15,7 @@
 #include <span>
 #include <utility>
 
+#include "bench/bench_dims.h"
 #include "bench/scaling_workload.h"
 #include "sim/production_runner.h"
 #include "sim/stack.h"
@@ -92,10 +93,7 @@ StackConfig SmallMixed() {
   KV_CHECK(c.ok(), c.status().ToString());
   c->kv_heads = 4;
   c->head_dim = 64;
-  c->recurrent.num_k_heads = 2;
-  c->recurrent.num_v_heads = 4;
-  c->recurrent.head_k_dim = 64;
-  c->recurrent.head_v_dim = 64;
+  c->recurrent = kvtwin::bench::BenchRecurrentDims();
   return *c;
 }
 
