@@ -113,12 +113,24 @@ json MemoryJson(const MemorySeries& s) {
           {"target_met", worst <= kMaxMemoryRatio}};
 }
 
-// Writes `text` to DIR/NAME; false (with a message) when it cannot.
+// Writes `text` to `path` through a temporary file and a rename, so a plot never reads a
+// half-written file; false (with a message) when it cannot.
 bool WriteFile(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (out.good()) return true;
-  std::fprintf(stderr, "scaling_bench: cannot write %s\n", path.c_str());
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    out.flush();
+    if (!out.good()) {
+      std::fprintf(stderr, "scaling_bench: cannot write %s\n", tmp.c_str());
+      return false;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (!ec) return true;
+  std::fprintf(stderr, "scaling_bench: cannot rename %s: %s\n", tmp.c_str(), ec.message().c_str());
   return false;
 }
 
