@@ -3,7 +3,6 @@
 // provenance hashes continue the request's stored tokens (inputs then outputs); the
 // rejected drafts of a speculative step continue the chain of the drafts before them.
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <utility>
@@ -13,7 +12,6 @@
 #include "sim/trie_checks.h"
 #include "src/core/check.h"
 #include "src/speculation.h"
-#include "src/trie_export.h"
 
 namespace kvtwin::sim {
 namespace {
