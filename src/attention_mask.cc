@@ -127,72 +127,77 @@ Result<AttentionMask> RotateDecodeMask(const RotatingApplier& applier, const Att
   return AttentionMask::Array(RotateColumns(logical.AsArray(offset, 1, key_len), applier.ring_idx));
 }
 
-// The resolved dispatch: per query the visible rows (ascending) and, in array mode, the
-// materialized additive mask whose finite values bias the scores of visible rows.
-struct Dispatch {
-  std::vector<std::vector<int64_t>> rows;
-  std::optional<MatF> bias;
-};
+// Closes the rows of the query being filled (the next query's start is the current end).
+void EndQuery(VisibleSet& out) { out.begin.push_back(static_cast<int64_t>(out.rows.size())); }
 
 // No mask, or pure causal at L = 1: every row.
-std::vector<std::vector<int64_t>> AllRows(int64_t query_len, int64_t key_len) {
-  std::vector<int64_t> all(static_cast<size_t>(key_len));
-  for (int64_t j = 0; j < key_len; ++j) all[static_cast<size_t>(j)] = j;
-  return std::vector<std::vector<int64_t>>(static_cast<size_t>(query_len), all);
+void AllRows(int64_t query_len, int64_t key_len, VisibleSet& out) {
+  for (int64_t i = 0; i < query_len; ++i) {
+    for (int64_t j = 0; j < key_len; ++j) out.rows.push_back(j);
+    EndQuery(out);
+  }
 }
 
 // The kernel's causal mode is bottom-right aligned: query i sees row j iff j <= i + K - L.
-std::vector<std::vector<int64_t>> BottomRightCausalRows(int64_t query_len, int64_t key_len) {
-  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(query_len));
+void BottomRightCausalRows(int64_t query_len, int64_t key_len, VisibleSet& out) {
   for (int64_t i = 0; i < query_len; ++i) {
     const int64_t last = std::min(key_len - 1, i + key_len - query_len);
-    for (int64_t j = 0; j <= last; ++j) rows[static_cast<size_t>(i)].push_back(j);
+    for (int64_t j = 0; j <= last; ++j) out.rows.push_back(j);
+    EndQuery(out);
   }
-  return rows;
 }
 
 // Array mode: a cell is visible iff its additive value is above -inf.
-std::vector<std::vector<int64_t>> FiniteCells(const MatF& mask) {
-  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(mask.rows()));
+void FiniteCells(const MatF& mask, VisibleSet& out) {
   for (int64_t i = 0; i < mask.rows(); ++i) {
     for (int64_t j = 0; j < mask.cols(); ++j) {
-      if (mask(i, j) > kNegInf) rows[static_cast<size_t>(i)].push_back(j);
+      if (mask(i, j) > kNegInf) out.rows.push_back(j);
     }
+    EndQuery(out);
   }
-  return rows;
 }
 
 // The SDPA dispatch of spec §2.5 (B = 1, no padding): applier, then zero / pure causal /
-// materialized array.
-Result<Dispatch> Resolve(const History& history, const AttentionMask& logical, int64_t offset,
-                         int64_t query_len) {
+// materialized array. Replaces `out` with the visible rows of each query and returns the
+// materialized additive mask in array mode (its finite values bias the scores of visible
+// rows).
+Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask& logical,
+                                    int64_t offset, int64_t query_len, VisibleSet& out) {
   KV_CHECK(query_len >= 0 && history.length >= 0, "negative query or history length");
   const int64_t key_len = history.length;
-  AttentionMask mask = logical;
+  out.begin.assign(1, 0);
+  out.rows.clear();
+  // Only an applier builds a new mask; otherwise the caller's is used in place.
+  std::optional<AttentionMask> applied;
   if (history.has_applier) {
     KV_CHECK(history.applier.key_len == key_len, "applier K differs from the history length");
-    Result<AttentionMask> applied = ApplyRotating(history.applier, logical, offset);
-    if (!applied.ok()) return applied.status();
-    mask = std::move(applied).value();
+    Result<AttentionMask> result = ApplyRotating(history.applier, logical, offset);
+    if (!result.ok()) return result.status();
+    applied = std::move(result).value();
   }
+  const AttentionMask& mask = applied ? *applied : logical;
   if (mask.IsZero() || (mask.IsPureCausal() && query_len == 1)) {
-    return Dispatch{AllRows(query_len, key_len), std::nullopt};
+    AllRows(query_len, key_len, out);
+    return std::optional<MatF>();
   }
-  if (mask.IsPureCausal()) return Dispatch{BottomRightCausalRows(query_len, key_len), {}};
+  if (mask.IsPureCausal()) {
+    BottomRightCausalRows(query_len, key_len, out);
+    return std::optional<MatF>();
+  }
   if (mask.array().has_value() && !BroadcastsTo(*mask.array(), query_len, key_len)) {
     return InvalidArgument("mask array [" + std::to_string(mask.array()->rows()) + " x " +
                            std::to_string(mask.array()->cols()) + "] does not broadcast to [" +
                            std::to_string(query_len) + " x " + std::to_string(key_len) + "]");
   }
   MatF materialized = mask.AsArray(offset, query_len, key_len);
-  std::vector<std::vector<int64_t>> rows = FiniteCells(materialized);
-  return Dispatch{std::move(rows), std::move(materialized)};
+  FiniteCells(materialized, out);
+  return std::optional<MatF>(std::move(materialized));
 }
 
 // Softmax attention of one query over its visible rows. Plain loops in a fixed order keep
 // the float result independent of vectorization (gcc and clang digests must agree).
 void AttendOne(const MatF& q, int64_t i, const MatF& keys, const MatF& values,
-               const std::vector<int64_t>& rows, const std::optional<MatF>& bias, float scale,
+               std::span<const int64_t> rows, const std::optional<MatF>& bias, float scale,
                MatF& out) {
   if (rows.empty()) return;  // a query that sees nothing keeps its zero row
   std::vector<float> scores(rows.size());
@@ -306,9 +311,20 @@ Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const Attent
 Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
                                                       const AttentionMask& logical, int64_t offset,
                                                       int64_t query_len) {
-  Result<Dispatch> dispatch = Resolve(history, logical, offset, query_len);
-  if (!dispatch.ok()) return dispatch.status();
-  return std::move(dispatch->rows);
+  VisibleSet set;
+  if (Status s = VisibleRowsInto(history, logical, offset, query_len, set); !s.ok()) return s;
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t q = 0; q < set.queries(); ++q) {
+    const std::span<const int64_t> of = set.Of(q);
+    rows.emplace_back(of.begin(), of.end());
+  }
+  return rows;
+}
+
+Status VisibleRowsInto(const History& history, const AttentionMask& logical, int64_t offset,
+                       int64_t query_len, VisibleSet& out) {
+  Result<std::optional<MatF>> bias = Resolve(history, logical, offset, query_len, out);
+  return bias.ok() ? Status::Ok() : bias.status();
 }
 
 Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
@@ -319,15 +335,15 @@ Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& lo
     return InvalidArgument("Sdpa: query width " + std::to_string(q.cols()) +
                            " differs from key width " + std::to_string(history.k->cols()));
   }
-  Result<Dispatch> dispatch = Resolve(history, logical, offset, q.rows());
-  if (!dispatch.ok()) return dispatch.status();
+  VisibleSet rows;
+  Result<std::optional<MatF>> bias = Resolve(history, logical, offset, q.rows(), rows);
+  if (!bias.ok()) return bias.status();
   MatF out = MatF::Zero(q.rows(), history.v != nullptr ? history.v->cols() : 0);
   if (history.length == 0) return out;
   const MatF keys = history.k->RowsToFloat(0, history.length);
   const MatF values = history.v->RowsToFloat(0, history.length);
   for (int64_t i = 0; i < q.rows(); ++i) {
-    AttendOne(q, i, keys, values, dispatch->rows[static_cast<size_t>(i)], dispatch->bias, scale,
-              out);
+    AttendOne(q, i, keys, values, rows.Of(i), *bias, scale, out);
   }
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "src/cache.h"
@@ -63,6 +64,21 @@ Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const Attent
 Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
                                                       const AttentionMask& logical, int64_t offset,
                                                       int64_t query_len);
+// The visible rows of every query of one forward, flattened so that a caller asking per
+// forward reuses two buffers: query i attends rows[begin[i], begin[i + 1]), ascending.
+struct VisibleSet {
+  std::vector<int64_t> begin;  // query_len + 1 entries
+  std::vector<int64_t> rows;
+  int64_t queries() const { return begin.empty() ? 0 : static_cast<int64_t>(begin.size()) - 1; }
+  std::span<const int64_t> Of(int64_t query) const {
+    const auto b = static_cast<size_t>(begin[static_cast<size_t>(query)]);
+    const auto e = static_cast<size_t>(begin[static_cast<size_t>(query) + 1]);
+    return std::span<const int64_t>(rows).subspan(b, e - b);
+  }
+};
+// VisibleRows into `out` (its previous contents replaced, its capacity kept).
+Status VisibleRowsInto(const History& history, const AttentionMask& logical, int64_t offset,
+                       int64_t query_len, VisibleSet& out);
 
 // Plain scaled dot-product attention of q [L x D] over the history through the same
 // dispatch (float math), for parity tests.
