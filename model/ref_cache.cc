@@ -272,8 +272,7 @@ void RefCache::Free() {
   base_ = 0;
 }
 
-std::vector<int64_t> ExpectedHistoryPositions(RefKind kind, int64_t window, int64_t o,
-                                              int64_t query_len) {
+PositionRange ExpectedHistoryRange(RefKind kind, int64_t window, int64_t o, int64_t query_len) {
   KV_CHECK(kind != RefKind::kRecurrent, "a recurrent layer returns no attention history");
   KV_CHECK(o >= 0 && query_len >= 1, "a forward writes at least one token at o >= 0");
   int64_t oldest = 0;
@@ -285,24 +284,37 @@ std::vector<int64_t> ExpectedHistoryPositions(RefKind kind, int64_t window, int6
         query_len > 1 ? std::min(o, window - 1) + query_len : std::min(o + 1, window);
     oldest = o + query_len - held;
   }
+  return PositionRange{oldest, o + query_len};
+}
+
+std::vector<int64_t> ExpectedHistoryPositions(RefKind kind, int64_t window, int64_t o,
+                                              int64_t query_len) {
+  const PositionRange range = ExpectedHistoryRange(kind, window, o, query_len);
   std::vector<int64_t> positions;
-  for (int64_t k = oldest; k < o + query_len; ++k) positions.push_back(k);
+  for (int64_t k = range.first; k < range.end; ++k) positions.push_back(k);
   return positions;
 }
 
-std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, int64_t query_len,
-                                     int64_t p, const RefMask& mask) {
+void ExpectedVisibleInto(RefKind kind, int64_t window, int64_t o, int64_t query_len, int64_t p,
+                         const RefMask& mask, std::vector<int64_t>& out) {
   KV_CHECK(o <= p && p < o + query_len, "the query must be one of the forward's tokens");
-  std::vector<int64_t> visible;
-  for (int64_t k : ExpectedHistoryPositions(kind, window, o, query_len)) {
+  out.clear();
+  const PositionRange range = ExpectedHistoryRange(kind, window, o, query_len);
+  for (int64_t k = range.first; k < range.end; ++k) {
     bool allowed = !mask.causal || k <= p;
     for (const RefRect& r : mask.rects) {
       if (r.q_lo <= p && p < r.q_hi && r.k_lo <= k && k < r.k_hi) allowed = true;
     }
     // The window is intersected after relaxation: a rectangle never reopens outside it.
     if (kind == RefKind::kRotating && k < p - window + 1) allowed = false;
-    if (allowed) visible.push_back(k);
+    if (allowed) out.push_back(k);
   }
+}
+
+std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, int64_t query_len,
+                                     int64_t p, const RefMask& mask) {
+  std::vector<int64_t> visible;
+  ExpectedVisibleInto(kind, window, o, query_len, p, mask, visible);
   return visible;
 }
 

@@ -107,10 +107,18 @@ struct RefMask {
 // decode the newest min(o+1, W).
 std::vector<int64_t> ExpectedHistoryPositions(RefKind kind, int64_t window, int64_t o,
                                               int64_t query_len);
+// The same positions as a range [first, end): they are always consecutive.
+struct PositionRange {
+  int64_t first = 0, end = 0;
+};
+PositionRange ExpectedHistoryRange(RefKind kind, int64_t window, int64_t o, int64_t query_len);
 // Positions (ascending) that the query at absolute position p attends in that forward:
 // keys of the history that the mask allows (causal k <= p, or reopened by a rectangle),
 // and for a window W only keys k >= p - W + 1.
 std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, int64_t query_len,
                                      int64_t p, const RefMask& mask);
+// The same into `out` (cleared first), so a checker calling it per query reuses one buffer.
+void ExpectedVisibleInto(RefKind kind, int64_t window, int64_t o, int64_t query_len, int64_t p,
+                         const RefMask& mask, std::vector<int64_t>& out);
 
 }  // namespace kvtwin::model

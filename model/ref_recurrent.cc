@@ -91,15 +91,20 @@ RefGdnFolder::RefGdnFolder(RefGdnParams params, InputFn inputs)
   KV_CHECK(static_cast<bool>(inputs_), "the folder needs an input function");
 }
 
-MatD RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
+const MatD& RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
   KV_CHECK(
       0 <= length && length <= static_cast<int64_t>(log.size()),
       "fold length " + std::to_string(length) + " outside a log of " + std::to_string(log.size()));
+  if (length == 0) {
+    zero_ = ZeroState(params_.dims);
+    return zero_;
+  }
   // Walk back to the longest prefix whose state is memoized (h names the whole prefix).
   int64_t folded = length;
   while (folded > 0 && memo_.find(log[static_cast<size_t>(folded - 1)].h) == memo_.end()) {
     --folded;
   }
+  if (folded == length) return memo_.at(log[static_cast<size_t>(length - 1)].h);
   MatD state =
       folded > 0 ? memo_.at(log[static_cast<size_t>(folded - 1)].h) : ZeroState(params_.dims);
   for (int64_t p = folded; p < length; ++p) {
@@ -108,7 +113,8 @@ MatD RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
     if (memo_.size() >= kMemoEntriesMax) memo_.clear();
     memo_.insert_or_assign(token.h, state);
   }
-  return state;
+  // The last insert survives any clear above: it came after it.
+  return memo_.at(log[static_cast<size_t>(length - 1)].h);
 }
 
 std::vector<int64_t> ExpectedConvTailPositions(int64_t length, int64_t conv_tail) {

@@ -44,13 +44,15 @@ class RefGdnFolder {
   using InputFn = std::function<RefGdnToken(int64_t position, const Token& token)>;
   RefGdnFolder(RefGdnParams params, InputFn inputs);
 
-  // S_P for the first `length` tokens of `log` (zeros for length 0).
-  MatD StateAfter(const TokenLog& log, int64_t length);
+  // S_P for the first `length` tokens of `log` (zeros for length 0). The reference stays
+  // valid until the next call (checkers compare it in place instead of copying a state).
+  const MatD& StateAfter(const TokenLog& log, int64_t length);
 
  private:
   RefGdnParams params_;
   InputFn inputs_;
   std::map<uint64_t, MatD> memo_;  // h of the last folded token -> state after it
+  MatD zero_;                      // S_0
 };
 
 // The positions whose raw conv inputs form the tail after `length` tokens, oldest first;
