@@ -73,9 +73,9 @@ bool RowEquals(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb) {
 
 }  // namespace
 
-Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, int64_t rows,
-                                                 int64_t window) {
-  std::vector<int64_t> slots;
+Status RotatingWindowSlotsInto(int64_t offset, int64_t idx, int64_t rows, int64_t window,
+                               std::vector<int64_t>& slots) {
+  slots.clear();
   if (offset <= window) {  // R1: slot i holds position i
     if (idx != offset || rows < offset) {
       return FailedPrecondition(
@@ -95,6 +95,13 @@ Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, in
     return FailedPrecondition(fmt::format("no storage regime fits offset {} idx {} rows {} W {}",
                                           offset, idx, rows, window));
   }
+  return Status::Ok();
+}
+
+Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, int64_t rows,
+                                                 int64_t window) {
+  std::vector<int64_t> slots;
+  if (Status s = RotatingWindowSlotsInto(offset, idx, rows, window, slots); !s.ok()) return s;
   return slots;
 }
 
@@ -108,7 +115,16 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
       folder_(RefParams(synth.GdnParamsFor(layer, config.recurrent)),
               [this](int64_t p, const model::Token& t) {
                 return GdnToken(synth_, dtype_, layer_, dims_, p, t);
-              }) {}
+              }) {
+  // A fuzz execution builds a fresh oracle and its histories stay short: sizing the scratch
+  // once beats growing it by doubling in every execution (allocations dominate under ASan).
+  constexpr size_t kTypicalRows = 256;
+  for (auto* v : {&identity_, &window_slots_, &row_positions_, &seen_, &want_}) {
+    v->reserve(kTypicalRows);
+  }
+  visible_.begin.reserve(kTypicalRows);
+  visible_.rows.reserve(4 * kTypicalRows);
+}
 
 void LayerOracle::FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token,
                           bool is_value) const {
@@ -144,46 +160,104 @@ const Tensor& LayerOracle::ExpectedRow(int64_t p, const model::Token& t, bool is
   return memo;
 }
 
+namespace {
+
+// Bit-equality of `n` rows of two tensors of one element type; false for differing dtypes
+// or widths, or rows out of range (the caller then compares element-wise).
+bool SameBits(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb, int64_t n) {
+  if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
+  if (ra < 0 || ra + n > a.rows() || rb < 0 || rb + n > b.rows()) return false;
+  return a.Visit([&](const auto& ma) {
+    return b.Visit([&](const auto& mb) {
+      using A = std::decay_t<decltype(*ma.data())>;
+      using B = std::decay_t<decltype(*mb.data())>;
+      if constexpr (std::is_same_v<A, B>) {
+        return std::memcmp(ma.data() + ra * ma.cols(), mb.data() + rb * mb.cols(),
+                           static_cast<size_t>(n * ma.cols()) * sizeof(A)) == 0;
+      } else {
+        return false;
+      }
+    });
+  });
+}
+
+}  // namespace
+
 bool LayerOracle::MatchesExpected(const Tensor& actual, int64_t row, int64_t p,
                                   const model::Token& t, bool is_value) {
   const Tensor& want = ExpectedRow(p, t, is_value);
-  if (actual.dtype() == want.dtype() && actual.cols() == want.cols() && row >= 0 &&
-      row < actual.rows()) {
-    const bool same_bits = actual.Visit([&](const auto& ma) {
-      return want.Visit([&](const auto& mb) {
-        using A = std::decay_t<decltype(*ma.data())>;
-        using B = std::decay_t<decltype(*mb.data())>;
-        if constexpr (std::is_same_v<A, B>) {
-          return std::memcmp(ma.data() + row * ma.cols(), mb.data() + p * mb.cols(),
-                             static_cast<size_t>(ma.cols()) * sizeof(A)) == 0;
-        } else {
-          return false;
-        }
-      });
-    });
-    if (same_bits) return true;
-  }
-  return RowEquals(actual, row, want, p);
+  return SameBits(actual, row, want, p, 1) || RowEquals(actual, row, want, p);
 }
 
-Check LayerOracle::CheckKvRows(const Tensor& k, const Tensor& v, const std::vector<int64_t>& slots,
-                               const model::TokenLog& log, int64_t first_position,
-                               const std::string& where) {
-  for (size_t j = 0; j < slots.size(); ++j) {
-    const int64_t p = first_position + static_cast<int64_t>(j);
-    const model::Token& t = log[static_cast<size_t>(p)];
-    for (int is_value = 0; is_value < 2; ++is_value) {
-      const Tensor& actual = is_value ? v : k;
-      if (!MatchesExpected(actual, slots[j], p, t, is_value != 0)) {
-        const Provenance got = DecodeRow(actual, slots[j]);
-        const bool same_tag = got.valid && got.position == p && got.hash24 == (t.h & 0xFFFFFF);
-        return Mismatch{fmt::format("{} slot {} (logical position {})", where, slots[j], p),
-                        ExpectedTag(p, t.h, layer_, is_value != 0),
-                        got.ToString() + (same_tag ? " (right tag, other values)" : "")};
+bool LayerOracle::SameBlock(const Tensor& actual, int64_t row, int64_t p, int64_t n,
+                            bool is_value) const {
+  return SameBits(actual, row, is_value ? memo_v_ : memo_k_, p, n);
+}
+
+size_t LayerOracle::FirstMismatch(const Tensor& k, const Tensor& v, std::span<const int64_t> rows,
+                                  std::span<const int64_t> positions,
+                                  std::span<const model::Token> tokens, int64_t token_base,
+                                  bool* is_value) {
+  KV_CHECK(rows.size() == positions.size(), "one position per row");
+  const auto token = [&](size_t j) -> const model::Token& {
+    const int64_t i = positions[j] - token_base;
+    KV_CHECK(i >= 0 && i < static_cast<int64_t>(tokens.size()), "a checked row without its token");
+    return tokens[static_cast<size_t>(i)];
+  };
+  // Fill the memo for every pair first: a block compare reads it for a whole run.
+  for (size_t j = 0; j < rows.size(); ++j) {
+    static_cast<void>(ExpectedRow(positions[j], token(j), false));
+    static_cast<void>(ExpectedRow(positions[j], token(j), true));
+  }
+  size_t j = 0;
+  while (j < rows.size()) {
+    size_t end = j + 1;
+    while (end < rows.size() && rows[end] == rows[end - 1] + 1 &&
+           positions[end] == positions[end - 1] + 1) {
+      ++end;
+    }
+    const auto n = static_cast<int64_t>(end - j);
+    if (!SameBlock(k, rows[j], positions[j], n, false) ||
+        !SameBlock(v, rows[j], positions[j], n, true)) {
+      for (size_t i = j; i < end; ++i) {
+        for (int kind = 0; kind < 2; ++kind) {
+          if (!MatchesExpected(kind != 0 ? v : k, rows[i], positions[i], token(i), kind != 0)) {
+            *is_value = kind != 0;
+            return i;
+          }
+        }
       }
     }
+    j = end;
   }
-  return std::nullopt;
+  return rows.size();
+}
+
+std::span<const int64_t> LayerOracle::Identity(int64_t n) {
+  KV_CHECK(n >= 0, "negative slot count");
+  while (static_cast<int64_t>(identity_.size()) < n)
+    identity_.push_back(static_cast<int64_t>(identity_.size()));
+  return std::span<const int64_t>(identity_).first(static_cast<size_t>(n));
+}
+
+Check LayerOracle::CheckKvRows(const Tensor& k, const Tensor& v, std::span<const int64_t> slots,
+                               std::span<const model::Token> tokens, int64_t first_position,
+                               const char* where) {
+  KV_CHECK(tokens.size() >= slots.size(), "a checked slot without its token");
+  const std::span<const int64_t> positions =
+      Identity(first_position + static_cast<int64_t>(slots.size()))
+          .subspan(static_cast<size_t>(first_position));
+  bool is_value = false;
+  const size_t j = FirstMismatch(k, v, slots, positions, tokens, first_position, &is_value);
+  if (j == slots.size()) return std::nullopt;
+  const int64_t p = positions[j];
+  const model::Token& t = tokens[j];
+  const Tensor& actual = is_value ? v : k;
+  const Provenance got = DecodeRow(actual, slots[j]);
+  const bool same_tag = got.valid && got.position == p && got.hash24 == (t.h & 0xFFFFFF);
+  return Mismatch{fmt::format("{} slot {} (logical position {})", where, slots[j], p),
+                  ExpectedTag(p, t.h, layer_, is_value),
+                  got.ToString() + (same_tag ? " (right tag, other values)" : "")};
 }
 
 Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref) {
@@ -248,9 +322,7 @@ Check LayerOracle::CheckKvContent(const KvCache& cache, const model::TokenLog& l
     return Mismatch{"kv capacity", fmt::format(">= {}", cache.Offset()),
                     std::to_string(cache.Capacity())};
   }
-  std::vector<int64_t> slots(static_cast<size_t>(offset));
-  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int64_t>(i);
-  return CheckKvRows(cache.keys(), cache.values(), slots, log, 0, "live kv");
+  return CheckKvRows(cache.keys(), cache.values(), Identity(offset), log, 0, "live kv");
 }
 
 Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref) {
@@ -266,26 +338,28 @@ Check LayerOracle::CheckRotatingContent(const RotatingCache& cache, const model:
   if (!cache.HasBuffer()) {
     return log.empty() ? std::nullopt : Check(Mismatch{"window buffer exists", "yes", "no"});
   }
-  auto slots =
-      RotatingWindowSlots(cache.Offset(), cache.ring_idx(), cache.buffer_rows(), cache.window());
-  if (!slots.ok())
-    return Mismatch{"window storage regime", "R1, R2 or R3", slots.status().message()};
-  const int64_t first = static_cast<int64_t>(log.size()) - static_cast<int64_t>(slots->size());
-  return CheckKvRows(cache.keys(), cache.values(), *slots, log, first, "live window");
+  const Status regime = RotatingWindowSlotsInto(cache.Offset(), cache.ring_idx(),
+                                                cache.buffer_rows(), cache.window(), window_slots_);
+  if (!regime.ok()) return Mismatch{"window storage regime", "R1, R2 or R3", regime.message()};
+  const size_t first = log.size() - window_slots_.size();
+  return CheckKvRows(cache.keys(), cache.values(), window_slots_,
+                     std::span<const model::Token>(log).subspan(first), static_cast<int64_t>(first),
+                     "live window");
 }
 
 Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
                                        const model::TokenLog& log, int64_t length,
-                                       const std::string& where) {
+                                       const char* where) {
   if (conv.dtype() != dtype_ || conv.rows() != dims_.conv_tail || conv.cols() != dims_.conv_dim()) {
-    return Mismatch{where + " conv shape",
+    return Mismatch{std::string(where) + " conv shape",
                     fmt::format("{}[{}x{}]", DTypeName(dtype_), dims_.conv_tail, dims_.conv_dim()),
                     conv.ShapeString()};
   }
-  MatF x = MatF::Zero(1, dims_.conv_dim());
-  const auto positions = model::ExpectedConvTailPositions(length, dims_.conv_tail);
+  MatF& x = conv_row_;
+  x.resize(1, dims_.conv_dim());
+  // model::ExpectedConvTailPositions, one row at a time: row r holds length - tail + r.
   for (int64_t r = 0; r < dims_.conv_tail; ++r) {
-    const int64_t p = positions[static_cast<size_t>(r)];
+    const int64_t p = length - dims_.conv_tail + r;
     x.setZero();
     if (p >= 0)
       synth_.FillConvInput(x, 0, dtype_, layer_, p, log[static_cast<size_t>(p)].h,
@@ -297,9 +371,10 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
       }
     }
   }
-  const MatD expected = folder_.StateAfter(log, length);
+  const MatD& expected = folder_.StateAfter(log, length);
   if (delta.rows() != expected.rows() || delta.cols() != expected.cols()) {
-    return Mismatch{where + " delta shape", fmt::format("{}x{}", expected.rows(), expected.cols()),
+    return Mismatch{std::string(where) + " delta shape",
+                    fmt::format("{}x{}", expected.rows(), expected.cols()),
                     fmt::format("{}x{}", delta.rows(), delta.cols())};
   }
   for (Eigen::Index i = 0; i < expected.size(); ++i) {
@@ -329,19 +404,19 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
     if (s.k().rows() != n || s.v().rows() != n) {
       return Mismatch{"kv snapshot rows", std::to_string(n), std::to_string(s.k().rows())};
     }
-    model::TokenLog log(static_cast<size_t>(ref->from));  // positions below from are unused
-    log.insert(log.end(), ref->tokens.begin(), ref->tokens.end());
-    std::vector<int64_t> slots(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = i;
-    return CheckKvRows(s.k(), s.v(), slots, log, ref->from, "kv snapshot");
+    // A KV snapshot's tokens are those of [from, to).
+    return CheckKvRows(s.k(), s.v(), Identity(n), ref->tokens, ref->from, "kv snapshot");
   }
   if (prod->kind() == CacheKind::kRotating) {
     const auto& s = static_cast<const RotatingSnapshot&>(*prod);
-    auto slots = RotatingWindowSlots(s.to(), s.idx(), s.k().rows(), spec_.window);
-    if (!slots.ok())
-      return Mismatch{"snapshot window regime", "R1, R2 or R3", slots.status().message()};
-    const int64_t first = s.to() - static_cast<int64_t>(slots->size());
-    return CheckKvRows(s.k(), s.v(), *slots, ref->tokens, first, "window snapshot");
+    const Status regime =
+        RotatingWindowSlotsInto(s.to(), s.idx(), s.k().rows(), spec_.window, window_slots_);
+    if (!regime.ok()) return Mismatch{"snapshot window regime", "R1, R2 or R3", regime.message()};
+    // A window snapshot's tokens start at position 0.
+    const size_t first = static_cast<size_t>(s.to()) - window_slots_.size();
+    return CheckKvRows(s.k(), s.v(), window_slots_,
+                       std::span<const model::Token>(ref->tokens).subspan(first),
+                       static_cast<int64_t>(first), "window snapshot");
   }
   const auto& s = static_cast<const RecurrentSnapshot&>(*prod);
   return CheckRecurrentState(s.conv(), s.delta(), ref->tokens, s.offset(), "recurrent snapshot");
@@ -350,8 +425,9 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
 Check LayerOracle::CheckHistory(const History& history, const model::TokenLog& log_after,
                                 int64_t start, int64_t query_len, const Op& write) {
   const model::RefKind kind = ToRefKind(spec_.kind);
-  const auto expected = model::ExpectedHistoryPositions(kind, spec_.window, start, query_len);
-  const auto k_len = static_cast<int64_t>(expected.size());
+  const model::PositionRange expected =
+      model::ExpectedHistoryRange(kind, spec_.window, start, query_len);
+  const int64_t k_len = expected.end - expected.first;
   if (history.length != k_len) {
     return Mismatch{"history length", std::to_string(k_len), std::to_string(history.length)};
   }
@@ -359,22 +435,24 @@ Check LayerOracle::CheckHistory(const History& history, const model::TokenLog& l
   if (spec_.kind == CacheKind::kRotating && !history.has_applier) {
     return Mismatch{"rotating history applier", "present", "missing"};
   }
-  std::vector<int64_t> row_positions(static_cast<size_t>(k_len));
+  if (history.k == nullptr || history.v == nullptr) {
+    return Mismatch{"history tensors", "K and V", "null"};
+  }
+  std::vector<int64_t>& row_positions = row_positions_;
+  row_positions.resize(static_cast<size_t>(k_len));
   for (int64_t s = 0; s < k_len; ++s) {
     const int64_t j = ring ? (((s - history.applier.ring_idx) % k_len) + k_len) % k_len : s;
-    row_positions[static_cast<size_t>(s)] = expected[static_cast<size_t>(j)];
+    row_positions[static_cast<size_t>(s)] = expected.first + j;
   }
-  for (int64_t s = 0; s < k_len; ++s) {
+  bool is_value = false;
+  const auto s = static_cast<int64_t>(FirstMismatch(*history.k, *history.v, Identity(k_len),
+                                                    row_positions, log_after, 0, &is_value));
+  if (s < k_len) {
     const int64_t p = row_positions[static_cast<size_t>(s)];
     const model::Token& t = log_after[static_cast<size_t>(p)];
-    for (int is_value = 0; is_value < 2; ++is_value) {
-      const Tensor& actual = is_value ? *history.v : *history.k;
-      if (!MatchesExpected(actual, s, p, t, is_value != 0)) {
-        return Mismatch{fmt::format("history row {} of {} (write [{}, {}))", s, k_len, start,
-                                    start + query_len),
-                        ExpectedTag(p, t.h, layer_, is_value != 0), DescribeRow(actual, s)};
-      }
-    }
+    return Mismatch{
+        fmt::format("history row {} of {} (write [{}, {}))", s, k_len, start, start + query_len),
+        ExpectedTag(p, t.h, layer_, is_value), DescribeRow(is_value ? *history.v : *history.k, s)};
   }
   return CheckVisible(history, row_positions, start, query_len, write, kind);
 }
@@ -407,17 +485,17 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
     logical = *relaxed;
     ref_mask.rects.push_back({rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi});
   }
-  auto visible = VisibleRows(history, logical, start, query_len);
-  if (!visible.ok())
-    return Mismatch{"attention dispatch", "visible rows", visible.status().message()};
-  std::vector<int64_t> seen;
+  const Status dispatch = VisibleRowsInto(history, logical, start, query_len, visible_);
+  if (!dispatch.ok()) return Mismatch{"attention dispatch", "visible rows", dispatch.message()};
+  std::vector<int64_t>& seen = seen_;
+  std::vector<int64_t>& want = want_;
+  seen.reserve(row_positions.size());
+  want.reserve(row_positions.size());
   for (int64_t q = 0; q < query_len; ++q) {
     seen.clear();
-    for (int64_t r : (*visible)[static_cast<size_t>(q)])
-      seen.push_back(row_positions[static_cast<size_t>(r)]);
+    for (int64_t r : visible_.Of(q)) seen.push_back(row_positions[static_cast<size_t>(r)]);
     if (!std::is_sorted(seen.begin(), seen.end())) std::sort(seen.begin(), seen.end());
-    const auto want =
-        model::ExpectedVisible(kind, spec_.window, start, query_len, start + q, ref_mask);
+    model::ExpectedVisibleInto(kind, spec_.window, start, query_len, start + q, ref_mask, want);
     if (seen != want) {
       return Mismatch{fmt::format("positions attended by the query at {}", start + q),
                       fmt::format("{}", fmt::join(want, ",")),

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ model::RefKind ToRefKind(CacheKind kind);
 // read by storage regime (spec §2.2 R1-R3); an error when (offset, idx, rows) fit no regime.
 Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, int64_t rows,
                                                  int64_t window);
+// The same into `slots` (cleared first), for checkers that reuse one buffer.
+Status RotatingWindowSlotsInto(int64_t offset, int64_t idx, int64_t rows, int64_t window,
+                               std::vector<int64_t>& slots);
 
 class LayerOracle {
  public:
@@ -74,8 +78,12 @@ class LayerOracle {
   const SyntheticForward& synth() const { return synth_; }
 
  private:
-  Check CheckKvRows(const Tensor& k, const Tensor& v, const std::vector<int64_t>& slots,
-                    const model::TokenLog& log, int64_t first_position, const std::string& where);
+  // Rows slots[j] of k and v hold position first_position + j, whose token is tokens[j].
+  Check CheckKvRows(const Tensor& k, const Tensor& v, std::span<const int64_t> slots,
+                    std::span<const model::Token> tokens, int64_t first_position,
+                    const char* where);
+  // Slots 0 .. n-1 (a linear buffer), from a buffer grown on demand.
+  std::span<const int64_t> Identity(int64_t n);
   Check CheckKvLive(const KvCache& cache, const model::RefCache& ref);
   Check CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref);
   // The rows of a KV / rotating buffer against `log` (its size is the offset); the buffer
@@ -83,7 +91,7 @@ class LayerOracle {
   Check CheckKvContent(const KvCache& cache, const model::TokenLog& log);
   Check CheckRotatingContent(const RotatingCache& cache, const model::TokenLog& log);
   Check CheckRecurrentState(const Tensor& conv, const MatF& delta, const model::TokenLog& log,
-                            int64_t length, const std::string& where);
+                            int64_t length, const char* where);
   Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                      int64_t start, int64_t query_len, const Op& write, model::RefKind kind);
 
@@ -97,6 +105,16 @@ class LayerOracle {
   // otherwise RowEquals decides (NaN == NaN, -0 == +0, other dtypes).
   bool MatchesExpected(const Tensor& actual, int64_t row, int64_t p, const model::Token& t,
                        bool is_value);
+  // Pairs j of [0, rows.size()): rows[j] of k and of v against the expected K and V rows of
+  // position positions[j], whose token is tokens[positions[j] - token_base]. Returns the
+  // first j where either differs (*is_value says which), or rows.size(). Same verdict as
+  // MatchesExpected pair by pair; runs of consecutive rows and positions are compared as
+  // one block of bits first (a whole live buffer is one run), row by row only on a miss.
+  size_t FirstMismatch(const Tensor& k, const Tensor& v, std::span<const int64_t> rows,
+                       std::span<const int64_t> positions, std::span<const model::Token> tokens,
+                       int64_t token_base, bool* is_value);
+  // Whether rows [row, row + n) of `actual` are bit-equal to the memo's rows [p, p + n).
+  bool SameBlock(const Tensor& actual, int64_t row, int64_t p, int64_t n, bool is_value) const;
 
   const SyntheticForward& synth_;
   int32_t layer_;
@@ -109,6 +127,12 @@ class LayerOracle {
   Tensor memo_k_, memo_v_;
   std::vector<uint64_t> memo_h_;
   std::vector<uint8_t> memo_set_;
+  // Scratch reused by every check, so checking after every step allocates nothing on the
+  // passing path: identity slots, window slots, a history's row positions, the production
+  // dispatch's visible rows, and one query's attended and expected positions.
+  std::vector<int64_t> identity_, window_slots_, row_positions_, seen_, want_;
+  VisibleSet visible_;
+  MatF conv_row_;
 };
 
 }  // namespace kvtwin::sim

@@ -4,6 +4,7 @@
 // and snapshots must be reported with decoded provenance.
 #include "sim/lockstep.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "sim/checks.h"
@@ -126,6 +127,40 @@ TEST(LayerOracle, ReportsARowFromAnotherBranchWithItsProvenance) {
   ASSERT_TRUE(c.has_value());
   EXPECT_NE(c->what.find("slot 1"), std::string::npos) << c->what;
   EXPECT_NE(c->actual.find("pos 1"), std::string::npos) << c->actual;
+}
+
+// Live rows are compared a whole run at a time; one wrong element anywhere in a long buffer
+// (first, middle or last row, K or V) must still name its own slot.
+TEST(LayerOracle, NamesTheOneWrongRowOfALongBuffer) {
+  SyntheticForward synth(5);
+  StackConfig config = OneLayer(CacheKind::kFullKv);
+  std::vector<int32_t> ids(40);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1 + static_cast<int32_t>(i % 5);
+  const model::TokenLog log = Tokens(synth, ids, 5);
+  model::RefCache ref = model::RefCache::Kv();
+  ref.Write(log);
+  for (const int64_t bad : {int64_t{-1}, int64_t{0}, int64_t{23}, int64_t{39}}) {
+    for (const bool in_value : {false, true}) {
+      LayerOracle oracle(synth, config, 0);
+      Tensor k(DType::kFloat32, 40, 8), v(DType::kFloat32, 40, 8);
+      for (int64_t p = 0; p < 40; ++p) {
+        oracle.FillRow(k, p, p, log[static_cast<size_t>(p)], false);
+        oracle.FillRow(v, p, p, log[static_cast<size_t>(p)], true);
+      }
+      if (bad >= 0) (in_value ? v : k).Set(bad, 5, (in_value ? v : k).At(bad, 5) + 1.0f);
+      KvCache cache;
+      (void)cache.Update(k, v);
+      const Check c = oracle.CheckLive(cache, ref);
+      if (bad < 0) {
+        EXPECT_FALSE(c.has_value()) << c->what;
+        continue;
+      }
+      ASSERT_TRUE(c.has_value()) << bad;
+      EXPECT_NE(c->what.find(fmt::format("slot {} ", bad)), std::string::npos) << c->what;
+      EXPECT_EQ(c->expected.back(), in_value ? 'V' : 'K') << c->expected;
+      EXPECT_NE(c->actual.find(fmt::format("pos {} ", bad)), std::string::npos) << c->actual;
+    }
+  }
 }
 
 TEST(LayerOracle, ReportsAnOffsetMismatch) {
