@@ -12,6 +12,7 @@
 namespace kvtwin::sim {
 namespace {
 
+// In FuzzTarget order (RunFuzzInput indexes its layouts by the enum value).
 constexpr std::array<std::pair<FuzzTarget, const char*>, 7> kNames = {{
     {FuzzTarget::kKv, "kv"},
     {FuzzTarget::kRotating, "rotating"},
@@ -21,6 +22,14 @@ constexpr std::array<std::pair<FuzzTarget, const char*>, 7> kNames = {{
     {FuzzTarget::kHybrid, "hybrid"},
     {FuzzTarget::kTraceReader, "trace_reader"},
 }};
+
+constexpr bool InEnumOrder() {
+  for (size_t i = 0; i < kNames.size(); ++i) {
+    if (static_cast<size_t>(kNames[i].first) != i) return false;
+  }
+  return true;
+}
+static_assert(InEnumOrder(), "kNames must list the targets in FuzzTarget order");
 
 }  // namespace
 
@@ -75,7 +84,7 @@ FuzzParts SplitFuzzInput(const FuzzLayout& layout, const uint8_t* data, size_t s
   parts.records.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const uint8_t* r = data + layout.header_bytes + i * layout.record_bytes;
-    parts.records.emplace_back(r, r + layout.record_bytes);
+    parts.records.emplace_back(r, layout.record_bytes);
   }
   return parts;
 }
@@ -98,19 +107,26 @@ FuzzLayout LayoutOf(FuzzTarget target) {
 }
 
 FuzzRun RunFuzzInput(FuzzTarget target, const uint8_t* data, size_t size) {
+  // The layout is fixed per target: built once, not per execution.
+  static const std::array<FuzzLayout, kNames.size()> layouts = [] {
+    std::array<FuzzLayout, kNames.size()> all;
+    for (size_t i = 0; i < kNames.size(); ++i) all[i] = LayoutOf(kNames[i].first);
+    return all;
+  }();
+  const FuzzLayout& layout = layouts[static_cast<size_t>(target)];
   FuzzRun run;
   switch (target) {
     case FuzzTarget::kKv:
     case FuzzTarget::kRotating:
     case FuzzTarget::kRecurrent:
     case FuzzTarget::kSpeculation:
-      run = RunLayerFuzz(target, SplitFuzzInput(LayoutOf(target), data, size));
+      run = RunLayerFuzz(target, SplitFuzzInput(layout, data, size));
       break;
     case FuzzTarget::kPrefix:
-      run = RunPrefixFuzz(SplitFuzzInput(LayoutOf(target), data, size));
+      run = RunPrefixFuzz(SplitFuzzInput(layout, data, size));
       break;
     case FuzzTarget::kHybrid:
-      run = RunHybridFuzz(SplitFuzzInput(LayoutOf(target), data, size));
+      run = RunHybridFuzz(SplitFuzzInput(layout, data, size));
       break;
     case FuzzTarget::kTraceReader:
       run = RunTraceReaderFuzz(data, size);

@@ -101,7 +101,7 @@ uint8_t Field(FuzzedDataProvider& in) { return in.ConsumeIntegral<uint8_t>(); }
 
 // Reads every field in field order, whatever the kind: the byte of field k never depends on
 // the other fields, so the layout table (and the mutator) can address it.
-RawRecord ReadRecord(const std::vector<uint8_t>& bytes) {
+RawRecord ReadRecord(std::span<const uint8_t> bytes) {
   KV_CHECK(bytes.size() == kRecordBytes, "a record is kRecordBytes long");
   FuzzedDataProvider in(bytes.data(), bytes.size());
   RawRecord r{};
@@ -150,7 +150,7 @@ int32_t LayersOf(FuzzTarget target, uint8_t b) {
   return 1 + b % 2;
 }
 
-Shape ReadHeader(FuzzTarget target, const std::vector<uint8_t>& bytes) {
+Shape ReadHeader(FuzzTarget target, std::span<const uint8_t> bytes) {
   FuzzedDataProvider in(bytes.data(), bytes.size());
   Shape s;
   s.preset = PresetOf(target);
@@ -228,6 +228,7 @@ Op Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape
   op.kind = kind;
   const int64_t drafts = LengthOf(r.count, s.window);
   const int64_t length = kind == OpKind::kSpeculate ? drafts + 1 : drafts;
+  op.tokens.reserve(static_cast<size_t>(length));
   for (int64_t i = 0; i < length; ++i) {
     const uint8_t b = r.tokens[static_cast<size_t>(i) % kTokenFields];
     op.tokens.push_back(1 + static_cast<int32_t>((b + i / kTokenFields) % kVocabulary));
@@ -339,12 +340,13 @@ FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts) {
   run.trace.header = HeaderFor(target, shape);
   // The replay's value seed, so ReplayTrace(run.trace) reaches this run's digest.
   LockstepDriver driver(std::move(*config), TraceValueSeed(run.trace.header));
-  for (const std::vector<uint8_t>& bytes : parts.records) {
-    const std::optional<Op> op = Resolve(target, ReadRecord(bytes), driver, shape);
+  run.trace.events.reserve(parts.records.size());
+  for (const std::span<const uint8_t> bytes : parts.records) {
+    std::optional<Op> op = Resolve(target, ReadRecord(bytes), driver, shape);
     if (!op || !driver.Valid(*op)) continue;
-    run.trace.events.emplace_back(*op);
+    const Op& applied = std::get<Op>(run.trace.events.emplace_back(std::move(*op)));
     ++run.events;
-    if (std::optional<Divergence> div = driver.Apply(*op)) {
+    if (std::optional<Divergence> div = driver.Apply(applied)) {
       run.divergence = div->ToString();
       run.divergence_kind = DivergenceKind(div->mismatch.what);
       break;

@@ -66,7 +66,8 @@ size_t MutateFuzzInput(FuzzTarget target, uint8_t* data, size_t size, size_t max
     return bytes(data, size, max_size);
   Rng rng(seed);
   FuzzParts parts = SplitFuzzInput(layout, data, size);
-  std::vector<Record>& records = parts.records;
+  std::vector<Record> records;  // owned: the edits below write into `data`
+  for (const std::span<const uint8_t> r : parts.records) records.emplace_back(r.begin(), r.end());
   const size_t capacity =
       std::min(layout.max_records, (max_size - layout.header_bytes) / layout.record_bytes);
   if (records.size() > capacity) records.resize(capacity);

@@ -98,7 +98,7 @@ constexpr uint8_t kActions = 6;
 
 int32_t TokenOf(uint8_t byte) { return 1 + byte % kVocab; }
 
-TraceHeader ReadHeader(const std::vector<uint8_t>& bytes) {
+TraceHeader ReadHeader(std::span<const uint8_t> bytes) {
   FuzzedDataProvider fdp(bytes.data(), bytes.size());
   TraceHeader h;
   h.kind = TraceKind::kRequests;
@@ -296,7 +296,7 @@ FuzzRun RunPrefixFuzz(const FuzzParts& parts) {
   RequestDriver driver(StackOf(h), {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking},
                        TraceValueSeed(h));
   PlanDecoder decoder(h);
-  for (const std::vector<uint8_t>& bytes : parts.records) {  // at most kMaxRecords
+  for (const std::span<const uint8_t> bytes : parts.records) {  // at most kMaxRecords
     RequestPlan plan = decoder.Next(ReadFields<kFields>(bytes), run.events);
     std::optional<RequestDivergence> divergence = driver.Run(plan);
     run.trace.events.emplace_back(std::move(plan));

@@ -20,6 +20,7 @@ LockstepDriver::LockstepDriver(StackConfig config, uint64_t seed)
   const Status valid = config_.Validate();
   KV_CHECK(valid.ok(), valid.ToString());
   auto caches = BuildCaches(config_);
+  layers_.reserve(caches.size());
   for (size_t i = 0; i < caches.size(); ++i) {
     const LayerSpec& spec = config_.layers[i];
     model::RefCache ref = spec.kind == CacheKind::kFullKv ? model::RefCache::Kv()
@@ -220,6 +221,7 @@ Check LockstepDriver::AddToPool(Layer& layer, SnapshotPtr prod, model::RefSnap r
 
 model::TokenLog LockstepDriver::TokensFor(const Layer& layer, const Op& op) const {
   model::TokenLog tokens;
+  tokens.reserve(op.tokens.size());
   uint64_t h = layer.ref.log().empty() ? synth_.seed() : layer.ref.log().back().h;
   for (int32_t id : op.tokens) {
     h = NextHash(h, id);

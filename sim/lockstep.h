@@ -91,6 +91,7 @@ class LockstepDriver {
   int64_t steps_ = 0;
   uint64_t digest_ = 0;
   std::optional<Divergence> divergence_;
+  model::TokenLog through_;  // Speculate's scratch
 };
 
 }  // namespace kvtwin::sim

@@ -56,6 +56,7 @@ Check CheckWrapperContract(LayerCache& w, int64_t offset) {
 
 Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
   std::vector<LayerCache*> live;
+  live.reserve(layers_.size());
   for (Layer& l : layers_) live.push_back(l.cache.get());
   Result<Speculation> spec = op.isolated ? BeginIsolatedSpeculation(live) : BeginSpeculation(live);
   // Every kind a stack can hold is wrappable; a refusal here is a production bug.
@@ -64,6 +65,7 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     return Mismatch{"BeginSpeculation outcome", "ok", spec.status().ToString()};
   }
   std::vector<model::TokenLog> forwards;
+  forwards.reserve(layers_.size());
   for (int32_t i = 0; i < num_layers(); ++i) {
     Layer& layer = layers_[static_cast<size_t>(i)];
     *layer_index = i;
@@ -78,7 +80,8 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     }
     const History history = Forward(w, op, layer, i, tokens);
     if (attention) {
-      model::TokenLog through = layer.ref.log();
+      model::TokenLog& through = through_;  // scratch: the log plus the forward
+      through.assign(layer.ref.log().begin(), layer.ref.log().end());
       const auto start = static_cast<int64_t>(through.size());
       through.insert(through.end(), tokens.begin(), tokens.end());
       if (Check c = layer.oracle->CheckHistory(history, through, start,
