@@ -31,14 +31,14 @@ double Sigmoid(double x) {
   return e / (1.0 + e);
 }
 
-// x / sqrt(mean(x^2) + eps) / scale over x = vec[begin, begin + n): RMSNorm without weight.
-VecD RmsNormScaled(const VecD& vec, int64_t begin, int64_t n, double scale) {
+// out = x / sqrt(mean(x^2) + eps) / scale over x = vec[begin, begin + n): RMSNorm without
+// weight. `out` is the caller's, sized once per step rather than once per head.
+void RmsNormScaled(const VecD& vec, int64_t begin, int64_t n, double scale, VecD& out) {
   double sum_sq = 0.0;
   for (int64_t j = 0; j < n; ++j) sum_sq += vec(begin + j) * vec(begin + j);
   const double rms = std::sqrt(sum_sq / static_cast<double>(n) + kRmsEps);
-  VecD out(n);
+  out.resize(n);
   for (int64_t j = 0; j < n; ++j) out(j) = vec(begin + j) / rms / scale;
-  return out;
 }
 
 void CheckShapes(const MatD& state, const RefGdnToken& token, const RefGdnParams& params) {
@@ -67,9 +67,10 @@ void RefGdnStep(MatD& state, const RefGdnToken& token, const RefGdnParams& param
   const RefGdnDims& d = params.dims;
   const int64_t group = d.num_v_heads / d.num_k_heads;
   const double dk = static_cast<double>(d.head_k_dim);
+  VecD k_hat(d.head_k_dim);
   for (int64_t h = 0; h < d.num_v_heads; ++h) {
     const int64_t g = h / group;  // the key head this value head reads
-    const VecD k_hat = RmsNormScaled(token.k, g * d.head_k_dim, d.head_k_dim, std::sqrt(dk));
+    RmsNormScaled(token.k, g * d.head_k_dim, d.head_k_dim, std::sqrt(dk), k_hat);
     const double decay =
         std::exp(-Softplus(token.alpha_raw(h) + params.dt_bias(h)) * params.a_exp(h));
     const double beta = Sigmoid(token.beta_raw(h));

@@ -30,11 +30,11 @@ model::RefGdnToken GdnToken(const SyntheticForward& synth, DType dtype, int32_t 
   synth.FillGdnInput(qkv, ba, 0, dtype, layer, p, t.h, d);
   const int64_t qk = d.num_k_heads * d.head_k_dim;
   model::RefGdnToken out;
-  VecD row = qkv.row(0).transpose().cast<double>();
+  const auto row = qkv.row(0).transpose().cast<double>();
   out.q = row.segment(0, qk);
   out.k = row.segment(qk, qk);
   out.v = row.segment(2 * qk, d.num_v_heads * d.head_v_dim);
-  VecD b = ba.row(0).transpose().cast<double>();
+  const auto b = ba.row(0).transpose().cast<double>();
   out.beta_raw = b.segment(0, d.num_v_heads);
   out.alpha_raw = b.segment(d.num_v_heads, d.num_v_heads);
   return out;
