@@ -5,9 +5,9 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <array>
 #include <limits>
-#include <unordered_map>
 #include <utility>
 
 #include "sim/forward.h"
@@ -114,18 +114,25 @@ std::vector<std::optional<model::RefCache>> RequestDriver::Shadows() const {
 
 RequestDriver::Census RequestDriver::TakeCensus() const {
   Census census;
-  // Lookup only (parents are visited before their children); nothing is ordered by it.
-  std::unordered_map<const TrieNode*, uint64_t> hash_at_end;
+  census.start_by_end.reserve(static_cast<size_t>(manager_->trie().num_nodes()));
+  // Pre-order visits a node right after its ancestors, so the hashes at the ends of the
+  // nodes on the current path are a stack: pop to the parent, then push the node.
+  std::vector<std::pair<const TrieNode*, uint64_t>> ends;
   manager_->trie().Walk([&](TrieNode* n) {
-    uint64_t h = n->is_root() ? synth_.seed() : hash_at_end.at(n->parent());
+    while (!ends.empty() && ends.back().first != n->parent()) ends.pop_back();
+    KV_CHECK(n->is_root() || !ends.empty(), "pre-order reached a node before its parent");
+    uint64_t h = n->is_root() ? synth_.seed() : ends.back().second;
     for (const TrieKey k : n->edge()) h = NextHash(h, static_cast<int32_t>(k));
-    hash_at_end[n] = h;
-    if (!n->is_root()) census.start_by_end[h] = n->start_offset();
+    ends.emplace_back(n, h);
+    if (!n->is_root()) census.start_by_end.emplace_back(h, n->start_offset());
   });
+  std::sort(census.start_by_end.begin(), census.start_by_end.end());
   // Every position of the active key path, not only node ends: a node compaction folded
   // into the path ended at what is now an interior position of the merged node.
   const model::TokenLog path = PathLog(*manager_->active_path().back(), synth_.seed());
-  for (const model::Token& t : path) census.active_key_path.insert(t.h);
+  census.active_key_path.reserve(path.size());
+  for (const model::Token& t : path) census.active_key_path.push_back(t.h);
+  std::sort(census.active_key_path.begin(), census.active_key_path.end());
   return census;
 }
 
@@ -136,11 +143,16 @@ void RequestDriver::UpdateCensus() {
 }
 
 void RequestDriver::CountChanges(const Census& before, const Census& after) {
+  const auto& ends = after.start_by_end;
   for (const auto& [end_hash, start] : before.start_by_end) {
-    auto it = after.start_by_end.find(end_hash);
-    if (it == after.start_by_end.end()) {
+    auto it = std::lower_bound(ends.begin(), ends.end(),
+                               std::make_pair(end_hash, std::numeric_limits<int64_t>::min()));
+    if (it == ends.end() || it->first != end_hash) {
       // Compaction folds active nodes into the path; eviction never touches it.
-      if (after.active_key_path.count(end_hash) == 0) ++coverage_.evictions;
+      if (!std::binary_search(after.active_key_path.begin(), after.active_key_path.end(),
+                              end_hash)) {
+        ++coverage_.evictions;
+      }
     } else if (it->second > start) {
       ++coverage_.splits;
     }

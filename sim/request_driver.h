@@ -32,10 +32,8 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -130,9 +128,11 @@ class RequestDriver {
   // The trie reduced to what survives a structural change: each node named by the
   // provenance hash of its key path at its end (unique per path), with its start; plus the
   // hashes at every position of the active key path.
+  // Sorted vectors rather than trees: a census is taken after every audited call, and a
+  // node per entry was most of a prefix fuzz execution's allocations.
   struct Census {
-    std::map<uint64_t, int64_t> start_by_end;
-    std::set<uint64_t> active_key_path;
+    std::vector<std::pair<uint64_t, int64_t>> start_by_end;  // sorted by end hash
+    std::vector<uint64_t> active_key_path;                   // sorted
   };
 
   static constexpr int64_t kAuditNodesPerCall = 512;

@@ -259,19 +259,6 @@ void PrefixTrie::UnindexChild(const TrieNode* parent, TrieKey first, const TrieN
   KV_CHECK(false, "trie child index misses a child");
 }
 
-void PrefixTrie::Walk(const std::function<void(TrieNode*)>& visit) const {
-  // Explicit stack, children pushed in reverse so they pop in list order (pre-order).
-  std::vector<TrieNode*> pending{root_.get()};
-  while (!pending.empty()) {
-    TrieNode* node = pending.back();
-    pending.pop_back();
-    visit(node);
-    for (auto it = node->children_.rbegin(); it != node->children_.rend(); ++it) {
-      pending.push_back(it->get());
-    }
-  }
-}
-
 std::vector<SnapshotPtr> PrefixTrie::Detach(TrieNode* node) {
   paged_out_bytes_ -= node->SnapshotBytes();
   return std::exchange(node->snapshots_, {});

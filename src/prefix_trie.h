@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -99,8 +98,24 @@ class PrefixTrie {
   // is null.
   void SetSnapshots(TrieNode* node, std::vector<SnapshotPtr> snapshots);
   // Depth-first pre-order, children in list order; iterative, so a deep chain is fine.
-  // The visitor must not change the tree's structure.
-  void Walk(const std::function<void(TrieNode*)>& visit) const;
+  // The visitor must not change the tree's structure. A template rather than a
+  // std::function: checkers walk the trie after every call, and a capturing visitor would
+  // otherwise be a heap allocation per walk.
+  template <typename Visit>
+  void Walk(Visit&& visit) const {
+    // Explicit stack, children pushed in reverse so they pop in list order.
+    std::vector<TrieNode*> pending;
+    pending.reserve(64);
+    pending.push_back(root_.get());
+    while (!pending.empty()) {
+      TrieNode* node = pending.back();
+      pending.pop_back();
+      visit(node);
+      for (auto it = node->children_.rbegin(); it != node->children_.rend(); ++it) {
+        pending.push_back(it->get());
+      }
+    }
+  }
 
  private:
   // Removes the node's snapshots from the byte counter and hands them over.
