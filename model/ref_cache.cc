@@ -311,6 +311,36 @@ void ExpectedVisibleInto(RefKind kind, int64_t window, int64_t o, int64_t query_
   }
 }
 
+void ExpectedVisibleRangesInto(RefKind kind, int64_t window, int64_t o, int64_t query_len,
+                               int64_t p, const RefMask& mask, std::vector<PositionRange>& out) {
+  KV_CHECK(o <= p && p < o + query_len, "the query must be one of the forward's tokens");
+  out.clear();
+  const PositionRange held = ExpectedHistoryRange(kind, window, o, query_len);
+  // The window is intersected after relaxation: a rectangle never reopens outside it.
+  const int64_t lo = kind == RefKind::kRotating ? std::max(held.first, p - window + 1) : held.first;
+  const auto add = [&](int64_t first, int64_t end) {
+    first = std::max(first, lo);
+    end = std::min(end, held.end);
+    if (first < end) out.push_back(PositionRange{first, end});
+  };
+  add(held.first, mask.causal ? p + 1 : held.end);
+  for (const RefRect& r : mask.rects) {
+    if (r.q_lo <= p && p < r.q_hi) add(r.k_lo, r.k_hi);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const PositionRange& a, const PositionRange& b) { return a.first < b.first; });
+  // Merge overlapping and adjacent ranges in place.
+  size_t kept = 0;
+  for (const PositionRange& r : out) {
+    if (kept > 0 && r.first <= out[kept - 1].end) {
+      out[kept - 1].end = std::max(out[kept - 1].end, r.end);
+    } else {
+      out[kept++] = r;
+    }
+  }
+  out.resize(kept);
+}
+
 std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, int64_t query_len,
                                      int64_t p, const RefMask& mask) {
   std::vector<int64_t> visible;

@@ -110,6 +110,7 @@ std::vector<int64_t> ExpectedHistoryPositions(RefKind kind, int64_t window, int6
 // The same positions as a range [first, end): they are always consecutive.
 struct PositionRange {
   int64_t first = 0, end = 0;
+  friend bool operator==(const PositionRange&, const PositionRange&) = default;
 };
 PositionRange ExpectedHistoryRange(RefKind kind, int64_t window, int64_t o, int64_t query_len);
 // Positions (ascending) that the query at absolute position p attends in that forward:
@@ -120,5 +121,11 @@ std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, in
 // The same into `out` (cleared first), so a checker calling it per query reuses one buffer.
 void ExpectedVisibleInto(RefKind kind, int64_t window, int64_t o, int64_t query_len, int64_t p,
                          const RefMask& mask, std::vector<int64_t>& out);
+// The same positions as ranges, ascending, disjoint and never adjacent, into `out`: the same
+// rule (the causal prefix or the whole history, plus reopened rectangles, cut to the window)
+// taken interval by interval, so a query costs O(rectangles), not O(history). ExpectedVisible
+// is the per-key statement of the rule; a property test holds the two equal.
+void ExpectedVisibleRangesInto(RefKind kind, int64_t window, int64_t o, int64_t query_len,
+                               int64_t p, const RefMask& mask, std::vector<PositionRange>& out);
 
 }  // namespace kvtwin::model

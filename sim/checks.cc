@@ -1,7 +1,6 @@
 #include "sim/checks.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -119,11 +118,11 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
   // A fuzz execution builds a fresh oracle and its histories stay short: sizing the scratch
   // once beats growing it by doubling in every execution (allocations dominate under ASan).
   constexpr size_t kTypicalRows = 256;
-  for (auto* v : {&identity_, &window_slots_, &row_positions_, &seen_, &want_}) {
-    v->reserve(kTypicalRows);
-  }
+  for (auto* v : {&identity_, &window_slots_, &row_positions_}) v->reserve(kTypicalRows);
+  seen_ranges_.reserve(kTypicalRows);
+  want_ranges_.reserve(kTypicalRows);
   visible_.begin.reserve(kTypicalRows);
-  visible_.rows.reserve(4 * kTypicalRows);
+  visible_.ranges.reserve(kTypicalRows);
 }
 
 void LayerOracle::FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token,
@@ -471,6 +470,61 @@ Check LayerOracle::CheckView(const History& view, const model::TokenLog& log) {
   return std::nullopt;
 }
 
+namespace {
+
+// Appends the positions of history rows [r.lo, r.hi) as ranges; false if the rows are not
+// all in the history. row_positions is a rotation
+// of consecutive positions (CheckHistory builds it: identity plus the oldest position, or
+// the ring order of a decode), so a row range whose end positions are as far apart as its
+// rows maps to one position range; only the range holding a ring's wrap goes row by row.
+bool AddPositions(const RowRange& r, const std::vector<int64_t>& row_positions,
+                  std::vector<model::PositionRange>& out) {
+  if (r.lo < 0 || r.lo >= r.hi || r.hi > static_cast<int64_t>(row_positions.size())) return false;
+  const int64_t first = row_positions[static_cast<size_t>(r.lo)];
+  const int64_t last = row_positions[static_cast<size_t>(r.hi - 1)];
+  if (last - first == r.hi - 1 - r.lo) {
+    out.push_back(model::PositionRange{first, last + 1});
+    return true;
+  }
+  for (int64_t row = r.lo; row < r.hi; ++row) {
+    const int64_t p = row_positions[static_cast<size_t>(row)];
+    out.push_back(model::PositionRange{p, p + 1});
+  }
+  return true;
+}
+
+// Sorts ranges and merges the overlapping and adjacent ones: the form of
+// ExpectedVisibleRangesInto, so equal position sets compare equal.
+void Canonicalize(std::vector<model::PositionRange>& ranges) {
+  if (!std::is_sorted(ranges.begin(), ranges.end(),
+                      [](const auto& a, const auto& b) { return a.first < b.first; })) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (kept > 0 && ranges[i].first <= ranges[kept - 1].end) {
+      ranges[kept - 1].end = std::max(ranges[kept - 1].end, ranges[i].end);
+    } else {
+      ranges[kept++] = ranges[i];
+    }
+  }
+  ranges.resize(kept);
+}
+
+// "0..4,7,9..12": positions, runs written first..last.
+std::string FormatRanges(const std::vector<model::PositionRange>& ranges) {
+  std::string out;
+  for (const model::PositionRange& r : ranges) {
+    if (!out.empty()) out += ',';
+    out += r.end - r.first == 1 ? fmt::format("{}", r.first)
+                                : fmt::format("{}..{}", r.first, r.end - 1);
+  }
+  return out;
+}
+
+}  // namespace
+
 Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                                 int64_t start, int64_t query_len, const Op& write,
                                 model::RefKind kind) {
@@ -487,19 +541,23 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
   }
   const Status dispatch = VisibleRowsInto(history, logical, start, query_len, visible_);
   if (!dispatch.ok()) return Mismatch{"attention dispatch", "visible rows", dispatch.message()};
-  std::vector<int64_t>& seen = seen_;
-  std::vector<int64_t>& want = want_;
-  seen.reserve(row_positions.size());
-  want.reserve(row_positions.size());
+  std::vector<model::PositionRange>& seen = seen_ranges_;
+  std::vector<model::PositionRange>& want = want_ranges_;
   for (int64_t q = 0; q < query_len; ++q) {
     seen.clear();
-    for (int64_t r : visible_.Of(q)) seen.push_back(row_positions[static_cast<size_t>(r)]);
-    if (!std::is_sorted(seen.begin(), seen.end())) std::sort(seen.begin(), seen.end());
-    model::ExpectedVisibleInto(kind, spec_.window, start, query_len, start + q, ref_mask, want);
+    for (const RowRange& r : visible_.Of(q)) {
+      if (!AddPositions(r, row_positions, seen)) {
+        return Mismatch{fmt::format("rows attended by the query at {}", start + q),
+                        fmt::format("within [0, {})", row_positions.size()),
+                        fmt::format("[{}, {})", r.lo, r.hi)};
+      }
+    }
+    Canonicalize(seen);
+    model::ExpectedVisibleRangesInto(kind, spec_.window, start, query_len, start + q, ref_mask,
+                                     want);
     if (seen != want) {
       return Mismatch{fmt::format("positions attended by the query at {}", start + q),
-                      fmt::format("{}", fmt::join(want, ",")),
-                      fmt::format("{}", fmt::join(seen, ","))};
+                      FormatRanges(want), FormatRanges(seen)};
     }
   }
   return std::nullopt;

@@ -129,8 +129,9 @@ class LayerOracle {
   std::vector<uint8_t> memo_set_;
   // Scratch reused by every check, so checking after every step allocates nothing on the
   // passing path: identity slots, window slots, a history's row positions, the production
-  // dispatch's visible rows, and one query's attended and expected positions.
-  std::vector<int64_t> identity_, window_slots_, row_positions_, seen_, want_;
+  // dispatch's visible rows, and one query's attended and expected position ranges.
+  std::vector<int64_t> identity_, window_slots_, row_positions_;
+  std::vector<model::PositionRange> seen_ranges_, want_ranges_;
   VisibleSet visible_;
   MatF conv_row_;
 };

@@ -127,13 +127,24 @@ Result<AttentionMask> RotateDecodeMask(const RotatingApplier& applier, const Att
   return AttentionMask::Array(RotateColumns(logical.AsArray(offset, 1, key_len), applier.ring_idx));
 }
 
-// Closes the rows of the query being filled (the next query's start is the current end).
-void EndQuery(VisibleSet& out) { out.begin.push_back(static_cast<int64_t>(out.rows.size())); }
+// Adds rows [lo, hi) to the query being filled, merged into its last range when adjacent.
+void AddRows(VisibleSet& out, int64_t lo, int64_t hi) {
+  if (hi <= lo) return;
+  const bool has_last = out.ranges.size() > static_cast<size_t>(out.begin.back());
+  if (has_last && out.ranges.back().hi == lo) {
+    out.ranges.back().hi = hi;
+  } else {
+    out.ranges.push_back(RowRange{lo, hi});
+  }
+}
+
+// Closes the query being filled (the next query starts at the current end).
+void EndQuery(VisibleSet& out) { out.begin.push_back(static_cast<int64_t>(out.ranges.size())); }
 
 // No mask, or pure causal at L = 1: every row.
 void AllRows(int64_t query_len, int64_t key_len, VisibleSet& out) {
   for (int64_t i = 0; i < query_len; ++i) {
-    for (int64_t j = 0; j < key_len; ++j) out.rows.push_back(j);
+    AddRows(out, 0, key_len);
     EndQuery(out);
   }
 }
@@ -141,8 +152,7 @@ void AllRows(int64_t query_len, int64_t key_len, VisibleSet& out) {
 // The kernel's causal mode is bottom-right aligned: query i sees row j iff j <= i + K - L.
 void BottomRightCausalRows(int64_t query_len, int64_t key_len, VisibleSet& out) {
   for (int64_t i = 0; i < query_len; ++i) {
-    const int64_t last = std::min(key_len - 1, i + key_len - query_len);
-    for (int64_t j = 0; j <= last; ++j) out.rows.push_back(j);
+    AddRows(out, 0, std::min(key_len, i + key_len - query_len + 1));
     EndQuery(out);
   }
 }
@@ -151,7 +161,7 @@ void BottomRightCausalRows(int64_t query_len, int64_t key_len, VisibleSet& out) 
 void FiniteCells(const MatF& mask, VisibleSet& out) {
   for (int64_t i = 0; i < mask.rows(); ++i) {
     for (int64_t j = 0; j < mask.cols(); ++j) {
-      if (mask(i, j) > kNegInf) out.rows.push_back(j);
+      if (mask(i, j) > kNegInf) AddRows(out, j, j + 1);
     }
     EndQuery(out);
   }
@@ -166,7 +176,7 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
   KV_CHECK(query_len >= 0 && history.length >= 0, "negative query or history length");
   const int64_t key_len = history.length;
   out.begin.assign(1, 0);
-  out.rows.clear();
+  out.ranges.clear();
   // Only an applier builds a new mask; otherwise the caller's is used in place.
   std::optional<AttentionMask> applied;
   if (history.has_applier) {
@@ -313,10 +323,11 @@ Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
                                                       int64_t query_len) {
   VisibleSet set;
   if (Status s = VisibleRowsInto(history, logical, offset, query_len, set); !s.ok()) return s;
-  std::vector<std::vector<int64_t>> rows;
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(set.queries()));
   for (int64_t q = 0; q < set.queries(); ++q) {
-    const std::span<const int64_t> of = set.Of(q);
-    rows.emplace_back(of.begin(), of.end());
+    for (const RowRange& r : set.Of(q)) {
+      for (int64_t j = r.lo; j < r.hi; ++j) rows[static_cast<size_t>(q)].push_back(j);
+    }
   }
   return rows;
 }
@@ -335,15 +346,19 @@ Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& lo
     return InvalidArgument("Sdpa: query width " + std::to_string(q.cols()) +
                            " differs from key width " + std::to_string(history.k->cols()));
   }
-  VisibleSet rows;
-  Result<std::optional<MatF>> bias = Resolve(history, logical, offset, q.rows(), rows);
+  VisibleSet visible;
+  Result<std::optional<MatF>> bias = Resolve(history, logical, offset, q.rows(), visible);
   if (!bias.ok()) return bias.status();
   MatF out = MatF::Zero(q.rows(), history.v != nullptr ? history.v->cols() : 0);
   if (history.length == 0) return out;
   const MatF keys = history.k->RowsToFloat(0, history.length);
   const MatF values = history.v->RowsToFloat(0, history.length);
   for (int64_t i = 0; i < q.rows(); ++i) {
-    AttendOne(q, i, keys, values, rows.Of(i), *bias, scale, out);
+    std::vector<int64_t> rows;
+    for (const RowRange& r : visible.Of(i)) {
+      for (int64_t j = r.lo; j < r.hi; ++j) rows.push_back(j);
+    }
+    AttendOne(q, i, keys, values, rows, *bias, scale, out);
   }
   return out;
 }

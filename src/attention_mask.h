@@ -64,16 +64,25 @@ Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const Attent
 Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
                                                       const AttentionMask& logical, int64_t offset,
                                                       int64_t query_len);
-// The visible rows of every query of one forward, flattened so that a caller asking per
-// forward reuses two buffers: query i attends rows[begin[i], begin[i + 1]), ascending.
+// Rows [lo, hi) of a history.
+struct RowRange {
+  int64_t lo = 0, hi = 0;
+  friend bool operator==(const RowRange&, const RowRange&) = default;
+};
+
+// The visible rows of every query of one forward, run-length encoded: query i attends the
+// ranges [begin[i], begin[i + 1]), ascending, disjoint and never adjacent, so a causal
+// query is one range however long the history, and a caller asking per forward pays for
+// the mask's structure rather than L x K. Flat, so reusing one VisibleSet reuses two
+// buffers.
 struct VisibleSet {
   std::vector<int64_t> begin;  // query_len + 1 entries
-  std::vector<int64_t> rows;
+  std::vector<RowRange> ranges;
   int64_t queries() const { return begin.empty() ? 0 : static_cast<int64_t>(begin.size()) - 1; }
-  std::span<const int64_t> Of(int64_t query) const {
+  std::span<const RowRange> Of(int64_t query) const {
     const auto b = static_cast<size_t>(begin[static_cast<size_t>(query)]);
     const auto e = static_cast<size_t>(begin[static_cast<size_t>(query) + 1]);
-    return std::span<const int64_t>(rows).subspan(b, e - b);
+    return std::span<const RowRange>(ranges).subspan(b, e - b);
   }
 };
 // VisibleRows into `out` (its previous contents replaced, its capacity kept).

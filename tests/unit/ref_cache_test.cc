@@ -750,5 +750,50 @@ TEST(RefAttention, RotatingDecodeSeesTheWholeWindow) {
   EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 9, 1, 9, kZero), Range(6, 10));
 }
 
+// The interval form against the per-key rule, exhaustively over small shapes: both kinds,
+// windows 1..4, offsets 0..9, forwards 1..5, every query, causal or not, with zero to two
+// rectangles taken from a grid that overlaps, touches and leaves gaps.
+TEST(RefAttention, VisibleRangesAreThePerKeyRuleInIntervals) {
+  const std::vector<RefRect> grid = {{0, 20, 0, 2}, {2, 6, 3, 5},  {1, 4, 5, 9},
+                                     {5, 9, 0, 20}, {3, 4, 8, 12}, {0, 20, 6, 7}};
+  std::vector<RefMask> masks;
+  for (const bool causal : {true, false}) {
+    masks.push_back(RefMask{causal, {}});
+    for (size_t a = 0; a < grid.size(); ++a) {
+      masks.push_back(RefMask{causal, {grid[a]}});
+      for (size_t b = a + 1; b < grid.size(); ++b)
+        masks.push_back(RefMask{causal, {grid[a], grid[b]}});
+    }
+  }
+  std::vector<PositionRange> ranges;
+  int64_t compared = 0;
+  for (const RefKind kind : {RefKind::kKv, RefKind::kRotating}) {
+    for (int64_t w = 1; w <= 4; ++w) {
+      for (int64_t o = 0; o < 10; ++o) {
+        for (int64_t l = 1; l <= 5; ++l) {
+          for (int64_t p = o; p < o + l; ++p) {
+            for (const RefMask& m : masks) {
+              ExpectedVisibleRangesInto(kind, w, o, l, p, m, ranges);
+              std::vector<int64_t> expanded;
+              for (size_t i = 0; i < ranges.size(); ++i) {
+                ASSERT_LT(ranges[i].first, ranges[i].end);
+                if (i > 0) {
+                  ASSERT_GT(ranges[i].first, ranges[i - 1].end) << "adjacent or overlapping";
+                }
+                for (int64_t k = ranges[i].first; k < ranges[i].end; ++k) expanded.push_back(k);
+              }
+              ASSERT_EQ(expanded, ExpectedVisible(kind, w, o, l, p, m))
+                  << "kind " << static_cast<int>(kind) << " W " << w << " o " << o << " L " << l
+                  << " p " << p << " causal " << m.causal << " rects " << m.rects.size();
+              ++compared;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 4 * 10 * 15 * 44);
+}
+
 }  // namespace
 }  // namespace kvtwin::model
