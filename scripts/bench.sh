@@ -3,17 +3,17 @@
 # 1, 16 and 512 in the three modes of replay_bench (each configuration in its own process,
 # so peak memory is per mode), runs the micro benchmarks briefly and, when the other bench
 # tools exist, the scaling benchmark and its gnuplot scripts; then bench_report merges
-# everything into bench/results/latest.json and prints the table. About 7 minutes on two
+# everything into bench/results/latest.json and prints the table. About 3-5 minutes on two
 # cores after the build (a build from scratch adds about 4). KVTWIN_MOONCAKE overrides the
 # trace path.
 #
 # Coverage, measured on this machine (2 cores) before choosing; see the table for today's:
-#   scale 1    the whole trace (3,993 requests) in all three modes; (c) takes 25-30 s.
-#   scale 16   the whole trace in all three modes; (c) takes 75-120 s.
+#   scale 1    the whole trace (3,993 requests) in all three modes; (c) takes 15-30 s.
+#   scale 16   the whole trace in all three modes; (c) takes 40-120 s.
 #   scale 512  (a) and (b) over the first 400 requests (5.2M tokens, ~5 and ~9 s, 1.3 and
 #              1.8 GB); all three modes over the first request alone (40k tokens), because
-#              (c) checks every forward's whole attention history, which is quadratic in the
-#              prompt length: that one request takes ~150 s, 400 would take hours.
+#              (c) compares every forward's whole attention history, O(context) per 5-token
+#              prefill chunk: that one request takes ~6 s, 400 would take most of an hour.
 # Ratios are computed only between modes that replayed the same window. (a) and (b) take
 # well under a second at scales 1 and 16 and over one request at 512, and this shared
 # machine's speed drifts between processes by more than their difference there: each runs 5 times per process (the first run also pays the
