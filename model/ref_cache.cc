@@ -295,22 +295,6 @@ std::vector<int64_t> ExpectedHistoryPositions(RefKind kind, int64_t window, int6
   return positions;
 }
 
-void ExpectedVisibleInto(RefKind kind, int64_t window, int64_t o, int64_t query_len, int64_t p,
-                         const RefMask& mask, std::vector<int64_t>& out) {
-  KV_CHECK(o <= p && p < o + query_len, "the query must be one of the forward's tokens");
-  out.clear();
-  const PositionRange range = ExpectedHistoryRange(kind, window, o, query_len);
-  for (int64_t k = range.first; k < range.end; ++k) {
-    bool allowed = !mask.causal || k <= p;
-    for (const RefRect& r : mask.rects) {
-      if (r.q_lo <= p && p < r.q_hi && r.k_lo <= k && k < r.k_hi) allowed = true;
-    }
-    // The window is intersected after relaxation: a rectangle never reopens outside it.
-    if (kind == RefKind::kRotating && k < p - window + 1) allowed = false;
-    if (allowed) out.push_back(k);
-  }
-}
-
 void ExpectedVisibleRangesInto(RefKind kind, int64_t window, int64_t o, int64_t query_len,
                                int64_t p, const RefMask& mask, std::vector<PositionRange>& out) {
   KV_CHECK(o <= p && p < o + query_len, "the query must be one of the forward's tokens");
@@ -327,24 +311,41 @@ void ExpectedVisibleRangesInto(RefKind kind, int64_t window, int64_t o, int64_t 
   for (const RefRect& r : mask.rects) {
     if (r.q_lo <= p && p < r.q_hi) add(r.k_lo, r.k_hi);
   }
-  std::sort(out.begin(), out.end(),
-            [](const PositionRange& a, const PositionRange& b) { return a.first < b.first; });
-  // Merge overlapping and adjacent ranges in place.
+  CanonicalizeRanges(out);
+}
+
+void CanonicalizeRanges(std::vector<PositionRange>& ranges) {
+  const auto by_first = [](const PositionRange& a, const PositionRange& b) {
+    return a.first < b.first;
+  };
+  if (!std::is_sorted(ranges.begin(), ranges.end(), by_first)) {
+    std::sort(ranges.begin(), ranges.end(), by_first);
+  }
   size_t kept = 0;
-  for (const PositionRange& r : out) {
-    if (kept > 0 && r.first <= out[kept - 1].end) {
-      out[kept - 1].end = std::max(out[kept - 1].end, r.end);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (kept > 0 && ranges[i].first <= ranges[kept - 1].end) {
+      ranges[kept - 1].end = std::max(ranges[kept - 1].end, ranges[i].end);
     } else {
-      out[kept++] = r;
+      ranges[kept++] = ranges[i];
     }
   }
-  out.resize(kept);
+  ranges.resize(kept);
 }
 
 std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, int64_t query_len,
                                      int64_t p, const RefMask& mask) {
+  KV_CHECK(o <= p && p < o + query_len, "the query must be one of the forward's tokens");
   std::vector<int64_t> visible;
-  ExpectedVisibleInto(kind, window, o, query_len, p, mask, visible);
+  const PositionRange range = ExpectedHistoryRange(kind, window, o, query_len);
+  for (int64_t k = range.first; k < range.end; ++k) {
+    bool allowed = !mask.causal || k <= p;
+    for (const RefRect& r : mask.rects) {
+      if (r.q_lo <= p && p < r.q_hi && r.k_lo <= k && k < r.k_hi) allowed = true;
+    }
+    // The window is intersected after relaxation: a rectangle never reopens outside it.
+    if (kind == RefKind::kRotating && k < p - window + 1) allowed = false;
+    if (allowed) visible.push_back(k);
+  }
   return visible;
 }
 

@@ -118,14 +118,14 @@ PositionRange ExpectedHistoryRange(RefKind kind, int64_t window, int64_t o, int6
 // and for a window W only keys k >= p - W + 1.
 std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, int64_t query_len,
                                      int64_t p, const RefMask& mask);
-// The same into `out` (cleared first), so a checker calling it per query reuses one buffer.
-void ExpectedVisibleInto(RefKind kind, int64_t window, int64_t o, int64_t query_len, int64_t p,
-                         const RefMask& mask, std::vector<int64_t>& out);
 // The same positions as ranges, ascending, disjoint and never adjacent, into `out`: the same
 // rule (the causal prefix or the whole history, plus reopened rectangles, cut to the window)
 // taken interval by interval, so a query costs O(rectangles), not O(history). ExpectedVisible
 // is the per-key statement of the rule; a property test holds the two equal.
 void ExpectedVisibleRangesInto(RefKind kind, int64_t window, int64_t o, int64_t query_len,
                                int64_t p, const RefMask& mask, std::vector<PositionRange>& out);
+// Sorts ranges by start and merges the overlapping and adjacent ones: the form
+// ExpectedVisibleRangesInto returns, so equal position sets compare equal.
+void CanonicalizeRanges(std::vector<PositionRange>& ranges);
 
 }  // namespace kvtwin::model

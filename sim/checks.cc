@@ -493,25 +493,6 @@ bool AddPositions(const RowRange& r, const std::vector<int64_t>& row_positions,
   return true;
 }
 
-// Sorts ranges and merges the overlapping and adjacent ones: the form of
-// ExpectedVisibleRangesInto, so equal position sets compare equal.
-void Canonicalize(std::vector<model::PositionRange>& ranges) {
-  if (!std::is_sorted(ranges.begin(), ranges.end(),
-                      [](const auto& a, const auto& b) { return a.first < b.first; })) {
-    std::sort(ranges.begin(), ranges.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-  }
-  size_t kept = 0;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    if (kept > 0 && ranges[i].first <= ranges[kept - 1].end) {
-      ranges[kept - 1].end = std::max(ranges[kept - 1].end, ranges[i].end);
-    } else {
-      ranges[kept++] = ranges[i];
-    }
-  }
-  ranges.resize(kept);
-}
-
 // "0..4,7,9..12": positions, runs written first..last.
 std::string FormatRanges(const std::vector<model::PositionRange>& ranges) {
   std::string out;
@@ -552,7 +533,7 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
                         fmt::format("[{}, {})", r.lo, r.hi)};
       }
     }
-    Canonicalize(seen);
+    model::CanonicalizeRanges(seen);
     model::ExpectedVisibleRangesInto(kind, spec_.window, start, query_len, start + q, ref_mask,
                                      want);
     if (seen != want) {

@@ -138,6 +138,13 @@ void AddRows(VisibleSet& out, int64_t lo, int64_t hi) {
   }
 }
 
+// The rows of `ranges`, one by one, appended to `rows`.
+void ExpandRows(std::span<const RowRange> ranges, std::vector<int64_t>& rows) {
+  for (const RowRange& r : ranges) {
+    for (int64_t j = r.lo; j < r.hi; ++j) rows.push_back(j);
+  }
+}
+
 // Closes the query being filled (the next query starts at the current end).
 void EndQuery(VisibleSet& out) { out.begin.push_back(static_cast<int64_t>(out.ranges.size())); }
 
@@ -324,11 +331,7 @@ Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
   VisibleSet set;
   if (Status s = VisibleRowsInto(history, logical, offset, query_len, set); !s.ok()) return s;
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(set.queries()));
-  for (int64_t q = 0; q < set.queries(); ++q) {
-    for (const RowRange& r : set.Of(q)) {
-      for (int64_t j = r.lo; j < r.hi; ++j) rows[static_cast<size_t>(q)].push_back(j);
-    }
-  }
+  for (int64_t q = 0; q < set.queries(); ++q) ExpandRows(set.Of(q), rows[static_cast<size_t>(q)]);
   return rows;
 }
 
@@ -355,9 +358,7 @@ Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& lo
   const MatF values = history.v->RowsToFloat(0, history.length);
   for (int64_t i = 0; i < q.rows(); ++i) {
     std::vector<int64_t> rows;
-    for (const RowRange& r : visible.Of(i)) {
-      for (int64_t j = r.lo; j < r.hi; ++j) rows.push_back(j);
-    }
+    ExpandRows(visible.Of(i), rows);
     AttendOne(q, i, keys, values, rows, *bias, scale, out);
   }
   return out;
