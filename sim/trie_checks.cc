@@ -4,8 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <set>
-#include <unordered_map>
+#include <functional>
 
 #include "sim/synthetic.h"
 #include "src/core/check.h"
@@ -49,9 +48,23 @@ Check CheckSlots(const PrefixTrie& trie, const TrieNode& n, int64_t& bytes) {
   return std::nullopt;
 }
 
-// Links, edge lengths and first keys of one node's children.
-Check CheckChildren(const TrieNode& n) {
-  std::set<TrieKey> first_keys;
+// Links, edge lengths and first keys of one node's children, reported for the first child
+// in list order that fails any of them. `keys` is the caller's scratch (no set per node).
+Check CheckChildren(const TrieNode& n, std::vector<std::pair<TrieKey, size_t>>& keys) {
+  keys.clear();
+  for (size_t i = 0; i < n.num_children(); ++i) {
+    const TrieNode* c = n.child(i);
+    if (!c->edge().empty()) keys.emplace_back(c->edge().front(), i);
+  }
+  // The first child (in list order) whose first key an earlier sibling has: sorted by
+  // (key, index), it is the least of the second entries of the runs of equal keys.
+  std::sort(keys.begin(), keys.end());
+  size_t first_shared = n.num_children();
+  for (size_t i = 1; i < keys.size(); ++i) {
+    if (keys[i].first == keys[i - 1].first && (i < 2 || keys[i - 2].first != keys[i].first)) {
+      first_shared = std::min(first_shared, keys[i].second);
+    }
+  }
   for (size_t i = 0; i < n.num_children(); ++i) {
     const TrieNode* c = n.child(i);
     if (c->parent() != &n) {
@@ -63,7 +76,7 @@ Check CheckChildren(const TrieNode& n) {
       return AtNode(*c, "start offset", fmt::format("{} (the parent's end)", n.end_offset()),
                     std::to_string(c->start_offset()));
     }
-    if (!first_keys.insert(c->edge().front()).second) {
+    if (i == first_shared) {
       return AtNode(
           *c,
           fmt::format("first key {} among the children of {}", c->edge().front(), DescribeNode(n)),
@@ -103,10 +116,15 @@ Check CheckNodeSnapshots(const PrefixTrie& trie, const TrieNode& n,
 }
 
 // Everything a node's soundness depends on: its key path (provenance hash at the end), its
-// range, and per layer the snapshot's kind, range and contents.
-uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash) {
-  uint64_t f = XXH3_64bits_withSeed(&path_hash, sizeof(path_hash), 0);
-  auto fold = [&f](const void* data, size_t bytes) { f = XXH3_64bits_withSeed(data, bytes, f); };
+// range, and per layer the snapshot's kind, range and contents, gathered into `bytes` (the
+// caller's scratch) and hashed once: most pieces are a few dozen bytes, and a hash call per
+// piece cost more than the hashing itself (this runs on every snapshot of every audit).
+uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash, std::string& bytes) {
+  bytes.clear();
+  auto fold = [&bytes](const void* data, size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+  };
+  fold(&path_hash, sizeof(path_hash));
   auto fold_floats = [&fold](const MatF& m) {
     fold(m.data(), static_cast<size_t>(m.size()) * sizeof(float));
   };
@@ -137,7 +155,7 @@ uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash) {
       fold_floats(rec->delta());
     }
   }
-  return f;
+  return XXH3_64bits(bytes.data(), bytes.size());
 }
 
 }  // namespace
@@ -189,21 +207,37 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
     return AtNode(root, "root", "an empty edge ending at 0",
                   fmt::format("{} keys ending at {}", root.edge().size(), root.end_offset()));
   }
-  std::unordered_set<const TrieNode*> members;  // membership only
-  members.reserve(static_cast<size_t>(trie.num_nodes()));
+  // Walk order, then sorted for membership: one buffer instead of a hash node per trie node.
+  std::vector<const TrieNode*> members;
+  members.reserve(static_cast<size_t>(std::max<int64_t>(trie.num_nodes(), 1)));
+  std::vector<std::pair<TrieKey, size_t>> keys;
   int64_t bytes = 0;
   Check found;
   trie.Walk([&](TrieNode* n) {
     if (found) return;
-    if (!members.insert(n).second) {
-      found = AtNode(*n, "reached by the walk", "once", "twice");
-    } else if (Check c = CheckSlots(trie, *n, bytes)) {
+    members.push_back(n);
+    if (Check c = CheckSlots(trie, *n, bytes)) {
       found = c;
     } else {
-      found = CheckChildren(*n);
+      found = CheckChildren(*n, keys);
     }
   });
+  // A node reached twice (a child linked under two parents) is a duplicate pointer among the
+  // nodes visited, up to and including a failing one. Its second visit is reported when it
+  // comes no later than the failure, as a check at every visit would have.
+  std::vector<const TrieNode*> sorted = members;
+  std::sort(sorted.begin(), sorted.end(), std::less<const TrieNode*>());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    std::vector<const TrieNode*> seen;  // a broken trie only: quadratic is fine
+    for (const TrieNode* n : members) {
+      if (std::find(seen.begin(), seen.end(), n) != seen.end()) {
+        return AtNode(*n, "reached by the walk", "once", "twice");
+      }
+      seen.push_back(n);
+    }
+  }
   if (found) return found;
+  members = std::move(sorted);
   if (bytes != trie.paged_out_bytes()) {
     return Mismatch{"paged-out byte counter", fmt::format("{} (sum over the walk)", bytes),
                     std::to_string(trie.paged_out_bytes())};
@@ -218,7 +252,8 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
   }
   for (size_t i = 1; i < active_path.size(); ++i) {
     // A node evicted or merged away is a dangling pointer: test membership before use.
-    if (members.count(active_path[i]) == 0) {
+    if (!std::binary_search(members.begin(), members.end(), active_path[i],
+                            std::less<const TrieNode*>())) {
       return Mismatch{fmt::format("active path entry {} of {}", i, active_path.size()),
                       "a node of the trie", "a node no longer in the trie (evicted or merged)"};
     }
@@ -244,19 +279,27 @@ Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> o
     });
     return found;
   }
-  SoundnessMemo seen;
-  // Lookup only (parents come before children in the walk); nothing is ordered by it.
-  std::unordered_map<const TrieNode*, uint64_t> hash_at_end;
+  memo->next.clear();
+  // Provenance hash at each node's end, for the pre-order chain root -> current node
+  // (CheckTrieStructure passed, so parent links and the walk agree).
+  std::vector<std::pair<const TrieNode*, uint64_t>> ends;
   trie.Walk([&](TrieNode* n) {
-    uint64_t h = n->is_root() ? hash_seed : hash_at_end.at(n->parent());
+    while (!ends.empty() && ends.back().first != n->parent()) ends.pop_back();
+    KV_CHECK(n->is_root() || !ends.empty(), "pre-order reached a node before its parent");
+    uint64_t h = n->is_root() ? hash_seed : ends.back().second;
     for (const TrieKey k : n->edge()) h = NextHash(h, TokenOf(k));
-    hash_at_end[n] = h;
+    ends.emplace_back(n, h);
     if (found || !n->HasSnapshots()) return;
-    const uint64_t key = NodeFingerprint(*n, h);
-    if (memo->verified.count(key) == 0) found = CheckNodeSnapshots(trie, *n, oracles, hash_seed);
-    if (!found) seen.verified.insert(key);
+    const uint64_t key = NodeFingerprint(*n, h, memo->bytes);
+    if (!std::binary_search(memo->verified.begin(), memo->verified.end(), key)) {
+      found = CheckNodeSnapshots(trie, *n, oracles, hash_seed);
+    }
+    if (!found) memo->next.push_back(key);
   });
-  if (!found) *memo = std::move(seen);
+  if (!found) {
+    std::sort(memo->next.begin(), memo->next.end());
+    std::swap(memo->verified, memo->next);
+  }
   return found;
 }
 
@@ -276,10 +319,10 @@ Check CheckLiveSoundness(std::span<LayerCache* const> caches, std::span<LayerOra
 Check CheckEvictionBound(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
                          int64_t budget_bytes) {
   if (budget_bytes <= 0 || trie.paged_out_bytes() <= budget_bytes) return std::nullopt;
-  const std::set<const TrieNode*> active(active_path.begin(), active_path.end());
   const TrieNode* eligible = nullptr;
   trie.Walk([&](TrieNode* n) {
-    if (eligible == nullptr && !n->is_root() && n->num_children() <= 1 && active.count(n) == 0) {
+    if (eligible == nullptr && !n->is_root() && n->num_children() <= 1 &&
+        std::find(active_path.begin(), active_path.end(), n) == active_path.end()) {
       eligible = n;
     }
   });

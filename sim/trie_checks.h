@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "model/ref_cache.h"
@@ -59,7 +58,9 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
 // snapshot's contents. A snapshot verified once in the same place with the same contents is
 // not recomputed; the memo keeps only the entries of the trie it last checked.
 struct SoundnessMemo {
-  std::unordered_set<uint64_t> verified;
+  std::vector<uint64_t> verified;  // sorted fingerprints
+  std::vector<uint64_t> next;      // scratch: this check's fingerprints
+  std::string bytes;               // scratch: one node's fingerprinted bytes
 };
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo = nullptr);

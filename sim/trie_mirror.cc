@@ -3,10 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <unordered_map>
+#include <functional>
 #include <utility>
 
 #include "sim/checks.h"
+#include "src/core/check.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -20,33 +21,48 @@ model::RefSnap MirrorSlot(const CacheSnapshot* s) {
 
 TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path) {
   TrieMirror m;
-  // Lookup only (a parent is visited before its children); nothing is ordered by it.
-  std::unordered_map<const TrieNode*, model::RefNode*> mirror_of;
+  // (node, mirror) in walk order, sorted afterwards to look up the active path; the chain
+  // root -> current node (pre-order: a parent is visited before its children) finds parents.
+  std::vector<std::pair<const TrieNode*, model::RefNode*>> mirror_of;
+  mirror_of.reserve(static_cast<size_t>(std::max<int64_t>(trie.num_nodes(), 1)));
+  std::vector<std::pair<const TrieNode*, model::RefNode*>> chain;
   trie.Walk([&](TrieNode* n) {
     model::RefNode* node = nullptr;
+    while (!chain.empty() && chain.back().first != n->parent()) chain.pop_back();
     if (n->is_root()) {
       m.root = std::make_unique<model::RefNode>();
       node = m.root.get();
     } else {
-      model::RefNode* parent = mirror_of.at(n->parent());
+      KV_CHECK(!chain.empty(), "pre-order reached a node before its parent");
+      model::RefNode* parent = chain.back().second;
       auto child = std::make_unique<model::RefNode>();
       child->parent = parent;
       node = child.get();
       parent->children.push_back(std::move(child));
+      node->edge.reserve(n->edge().size());
       for (const TrieKey k : n->edge()) node->edge.push_back(static_cast<int32_t>(k));
     }
     node->end = n->end_offset();
     node->user = n->user();
     node->last_used = static_cast<int64_t>(n->last_used());
+    node->snaps.reserve(n->snapshots().size());
+    node->bytes.reserve(n->snapshots().size());
     for (const SnapshotPtr& s : n->snapshots()) {
       node->snaps.push_back(MirrorSlot(s.get()));
       node->bytes.push_back(s != nullptr ? s->SizeBytes() : 0);
     }
-    mirror_of[n] = node;
+    mirror_of.emplace_back(n, node);
+    chain.emplace_back(n, node);
   });
+  auto by_node = [](const auto& a, const auto& b) {
+    return std::less<const TrieNode*>()(a.first, b.first);
+  };
+  std::sort(mirror_of.begin(), mirror_of.end(), by_node);
   for (const TrieNode* n : active_path) {
-    auto it = mirror_of.find(n);
-    if (it != mirror_of.end()) m.active.push_back(it->second);
+    // A pointer not in the trie (evicted or merged away) has no mirror and is left out.
+    const std::pair<const TrieNode*, model::RefNode*> probe(n, nullptr);
+    auto it = std::lower_bound(mirror_of.begin(), mirror_of.end(), probe, by_node);
+    if (it != mirror_of.end() && it->first == n) m.active.push_back(it->second);
   }
   return m;
 }
@@ -94,6 +110,8 @@ bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes) 
 
 bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes, bool raw_ticks) {
   std::vector<int64_t> got_ticks, want_ticks;
+  got_ticks.reserve(static_cast<size_t>(trie.num_nodes()));
+  want_ticks.reserve(static_cast<size_t>(trie.num_nodes()));
   std::vector<std::pair<const TrieNode*, const model::RefNode*>> stack = {{trie.root(), &want}};
   while (!stack.empty()) {  // pre-order; children pushed in reverse
     const auto [g, w] = stack.back();

@@ -17,6 +17,7 @@
 
 #include "sim/switch_reference.h"
 #include "sim/trie_checks.h"
+#include "src/kv_cache.h"
 #include "src/prefix_cache.h"
 
 namespace kvtwin::sim {
@@ -238,6 +239,32 @@ TEST(TrieSoundness, ReportsAKvSnapshotThatDoesNotSpanItsEdge) {
   EXPECT_EQ(c->actual, "[2,4)");
 }
 
+// The memo skips snapshots verified before, keyed by their contents too: a stored snapshot
+// rewritten in place afterwards (a copy-on-write slot the live cache still writes into) is
+// verified again and reported, on the very next memoized check.
+TEST(TrieSoundness, TheMemoStillSeesASnapshotRewrittenInPlace) {
+  Rig rig;
+  rig.Write(rig.Log(kBranchA), 0, 4);
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
+  trie.SetSnapshots(node, rig.SnapshotAll());
+  SoundnessMemo memo;
+  for (int round = 0; round < 2; ++round) {  // the second round is all memo hits
+    const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed(), &memo);
+    ASSERT_FALSE(c.has_value()) << c->what;
+  }
+  ASSERT_EQ(memo.verified.size(), 1u);
+  const auto* kv = dynamic_cast<const KvSnapshot*>(node->snapshot(0));
+  ASSERT_NE(kv, nullptr);
+  Tensor& k = const_cast<Tensor&>(kv->k());  // the bug under test: a shared buffer
+  k.Set(3, 0, k.At(3, 0) + 1.0f);
+  const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed(), &memo);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(c->what.find("node [0,4) keys 1 2 3 4: layer 0 kv snapshot"), std::string::npos)
+      << c->what;
+  EXPECT_NE(c->what.find("(logical position 3)"), std::string::npos) << c->what;
+}
+
 TEST(LiveSoundness, ReportsALiveCacheRewrittenFromALookAlikeBranchAfterBegin) {
   Rig rig;
   PrefixCache pc(rig.Raw());
@@ -294,6 +321,21 @@ TEST(TrieStructure, ReportsSiblingsSharingAFirstKeyAndABadActivePath) {
   ASSERT_TRUE(siblings.has_value());
   EXPECT_NE(siblings->what.find("first key 1 among the children of root"), std::string::npos)
       << siblings->what;
+}
+
+TEST(TrieStructure, NamesTheFirstChildInListOrderThatRepeatsAFirstKey) {
+  Rig rig;
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  // First keys 5 1 7 1 5: children 3 (key 1) and 4 (key 5) repeat an earlier sibling's.
+  for (const std::vector<int32_t>& edge :
+       std::vector<std::vector<int32_t>>{{5, 2}, {1, 2}, {7, 2}, {1, 9}, {5, 9}}) {
+    trie.AppendChild(trie.root(), Keys(edge), 2);
+  }
+  const Check c = CheckTrieStructure(trie, std::vector<TrieNode*>{trie.root()}, 0);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->what.rfind("node [0,2) keys 1 9: first key 1 among the children of root", 0), 0u)
+      << c->what;
+  EXPECT_EQ(c->actual, "shared with an earlier sibling");
 }
 
 TEST(EvictionBound, ReportsAnEvictableNodeOverBudgetOnly) {
