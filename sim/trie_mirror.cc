@@ -69,12 +69,19 @@ TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_
 
 namespace {
 
-// Dense ranks of `ticks` (0 = oldest), in place.
-void RankTicks(std::vector<int64_t>& ticks) {
-  std::vector<int64_t> sorted = ticks;
-  std::sort(sorted.begin(), sorted.end());
-  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-  for (int64_t& t : ticks) t = std::lower_bound(sorted.begin(), sorted.end(), t) - sorted.begin();
+// Whether got[i] and want[i] have equal dense ranks for every i (the same LRU order, ties
+// included): sorted by got, want must rise exactly where got rises and tie where it ties.
+bool SameRanks(const std::vector<int64_t>& got, const std::vector<int64_t>& want) {
+  if (got.size() != want.size()) return false;
+  std::vector<std::pair<int64_t, int64_t>> pairs(got.size());
+  for (size_t i = 0; i < got.size(); ++i) pairs[i] = {got[i], want[i]};
+  std::sort(pairs.begin(), pairs.end());
+  for (size_t i = 1; i < pairs.size(); ++i) {
+    const bool got_ties = pairs[i].first == pairs[i - 1].first;
+    const bool want_ties = pairs[i].second == pairs[i - 1].second;
+    if (got_ties != want_ties || pairs[i].second < pairs[i - 1].second) return false;
+  }
+  return true;
 }
 
 // Slot i as RenderRefTrie shows it: present or not, its kind, and the range it prints.
@@ -122,11 +129,7 @@ bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_byte
     for (size_t i = w->children.size(); i-- > 0;)
       stack.emplace_back(g->child(i), w->children[i].get());
   }
-  if (!raw_ticks) {
-    RankTicks(got_ticks);
-    RankTicks(want_ticks);
-  }
-  return got_ticks == want_ticks;
+  return raw_ticks ? got_ticks == want_ticks : SameRanks(got_ticks, want_ticks);
 }
 
 std::string RenderPath(std::span<const model::RefNode* const> path) {
