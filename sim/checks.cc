@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 
 namespace kvtwin::sim {
@@ -116,13 +117,15 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
                 return GdnToken(synth_, dtype_, layer_, dims_, p, t);
               }) {
   // A fuzz execution builds a fresh oracle and its histories stay short: sizing the scratch
-  // once beats growing it by doubling in every execution (allocations dominate under ASan).
-  constexpr size_t kTypicalRows = 256;
+  // once for a typical run beats growing it by doubling (allocations dominate under ASan),
+  // but no larger, since ASan fills and faults in every byte of a fresh allocation. Rows:
+  // a fuzz run's offsets stay below ~100; ranges: one per causal query of one forward.
+  constexpr size_t kTypicalRows = 64;
+  constexpr size_t kTypicalRanges = 32;
   for (auto* v : {&identity_, &window_slots_, &row_positions_}) v->reserve(kTypicalRows);
-  seen_ranges_.reserve(kTypicalRows);
-  want_ranges_.reserve(kTypicalRows);
-  visible_.begin.reserve(kTypicalRows);
-  visible_.ranges.reserve(kTypicalRows);
+  for (auto* v : {&seen_ranges_, &want_ranges_}) v->reserve(kTypicalRanges);
+  visible_.begin.reserve(kTypicalRanges);
+  visible_.ranges.reserve(kTypicalRanges);
 }
 
 void LayerOracle::FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token,
@@ -243,6 +246,13 @@ Check LayerOracle::CheckKvRows(const Tensor& k, const Tensor& v, std::span<const
                                std::span<const model::Token> tokens, int64_t first_position,
                                const char* where) {
   KV_CHECK(tokens.size() >= slots.size(), "a checked slot without its token");
+  // Slots taken from the identity buffer must survive the positions taken below.
+  const std::less<const int64_t*> before;
+  const bool slots_in_identity = !identity_.empty() && !before(slots.data(), identity_.data()) &&
+                                 before(slots.data(), identity_.data() + identity_.size());
+  KV_CHECK(!slots_in_identity || first_position + static_cast<int64_t>(slots.size()) <=
+                                     static_cast<int64_t>(identity_.size()),
+           "Identity() would move the slots it handed out");
   const std::span<const int64_t> positions =
       Identity(first_position + static_cast<int64_t>(slots.size()))
           .subspan(static_cast<size_t>(first_position));
@@ -403,8 +413,11 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
     if (s.k().rows() != n || s.v().rows() != n) {
       return Mismatch{"kv snapshot rows", std::to_string(n), std::to_string(s.k().rows())};
     }
-    // A KV snapshot's tokens are those of [from, to).
-    return CheckKvRows(s.k(), s.v(), Identity(n), ref->tokens, ref->from, "kv snapshot");
+    // A KV snapshot's tokens are those of [from, to). Its slots 0..n-1 and its positions
+    // from..to-1 share the identity buffer: the longer span first, as growing it moves it.
+    const std::span<const int64_t> ids = Identity(ref->to);
+    return CheckKvRows(s.k(), s.v(), ids.first(static_cast<size_t>(n)), ref->tokens, ref->from,
+                       "kv snapshot");
   }
   if (prod->kind() == CacheKind::kRotating) {
     const auto& s = static_cast<const RotatingSnapshot&>(*prod);

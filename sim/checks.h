@@ -82,7 +82,8 @@ class LayerOracle {
   Check CheckKvRows(const Tensor& k, const Tensor& v, std::span<const int64_t> slots,
                     std::span<const model::Token> tokens, int64_t first_position,
                     const char* where);
-  // Slots 0 .. n-1 (a linear buffer), from a buffer grown on demand.
+  // Slots 0 .. n-1 (a linear buffer), from a buffer grown on demand. Growing it moves it:
+  // a span handed out earlier is dangling after a call with a larger n.
   std::span<const int64_t> Identity(int64_t n);
   Check CheckKvLive(const KvCache& cache, const model::RefCache& ref);
   Check CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref);

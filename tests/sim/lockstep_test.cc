@@ -131,6 +131,43 @@ TEST(LayerOracle, ReportsARowFromAnotherBranchWithItsProvenance) {
 
 // Live rows are compared a whole run at a time; one wrong element anywhere in a long buffer
 // (first, middle or last row, K or V) must still name its own slot.
+// A KV snapshot far from position 0 on a fresh oracle: its slots 0..n-1 and positions
+// from..to-1 come from one identity buffer, which the positions grow. A slot span taken
+// before that growth dangles (it once read freed memory and reported a row out of range).
+TEST(LayerOracle, ChecksAKvSnapshotFarFromTheStartOnAFreshOracle) {
+  SyntheticForward synth(5);
+  StackConfig config = OneLayer(CacheKind::kFullKv);
+  constexpr int64_t kFrom = 300, kTo = 310;
+  std::vector<int32_t> ids(kTo);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1 + static_cast<int32_t>(i % 5);
+  const model::TokenLog log = Tokens(synth, ids, 5);
+  const model::RefSnapshot ref{model::RefKind::kKv, kFrom, kTo,
+                               model::TokenLog(log.begin() + kFrom, log.end())};
+  for (const int64_t bad : {int64_t{-1}, int64_t{0}, int64_t{9}}) {
+    LayerOracle oracle(synth, config, 0);
+    Tensor k(DType::kFloat32, kTo, 8), v(DType::kFloat32, kTo, 8);
+    for (int64_t p = 0; p < kTo; ++p) {
+      oracle.FillRow(k, p, p, log[static_cast<size_t>(p)], false);
+      oracle.FillRow(v, p, p, log[static_cast<size_t>(p)], true);
+    }
+    if (bad >= 0) v.Set(kFrom + bad, 2, v.At(kFrom + bad, 2) + 1.0f);
+    KvCache cache;
+    (void)cache.Update(k, v);
+    const SnapshotPtr snap = cache.Snapshot(kFrom);
+    ASSERT_NE(snap, nullptr);
+    const Check c = oracle.CheckSnapshot(snap.get(), ref);
+    if (bad < 0) {
+      EXPECT_FALSE(c.has_value()) << c->what;
+      continue;
+    }
+    ASSERT_TRUE(c.has_value()) << bad;
+    EXPECT_NE(
+        c->what.find(fmt::format("kv snapshot slot {} (logical position {})", bad, kFrom + bad)),
+        std::string::npos)
+        << c->what;
+  }
+}
+
 TEST(LayerOracle, NamesTheOneWrongRowOfALongBuffer) {
   SyntheticForward synth(5);
   StackConfig config = OneLayer(CacheKind::kFullKv);
