@@ -130,10 +130,12 @@ Status RefMultiSeqCache::StartForward(const MsBatch& batch) {
 }
 
 std::vector<int64_t> RefMultiSeqCache::FirstFree(size_t n) const {
-  const std::set<int64_t> occupied = Occupied();
+  const std::vector<uint8_t>& occupied = Occupied();
+  const auto known = static_cast<int64_t>(occupied.size());
   std::vector<int64_t> out;
+  out.reserve(n);
   for (int64_t i = 0; out.size() < n && i < config_.cells; ++i) {
-    if (!occupied.contains(i)) out.push_back(i);
+    if (i >= known || occupied[static_cast<size_t>(i)] == 0) out.push_back(i);
   }
   return out;
 }
@@ -203,13 +205,20 @@ MsSpan RefMultiSeqCache::CurrentRange() const {
 
 std::vector<MsEntry> RefMultiSeqCache::Visible(const MsBatch& batch, size_t i,
                                                bool causal_disabled) const {
+  std::vector<MsEntry> out;
+  VisibleInto(batch, i, causal_disabled, out);
+  return out;
+}
+
+void RefMultiSeqCache::VisibleInto(const MsBatch& batch, size_t i, bool causal_disabled,
+                                   std::vector<MsEntry>& out) const {
   KV_CHECK(last_batch_.has_value() && *last_batch_ == batch,
            "Visible answers for the batch of the last operation, a successful StartForward");
   KV_CHECK(i < batch.size(), "batch index out of range");
   const int64_t p = batch[i].pos;
   const int64_t chunk_start = config_.chunk == kUnbounded ? 0 : p - p % config_.chunk;
   const int64_t window_start = p - config_.window;  // p >= 0: no overflow
-  std::vector<MsEntry> out;
+  out.clear();
   // The mask's columns are the current range; a cell outside it is not in the view at all.
   for (const MsEntry& e : Of(batch[i].seq).entries) {
     if (!e.retained || e.index < current_.first || e.index >= current_.second) continue;
@@ -219,7 +228,6 @@ std::vector<MsEntry> RefMultiSeqCache::Visible(const MsBatch& batch, size_t i,
   }
   std::sort(out.begin(), out.end(),
             [](const MsEntry& a, const MsEntry& b) { return a.index < b.index; });
-  return out;
 }
 
 std::vector<int64_t> RefMultiSeqCache::VisiblePositions(const MsBatch& batch, size_t i,
@@ -236,7 +244,16 @@ std::vector<MsEntry> RefMultiSeqCache::Retained(SeqId seq) const {
 }
 
 std::vector<int64_t> RefMultiSeqCache::RetainedPositions(SeqId seq) const {
-  return Positions(Retained(seq));
+  std::vector<int64_t> out;
+  RetainedPositionsInto(seq, out);
+  return out;
+}
+
+void RefMultiSeqCache::RetainedPositionsInto(SeqId seq, std::vector<int64_t>& out) const {
+  out.clear();
+  for (const MsEntry& e : Of(seq).entries) {
+    if (e.retained) out.push_back(e.pos);
+  }
 }
 
 std::vector<int64_t> RefMultiSeqCache::RetainedAtLeast(SeqId seq) const {
@@ -249,12 +266,20 @@ std::vector<int64_t> RefMultiSeqCache::RetainedAtLeast(SeqId seq) const {
 
 std::vector<MsEntry> RefMultiSeqCache::History(SeqId seq) const {
   std::vector<MsEntry> out;
+  HistoryInto(seq, out);
+  return out;
+}
+
+void RefMultiSeqCache::HistoryInto(SeqId seq, std::vector<MsEntry>& out) const {
+  out.clear();
   // Sorted by (pos, cell): the last entry of each position is the newest write.
   for (const MsEntry& e : Of(seq).entries) {
-    if (!out.empty() && out.back().pos == e.pos) out.pop_back();
-    out.push_back(e);
+    if (!out.empty() && out.back().pos == e.pos) {
+      out.back() = e;
+    } else {
+      out.push_back(e);
+    }
   }
-  return out;
 }
 
 std::vector<SeqId> RefMultiSeqCache::Sequences() const {
@@ -268,11 +293,25 @@ std::vector<SeqId> RefMultiSeqCache::Sequences() const {
   return out;
 }
 
-int64_t RefMultiSeqCache::UsedCells() const { return static_cast<int64_t>(Occupied().size()); }
+int64_t RefMultiSeqCache::UsedCells() const {
+  const std::vector<uint8_t>& occupied = Occupied();
+  return std::count(occupied.begin(), occupied.end(), uint8_t{1});
+}
 
 std::vector<MsCell> RefMultiSeqCache::Cells() const {
+  std::vector<MsCell> out;
+  CellsInto(out);
+  return out;
+}
+
+void RefMultiSeqCache::CellsInto(std::vector<MsCell>& out) const {
   const int64_t n = config_.cells == kUnbounded ? high_water_ : config_.cells;
-  std::vector<MsCell> out(static_cast<size_t>(n));
+  out.resize(static_cast<size_t>(n));
+  for (MsCell& cell : out) {  // as fresh cells, but each sequence list keeps its capacity
+    cell.pos = 0;
+    cell.seqs.clear();
+    cell.rows.reset();
+  }
   for (const auto& [id, seq] : seqs_) {  // ascending ids: each cell's list ascends
     for (const MsEntry& e : seq.entries) {
       if (!e.retained) continue;
@@ -284,7 +323,6 @@ std::vector<MsCell> RefMultiSeqCache::Cells() const {
     }
   }
   for (const auto& [index, rows] : rows_) out.at(static_cast<size_t>(index)).rows = rows;
-  return out;
 }
 
 void RefMultiSeqCache::Sort(std::vector<MsEntry>& entries) {
@@ -299,14 +337,17 @@ const RefMultiSeqCache::Seq& RefMultiSeqCache::Of(SeqId seq) const {
   return it == seqs_.end() ? kEmpty : it->second;
 }
 
-std::set<int64_t> RefMultiSeqCache::Occupied() const {
-  std::set<int64_t> out;
+const std::vector<uint8_t>& RefMultiSeqCache::Occupied() const {
+  occupied_.assign(static_cast<size_t>(high_water_), 0);
   for (const auto& [id, seq] : seqs_) {
     for (const MsEntry& e : seq.entries) {
-      if (e.retained) out.insert(e.index);
+      if (!e.retained) continue;
+      const auto at = static_cast<size_t>(e.index);
+      if (at >= occupied_.size()) occupied_.resize(at + 1, 0);
+      occupied_[at] = 1;
     }
   }
-  return out;
+  return occupied_;
 }
 
 void RefMultiSeqCache::EndForward() {

@@ -176,16 +176,24 @@ class RefMultiSeqCache {
   // REQUIRES: `batch` is the batch of the last operation, a successful StartForward;
   // i < batch.size().
   std::vector<MsEntry> Visible(const MsBatch& batch, size_t i, bool causal_disabled) const;
+  // Visible into `out` (replaced; its capacity is reused).
+  void VisibleInto(const MsBatch& batch, size_t i, bool causal_disabled,
+                   std::vector<MsEntry>& out) const;
   std::vector<int64_t> VisiblePositions(const MsBatch& batch, size_t i, bool causal_disabled) const;
 
   // The cells holding `seq` (exact), ascending by position then write order.
   std::vector<MsEntry> Retained(SeqId seq) const;
   std::vector<int64_t> RetainedPositions(SeqId seq) const;
+  // RetainedPositions into `out` (replaced; its capacity is reused): for checkers that ask
+  // after every op and would otherwise allocate a fresh vector each time.
+  void RetainedPositionsInto(SeqId seq, std::vector<int64_t>& out) const;
   // The retained positions a resumption at last + 1 attends (pos >= last + 1 - window): a
   // lower bound that holds for any pruning policy, for checkers that do not pin §2.8's.
   std::vector<int64_t> RetainedAtLeast(SeqId seq) const;
   // The ideal log: newest entry per position, pruned ones included, ascending.
   std::vector<MsEntry> History(SeqId seq) const;
+  // History into `out` (replaced; its capacity is reused).
+  void HistoryInto(SeqId seq, std::vector<MsEntry>& out) const;
   // Sequences holding at least one cell, ascending.
   std::vector<SeqId> Sequences() const;
   // Distinct live cells.
@@ -193,6 +201,9 @@ class RefMultiSeqCache {
   // The cell table, indices [0, n): n = cells, or one past the highest index ever placed
   // when cells is unbounded.
   std::vector<MsCell> Cells() const;
+  // Cells into `out` (replaced): the vector and each cell's sequence list keep their
+  // capacity, so a checker that reads the table after every op does not reallocate it.
+  void CellsInto(std::vector<MsCell>& out) const;
   // The per-sequence ranges [first, last] as §2.8 keeps them (possibly stale, see above);
   // sequences without one are absent.
   const std::map<SeqId, MsSpan>& Ranges() const { return ranges_; }
@@ -205,7 +216,10 @@ class RefMultiSeqCache {
   const Seq& Of(SeqId seq) const;  // an empty one when unknown
   // Whether a sequence other than `seq` holds a retained entry in cell `index`.
   bool SharedWithOther(SeqId seq, int64_t index) const;
-  std::set<int64_t> Occupied() const;
+  // occupied[i] != 0: a retained entry names cell i; indices >= size() are free (nothing is
+  // placed at or beyond high_water_). Recomputed from the entries on every call; the buffer is
+  // scratch, kept only so the answer does not allocate (it carries no state between calls).
+  const std::vector<uint8_t>& Occupied() const;
   // Up to n free cell indices, lowest first (fewer: the cache is full).
   std::vector<int64_t> FirstFree(size_t n) const;
   // Window maintenance of §2.8 step 1; widens `current` by the cells it marks.
@@ -229,6 +243,7 @@ class RefMultiSeqCache {
   std::vector<int64_t> locations_;
   MsSpan current_{0, 0};
   bool put_pending_ = false;
+  mutable std::vector<uint8_t> occupied_;  // Occupied()'s scratch
 };
 
 // The LFM2 hybrid (§2.9.1): the causal cache above plus one conv state of d_conv rows per
@@ -283,6 +298,9 @@ class RefHybridCache {
 
   // nullopt: kAsSpecified and the slot's rows are unknown (a failed forward took it).
   std::optional<ConvRows> ExpectedConv(SeqId seq, ConvMode mode) const;
+  // ExpectedConv into `out` (replaced; the rows keep their capacity); false where
+  // ExpectedConv is nullopt (out is then unspecified).
+  bool ExpectedConvInto(SeqId seq, ConvMode mode, ConvRows& out) const;
   // True when the as-specified state differs from the ideal one or is unknown.
   bool ConvDivergesFromIdeal(SeqId seq) const;
   // The sequences of each live slot, each ascending, groups ordered by first sequence.
@@ -301,7 +319,8 @@ class RefHybridCache {
     std::optional<ConvRows> rows;  // what it holds; nullopt: unknown
   };
   ConvRows ZeroRows() const;
-  ConvRows IdealConv(SeqId seq) const;
+  void ZeroRowsInto(ConvRows& out) const;
+  void IdealConvInto(SeqId seq, ConvRows& out) const;
   // Drops seq from its slot; pushes the slot when it was the last user.
   void Release(SeqId seq);
   std::optional<int32_t> Pop();
@@ -322,6 +341,10 @@ class RefHybridCache {
   std::vector<int32_t> cur_slots_;
   std::vector<int32_t> taken_;      // zeroed or copied into by this forward
   std::optional<Status> writable_;  // set by the first ConvState
+  // Scratch of ConvDivergesFromIdeal and IdealConvInto: overwritten on every call, no state
+  // between calls (so copies of the cache and the answers are unaffected).
+  mutable ConvRows ideal_scratch_, specified_scratch_;
+  mutable std::vector<MsEntry> history_scratch_;  // IdealConvInto's
 };
 
 }  // namespace kvtwin::model

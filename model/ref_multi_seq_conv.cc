@@ -148,15 +148,31 @@ Status RefHybridCache::Remove(SeqId seq, int64_t begin, int64_t end) {
 }
 
 std::optional<ConvRows> RefHybridCache::ExpectedConv(SeqId seq, ConvMode mode) const {
-  if (mode == ConvMode::kIdeal) return IdealConv(seq);
+  ConvRows rows;
+  if (!ExpectedConvInto(seq, mode, rows)) return std::nullopt;
+  return rows;
+}
+
+bool RefHybridCache::ExpectedConvInto(SeqId seq, ConvMode mode, ConvRows& out) const {
+  if (mode == ConvMode::kIdeal) {
+    IdealConvInto(seq, out);
+    return true;
+  }
   auto it = slot_of_.find(seq);
-  if (it == slot_of_.end()) return ZeroRows();  // its next slot is zeroed
-  return slots_[static_cast<size_t>(it->second)].rows;
+  if (it == slot_of_.end()) {  // its next slot is zeroed
+    ZeroRowsInto(out);
+    return true;
+  }
+  const std::optional<ConvRows>& rows = slots_[static_cast<size_t>(it->second)].rows;
+  if (!rows.has_value()) return false;
+  out = *rows;
+  return true;
 }
 
 bool RefHybridCache::ConvDivergesFromIdeal(SeqId seq) const {
-  const std::optional<ConvRows> specified = ExpectedConv(seq, ConvMode::kAsSpecified);
-  return !specified.has_value() || *specified != IdealConv(seq);
+  if (!ExpectedConvInto(seq, ConvMode::kAsSpecified, specified_scratch_)) return true;
+  IdealConvInto(seq, ideal_scratch_);
+  return specified_scratch_ != ideal_scratch_;
 }
 
 std::vector<std::vector<SeqId>> RefHybridCache::SlotGroups() const {
@@ -184,12 +200,20 @@ int32_t RefHybridCache::RefCount(int32_t slot) const {
 }
 
 ConvRows RefHybridCache::ZeroRows() const {
-  return ConvRows(static_cast<size_t>(d_conv_), ConvRow(static_cast<size_t>(width_), 0.0f));
+  ConvRows rows;
+  ZeroRowsInto(rows);
+  return rows;
 }
 
-ConvRows RefHybridCache::IdealConv(SeqId seq) const {
-  const std::vector<MsEntry> history = kv_.History(seq);
-  ConvRows rows = ZeroRows();
+void RefHybridCache::ZeroRowsInto(ConvRows& out) const {
+  out.resize(static_cast<size_t>(d_conv_));
+  for (ConvRow& row : out) row.assign(static_cast<size_t>(width_), 0.0f);
+}
+
+void RefHybridCache::IdealConvInto(SeqId seq, ConvRows& rows) const {
+  kv_.HistoryInto(seq, history_scratch_);
+  const std::vector<MsEntry>& history = history_scratch_;
+  ZeroRowsInto(rows);
   const size_t keep = std::min(history.size(), rows.size());
   // The newest `keep` entries fill the newest rows; older rows stay zero.
   for (size_t k = 0; k < keep; ++k) {
@@ -198,7 +222,6 @@ ConvRows RefHybridCache::IdealConv(SeqId seq) const {
     KV_CHECK(static_cast<int64_t>(row.size()) == width_, "conv input of the wrong width");
     rows[rows.size() - keep + k] = std::move(row);
   }
-  return rows;
 }
 
 void RefHybridCache::Release(SeqId seq) {

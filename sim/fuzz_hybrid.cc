@@ -52,9 +52,10 @@ namespace {
 
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kRecordBytes = 29;
-// The driver re-checks every cell after every op, about 150 us of CPU per op under
-// ASan+UBSan: 8 records run at ~1,000 exec/s, 16 at ~430, 48 at ~120. Sixteen ops still
-// prompt, fork, decode past a window, cut and fill a small cache; longer tails are ignored.
+// The driver re-checks every cell after every op, so an execution costs about records x
+// cells (measured before the in-place row compares: 8 records ran at ~1,000 exec/s, 16 at
+// ~430, 48 at ~120; 16 now run at ~1,250). Sixteen ops still prompt, fork, decode past a
+// window, cut and fill a small cache; longer tails are ignored.
 constexpr size_t kMaxRecords = 16;
 constexpr int32_t kMaxSeqs = 8;
 constexpr size_t kFirstValueField = 13;
@@ -120,14 +121,16 @@ struct SeqView {
   std::optional<int64_t> first, last;
 };
 
-SeqView ViewOf(const MultiSeqDriver& driver, int32_t seq) {
+// `history` and `held` are scratch (replaced).
+SeqView ViewOf(const MultiSeqDriver& driver, int32_t seq, std::vector<model::MsEntry>& history,
+               std::vector<int64_t>& held) {
   SeqView v;
   const model::RefMultiSeqCache& kv = driver.model().kv();
-  const std::vector<model::MsEntry> history = kv.History(SeqId{seq});
+  kv.HistoryInto(SeqId{seq}, history);
   if (history.empty()) return v;
   v.holds = true;
   v.next = history.back().pos + 1;
-  const std::vector<int64_t> held = kv.RetainedPositions(SeqId{seq});
+  kv.RetainedPositionsInto(SeqId{seq}, held);
   if (!held.empty()) {
     v.first = held.front();
     v.last = held.back();
@@ -135,11 +138,16 @@ SeqView ViewOf(const MultiSeqDriver& driver, int32_t seq) {
   return v;
 }
 
+// One per run; Refresh() before each record re-reads the reference state it resolves against
+// (the buffers are reused, nothing else is kept from one record to the next).
 class Decoder {
  public:
-  explicit Decoder(const MultiSeqDriver& driver) : driver_(driver) {
-    for (int32_t s = 0; s < driver.config().max_seqs; ++s) {
-      views_.push_back(ViewOf(driver, s));
+  explicit Decoder(const MultiSeqDriver& driver) : driver_(driver) {}
+  void Refresh() {
+    views_.clear();
+    holding_.clear();
+    for (int32_t s = 0; s < driver_.config().max_seqs; ++s) {
+      views_.push_back(ViewOf(driver_, s, history_, held_));
       if (views_.back().holds) holding_.push_back(s);
     }
   }
@@ -185,7 +193,9 @@ class Decoder {
 
   const MultiSeqDriver& driver_;
   std::vector<SeqView> views_;
-  std::vector<int32_t> holding_;  // ascending
+  std::vector<int32_t> holding_;         // ascending
+  std::vector<model::MsEntry> history_;  // ViewOf's scratch
+  std::vector<int64_t> held_;            // ViewOf's scratch
 };
 
 // The batch's sequences in batch order: the bitmask's ids (or every sequence holding
@@ -252,9 +262,10 @@ MsOp Decoder::Remove(const std::array<uint8_t, kRecordBytes>& f) const {
 }
 
 // The op a record applies, or nullopt when the driver rejects it.
-std::optional<MsOp> ResolveRecord(const MultiSeqDriver& driver,
+std::optional<MsOp> ResolveRecord(const MultiSeqDriver& driver, Decoder& decoder,
                                   const std::array<uint8_t, kRecordBytes>& f) {
-  MsOp op = Decoder(driver).Decode(f);
+  decoder.Refresh();
+  MsOp op = decoder.Decode(f);
   if (!driver.Valid(op)) return std::nullopt;
   return op;
 }
@@ -283,9 +294,10 @@ FuzzRun RunHybridFuzz(const FuzzParts& parts) {
   // The replay's value seed, so ReplayTrace(run.trace) reaches this digest and verdict.
   MultiSeqDriver driver(header.multiseq, TraceValueSeed(header));
   std::optional<MsDivergence> divergence = driver.divergence();  // the derived shape
+  Decoder decoder(driver);
   for (size_t i = 0; i < parts.records.size() && !divergence; ++i) {
     const std::optional<MsOp> op =
-        ResolveRecord(driver, ReadFields<kRecordBytes>(parts.records[i]));
+        ResolveRecord(driver, decoder, ReadFields<kRecordBytes>(parts.records[i]));
     if (!op) continue;
     run.trace.events.emplace_back(*op);
     divergence = driver.Apply(*op);

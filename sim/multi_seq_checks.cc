@@ -7,6 +7,9 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
+#include <set>
+#include <type_traits>
 #include <utility>
 
 #include "sim/multi_seq_driver.h"
@@ -27,9 +30,39 @@ std::string DescribeCell(bool free, int64_t pos, const std::vector<int32_t>& seq
   return free ? std::string("free") : fmt::format("pos {} of sequences {}", pos, seqs);
 }
 
-uint64_t RowHash(const Tensor& row) {
-  const MatF f = row.ToFloat();
-  return XXH3_64bits(f.data(), static_cast<size_t>(f.size()) * sizeof(float));
+// Row `row` of `t` as floats, converted as Tensor::RowsToFloat converts, into `scratch`.
+const float* RowFloats(const Tensor& t, int64_t row, std::vector<float>& scratch) {
+  KV_CHECK(row >= 0 && row < t.rows(), "row range out of tensor");
+  const int64_t cols = t.cols();
+  scratch.resize(static_cast<size_t>(cols));
+  Eigen::Map<MatF> out(scratch.data(), 1, cols);
+  t.Visit([&](const auto& m) { out = m.middleRows(row, 1).template cast<float>(); });
+  return scratch.data();
+}
+
+// The hash of row `row` of `t` as floats: the same bytes as hashing t.Rows(row, 1).ToFloat().
+uint64_t RowHash(const Tensor& t, int64_t row, std::vector<float>& scratch) {
+  const float* f = RowFloats(t, row, scratch);
+  return XXH3_64bits(f, static_cast<size_t>(t.cols()) * sizeof(float));
+}
+
+// Bit-equality of row `ra` of `a` and row `rb` of `b`, as Tensor::Equals on one-row copies
+// (dtype, width and every byte).
+bool SameRow(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb) {
+  KV_CHECK(ra >= 0 && ra < a.rows() && rb >= 0 && rb < b.rows(), "row range out of tensor");
+  if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
+  return a.Visit([&](const auto& ma) {
+    return b.Visit([&](const auto& mb) {
+      using A = std::decay_t<decltype(*ma.data())>;
+      using B = std::decay_t<decltype(*mb.data())>;
+      if constexpr (std::is_same_v<A, B>) {
+        return std::memcmp(ma.data() + ra * ma.cols(), mb.data() + rb * mb.cols(),
+                           static_cast<size_t>(ma.cols()) * sizeof(A)) == 0;
+      } else {
+        return false;
+      }
+    });
+  });
 }
 
 }  // namespace
@@ -86,15 +119,17 @@ Check MultiSeqDriver::CheckState() {
   return CheckIdeal();
 }
 
-Check MultiSeqDriver::CheckRetention() const {
+Check MultiSeqDriver::CheckRetention() {
   const std::vector<CausalCache::Cell>& cells = cache_->kv().cells();
   for (int32_t s = 0; s < config_.max_seqs; ++s) {
-    std::vector<int64_t> held;
+    std::vector<int64_t>& held = held_;
+    held.clear();
     for (const CausalCache::Cell& cell : cells) {
       if (cell.seqs.contains(s)) held.push_back(cell.pos);
     }
     std::sort(held.begin(), held.end());
-    const std::vector<int64_t> expected = model_.kv().RetainedPositions(S(s));
+    std::vector<int64_t>& expected = want_held_;
+    model_.kv().RetainedPositionsInto(S(s), expected);
     if (held != expected) {
       return Mismatch{fmt::format("positions held by s{}", s), fmt::format("{}", expected),
                       fmt::format("{}", held)};
@@ -103,28 +138,32 @@ Check MultiSeqDriver::CheckRetention() const {
   return std::nullopt;
 }
 
-Check MultiSeqDriver::CheckCells() const {
+Check MultiSeqDriver::CheckCells() {
   // Cell by cell: first-fit placement makes the index of every token's cell exact.
-  const std::vector<CausalCache::Cell>& actual = cache_->kv().cells();
-  const std::vector<model::MsCell> expected = model_.kv().Cells();
+  const CausalCache& kv = cache_->kv();
+  const std::vector<CausalCache::Cell>& actual = kv.cells();
+  model_.kv().CellsInto(cells_);
+  const std::vector<model::MsCell>& expected = cells_;
   if (actual.size() != expected.size()) {
     return Mismatch{"cell count", std::to_string(expected.size()), std::to_string(actual.size())};
   }
   for (size_t i = 0; i < actual.size(); ++i) {
     const model::MsCell& want = expected[i];
-    std::vector<int32_t> want_seqs;
-    for (SeqId s : want.seqs) want_seqs.push_back(Raw(s));
-    const std::vector<int32_t> got_seqs(actual[i].seqs.begin(), actual[i].seqs.end());
-    if (want_seqs != got_seqs || (!want_seqs.empty() && want.pos != actual[i].pos)) {
+    const std::set<int32_t>& got = actual[i].seqs;
+    const bool same_seqs = std::equal(want.seqs.begin(), want.seqs.end(), got.begin(), got.end(),
+                                      [](SeqId a, int32_t b) { return Raw(a) == b; });
+    if (!same_seqs || (!want.seqs.empty() && want.pos != actual[i].pos)) {
+      std::vector<int32_t> want_seqs;
+      for (SeqId s : want.seqs) want_seqs.push_back(Raw(s));
+      const std::vector<int32_t> got_seqs(got.begin(), got.end());
       return Mismatch{fmt::format("cell {}: position and sequences", i),
                       DescribeCell(want_seqs.empty(), want.pos, want_seqs),
                       DescribeCell(got_seqs.empty(), actual[i].pos, got_seqs)};
     }
+    if (!want.rows) continue;  // never written: whatever the buffer started with
     const auto cell = static_cast<int64_t>(i);
-    if (Check c = CheckRow("stored", cell, want.rows, cache_->kv().k().Rows(cell, 1),
-                           cache_->kv().VRow(cell))) {
-      return c;
-    }
+    kv.VRowInto(cell, v_row_);
+    if (Check c = CheckRow(-1, cell, want.rows, kv.k(), cell, v_row_, 0)) return c;
   }
   return std::nullopt;
 }
@@ -149,31 +188,48 @@ Check MultiSeqDriver::CheckRanges() const {
   return std::nullopt;
 }
 
-Check MultiSeqDriver::CheckRow(const std::string& where, int64_t index,
+Check MultiSeqDriver::CheckRow(int64_t view_row, int64_t index,
                                const std::optional<model::MsRows>& want, const Tensor& k,
-                               const Tensor& v) const {
+                               int64_t k_row, const Tensor& v, int64_t v_row) {
   if (!want) return std::nullopt;  // never written: whatever the buffer started with
-  const bool k_bad = !k.Equals(ExpectedRow(*want, false));
-  if (!k_bad && v.Equals(ExpectedRow(*want, true))) return std::nullopt;
-  const Tensor& got = k_bad ? k : v;
-  const Provenance p = DecodeRow(got, 0);
+  ExpectRows(index, *want);
+  const bool k_bad = !SameRow(k, k_row, memo_k_, index);
+  if (!k_bad && SameRow(v, v_row, memo_v_, index)) return std::nullopt;
+  const Provenance p = k_bad ? DecodeRow(k, k_row) : DecodeRow(v, v_row);
   const bool same_tag = p.valid && p.hash24 == (want->token.h & 0xFFFFFF);
+  const std::string where = view_row < 0 ? "stored" : fmt::format("view row {}:", view_row);
   return Mismatch{fmt::format("{} cell {} {} row", where, index, k_bad ? "K" : "V"),
                   Tag(*want, !k_bad),
                   p.ToString() + (same_tag ? " (right hash, other values or position)" : "")};
 }
 
-Tensor MultiSeqDriver::ExpectedRow(const model::MsRows& rows, bool is_value) const {
-  Tensor row =
-      synth_.KvRow(config_.dtype, config_.kv_cols, 0, rows.written_pos, rows.token.h, is_value);
-  if (!is_value) {
-    for (int64_t delta : rows.shifts) ShiftPositionTag(row, 0, delta);
+void MultiSeqDriver::ExpectRows(int64_t index, const model::MsRows& rows) {
+  KV_CHECK(index >= 0, "negative cell index");
+  const auto at = static_cast<size_t>(index);
+  if (at >= memo_key_.size()) {
+    const int64_t cells = model_.kv().config().cells;
+    const int64_t n = std::max(index + 1, cells == model::kUnbounded ? 2 * (index + 1) : cells);
+    if (memo_k_.empty()) {
+      memo_k_ = Tensor(config_.dtype, n, config_.kv_cols);
+      memo_v_ = Tensor(config_.dtype, n, config_.kv_cols);
+    } else {
+      memo_k_.ResizeRows(n);
+      memo_v_.ResizeRows(n);
+    }
+    memo_key_.resize(static_cast<size_t>(n));
   }
-  return row;
+  if (memo_key_[at] == rows) return;
+  // As SyntheticForward::KvRow fills a fresh row; K then takes the RoPE shifts in order.
+  synth_.FillKvRow(memo_k_, index, 0, rows.written_pos, rows.token.h, false);
+  for (int64_t delta : rows.shifts) ShiftPositionTag(memo_k_, index, delta);
+  synth_.FillKvRow(memo_v_, index, 0, rows.written_pos, rows.token.h, true);
+  memo_key_[at] = rows;
 }
 
-Check MultiSeqDriver::CheckSlots(bool current) const {
-  std::vector<std::vector<int32_t>> mapped(static_cast<size_t>(config_.max_seqs));
+Check MultiSeqDriver::CheckSlots(bool current) {
+  std::vector<std::vector<int32_t>>& mapped = mapped_;
+  mapped.resize(static_cast<size_t>(config_.max_seqs));
+  for (std::vector<int32_t>& seqs : mapped) seqs.clear();
   for (int32_t s = 0; s < config_.max_seqs; ++s) {
     if (std::optional<int32_t> slot = cache_->slot_of(s)) {
       if (*slot < 0 || *slot >= config_.max_seqs) {
@@ -182,13 +238,15 @@ Check MultiSeqDriver::CheckSlots(bool current) const {
       mapped[static_cast<size_t>(*slot)].push_back(s);
     }
   }
-  if (Check c = CheckSlotCounts(mapped)) return c;
+  if (Check c = CheckSlotCounts()) return c;
   return CheckSlotModel(current);
 }
 
-Check MultiSeqDriver::CheckSlotCounts(const std::vector<std::vector<int32_t>>& mapped) const {
+Check MultiSeqDriver::CheckSlotCounts() {
+  const std::vector<std::vector<int32_t>>& mapped = mapped_;
   const int32_t n = config_.max_seqs;
-  std::vector<int32_t> on_free(static_cast<size_t>(n), 0);
+  std::vector<int32_t>& on_free = on_free_;
+  on_free.assign(static_cast<size_t>(n), 0);
   for (int32_t slot : cache_->free_slots()) {
     if (slot >= 0 && slot < n) ++on_free[static_cast<size_t>(slot)];
   }
@@ -237,18 +295,19 @@ Check MultiSeqDriver::CheckSlotModel(bool current) const {
   return std::nullopt;
 }
 
-Check MultiSeqDriver::CheckConv() const {
+Check MultiSeqDriver::CheckConv() {
   const int64_t d = config_.d_conv, w = config_.hidden;
   for (int32_t s = 0; s < config_.max_seqs; ++s) {
     const std::optional<int32_t> slot = cache_->slot_of(s);
     if (!slot) continue;
-    const std::optional<model::ConvRows> want =
-        model_.ExpectedConv(S(s), model::ConvMode::kAsSpecified);
-    if (!want) continue;  // a failed forward took the slot: its rows are unknown
+    const model::ConvRows* want = &conv_want_;
+    if (!model_.ExpectedConvInto(S(s), model::ConvMode::kAsSpecified, conv_want_)) {
+      continue;  // a failed forward took the slot: its rows are unknown
+    }
     for (int32_t layer = 0; layer < config_.num_conv_layers; ++layer) {
-      const MatF got = cache_->SlotRow(layer, *slot).ToFloat();
+      const float* got = RowFloats(cache_->SlotRow(layer, *slot), 0, floats_);
       for (int64_t j = 0; j < d; ++j) {
-        const float* g = got.data() + j * w;
+        const float* g = got + j * w;
         const float* e = (*want)[static_cast<size_t>(j)].data() + layer * w;
         if (!std::equal(g, g + w, e)) {
           return Mismatch{fmt::format("conv state L{} of s{} (slot {}) row {}", layer, s, *slot, j),
@@ -317,14 +376,15 @@ void MultiSeqDriver::FoldState() {
     Fold(static_cast<uint64_t>(i));
     Fold(static_cast<uint64_t>(cell.pos));
     for (int32_t s : cell.seqs) Fold(static_cast<uint64_t>(s));
-    Fold(RowHash(kv.k().Rows(i, 1)));
-    Fold(RowHash(kv.VRow(i)));
+    Fold(RowHash(kv.k(), i, floats_));
+    kv.VRowInto(i, v_row_);
+    Fold(RowHash(v_row_, 0, floats_));
   }
   for (int32_t slot = 0; slot < config_.max_seqs; ++slot) {
     Fold(static_cast<uint64_t>(cache_->ref_count(slot)));
     Fold(static_cast<uint64_t>(cache_->slot_of(slot).value_or(-1)));
     for (int32_t layer = 0; layer < config_.num_conv_layers; ++layer) {
-      Fold(RowHash(cache_->SlotRow(layer, slot)));
+      Fold(RowHash(cache_->SlotRow(layer, slot), 0, floats_));
     }
   }
   for (int32_t slot : cache_->free_slots()) Fold(static_cast<uint64_t>(slot));

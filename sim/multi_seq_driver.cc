@@ -21,24 +21,30 @@ std::string End(int64_t v) { return v == kvtwin::kUnbounded ? "inf" : std::to_st
 // Every conv layer's input row for one token, side by side: the reference carries one conv
 // state per sequence, so its rows hold all layers and the driver slices them. Without conv
 // layers the reference still needs a width; layer 0's row stands in.
-model::ConvRow ConvInputRow(const SyntheticForward& synth, const MultiSeqConfig& c,
-                            int64_t written_pos, uint64_t h) {
+// `row` is scratch for one layer's row (resized once); `out` is replaced.
+void ConvInputRow(const SyntheticForward& synth, const MultiSeqConfig& c, int64_t written_pos,
+                  uint64_t h, MatF& row, model::ConvRow& out) {
   const int32_t layers = std::max(1, c.num_conv_layers);
-  MatF row(1, c.hidden);
-  model::ConvRow out;
+  if (row.rows() != 1 || row.cols() != c.hidden) row.resize(1, c.hidden);
+  out.clear();
+  out.reserve(static_cast<size_t>(layers * c.hidden));
   for (int32_t layer = 0; layer < layers; ++layer) {
     synth.FillConvInput(row, 0, c.dtype, layer, written_pos, h, c.hidden);
     out.insert(out.end(), row.data(), row.data() + c.hidden);
   }
-  return out;
 }
 
 model::RefHybridCache MakeModel(const MultiSeqConfig& c, const SyntheticForward& synth) {
   Result<model::MultiSeqConfig> resolved = model::ResolveMultiSeqConfig(c.ToModelInit());
   KV_CHECK(resolved.ok(), "reference refused the configuration: " + resolved.status().ToString());
+  // `row` is the lambda's own scratch: FillConvInput overwrites it before each read.
   return model::RefHybridCache(
       *resolved, c.d_conv, std::max(1, c.num_conv_layers) * c.hidden,
-      [synth, c](int64_t pos, const model::Token& t) { return ConvInputRow(synth, c, pos, t.h); });
+      [synth, c, row = MatF(1, c.hidden)](int64_t pos, const model::Token& t) mutable {
+        model::ConvRow out;
+        ConvInputRow(synth, c, pos, t.h, row, out);
+        return out;
+      });
 }
 
 Mismatch Outcome(const std::string& what, const Status& expected, const Status& actual) {
@@ -209,37 +215,58 @@ std::optional<MsDivergence> MultiSeqDriver::CheckNow() {
   return std::nullopt;
 }
 
-model::MsBatch MultiSeqDriver::Tokens(const MsOp& op) const {
+model::MsBatch MultiSeqDriver::Tokens(const MsOp& op) {
   // pos -> h per sequence, seeded from the sequence's own history (newest entry per
   // position), then extended by the batch's earlier tokens: h chains over the nearest
-  // lower position, so forks that share a prefix share hashes and then part.
-  std::map<int32_t, std::map<int64_t, uint64_t>> chains;
+  // lower position, so forks that share a prefix share hashes and then part. A chain is a
+  // vector of (pos, h) ascending by pos with unique positions (the history has one entry
+  // per position), kept per sequence id so its storage is reused across forwards.
+  const auto n = static_cast<size_t>(config_.max_seqs);
+  chains_.resize(n);
+  chained_.assign(n, 0);
   model::MsBatch out;
+  out.reserve(op.batch.size());
   for (const MsBatchToken& t : op.batch) {
-    auto [it, fresh] = chains.try_emplace(t.seq);
-    if (fresh) {
-      for (const model::MsEntry& e : model_.kv().History(S(t.seq))) it->second[e.pos] = e.token.h;
+    std::vector<std::pair<int64_t, uint64_t>>& chain = chains_[static_cast<size_t>(t.seq)];
+    if (chained_[static_cast<size_t>(t.seq)] == 0) {
+      chained_[static_cast<size_t>(t.seq)] = 1;
+      chain.clear();
+      model_.kv().HistoryInto(S(t.seq), entries_);
+      for (const model::MsEntry& e : entries_) chain.emplace_back(e.pos, e.token.h);
     }
-    std::map<int64_t, uint64_t>& chain = it->second;
-    const auto below = chain.lower_bound(t.pos);
+    const auto below = std::lower_bound(
+        chain.begin(), chain.end(), t.pos,
+        [](const std::pair<int64_t, uint64_t>& e, int64_t pos) { return e.first < pos; });
     const uint64_t prev = below == chain.begin() ? synth_.seed() : std::prev(below)->second;
     const uint64_t h = NextHash(prev, t.token);
-    chain[t.pos] = h;
+    if (below != chain.end() && below->first == t.pos) {
+      below->second = h;
+    } else {
+      chain.insert(below, {t.pos, h});
+    }
     out.push_back(model::MsToken{S(t.seq), t.pos, model::Token{t.token, h}});
   }
   return out;
 }
 
 model::ConvRow MultiSeqDriver::ConvInput(int64_t written_pos, uint64_t h) const {
-  return ConvInputRow(synth_, config_, written_pos, h);
+  MatF row(1, config_.hidden);
+  model::ConvRow out;
+  ConvInputRow(synth_, config_, written_pos, h, row, out);
+  return out;
+}
+
+void MultiSeqDriver::ConvInputInto(int64_t written_pos, uint64_t h, model::ConvRow& out) {
+  ConvInputRow(synth_, config_, written_pos, h, conv_in_, out);
 }
 
 Check MultiSeqDriver::ApplyCopyPrefix(const MsOp& op) {
   const Status actual = cache_->CopyPrefix(op.seq, op.dst, op.begin);
   Fold(static_cast<uint64_t>(actual.code()));
   if (!actual.ok()) return Outcome("CopyPrefix", Status::Ok(), actual);
-  const std::vector<model::MsEntry> src =
-      op.seq == op.dst ? std::vector<model::MsEntry>{} : model_.kv().History(S(op.seq));
+  entries_.clear();
+  if (op.seq != op.dst) model_.kv().HistoryInto(S(op.seq), entries_);
+  const std::vector<model::MsEntry>& src = entries_;
   if (!src.empty() && op.begin <= src.back().pos) ++coverage_.copy_prefix_partial;
   model_.CopyPrefix(S(op.seq), S(op.dst), op.begin);
   half_edited_.erase(op.dst);  // dst's cells are all replaced
@@ -249,7 +276,8 @@ Check MultiSeqDriver::ApplyCopyPrefix(const MsOp& op) {
 
 Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
   const bool finite = op.end != kvtwin::kUnbounded;
-  const std::vector<model::MsEntry> history = model_.kv().History(S(op.seq));
+  model_.kv().HistoryInto(S(op.seq), entries_);
+  const std::vector<model::MsEntry>& history = entries_;
   const int64_t next = history.empty() ? 0 : history.back().pos + 1;
   if (finite && (op.begin == op.end || op.end > next)) ++coverage_.removes_degenerate;
   const Status actual = cache_->Remove(op.seq, op.begin, op.end);

@@ -147,8 +147,9 @@ class MultiSeqDriver {
 
  private:
   // The op's batch as model tokens, each h chained over its sequence's history.
-  model::MsBatch Tokens(const MsOp& op) const;
+  model::MsBatch Tokens(const MsOp& op);
   model::ConvRow ConvInput(int64_t written_pos, uint64_t h) const;  // all layers side by side
+  void ConvInputInto(int64_t written_pos, uint64_t h, model::ConvRow& out);
 
   Check ApplyForward(const MsOp& op);
   Check ApplyReserve(const MsOp& op);
@@ -158,31 +159,37 @@ class MultiSeqDriver {
   // The forward after both StartForwards succeeded: placement, slots, SetCausal, Put, conv.
   Check RunForward(const MsOp& op, const model::MsBatch& batch);
   void CountForward(const MsOp& op);
-  // Reads, checks and writes every conv layer of a started forward (the forward's graph).
-  Check RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order,
-                const std::map<int32_t, std::optional<model::ConvRows>>& before);
+  // Reads, checks and writes every conv layer of a started forward (the forward's graph);
+  // before_rows_ / before_known_ hold each sequence of `order`'s state before the forward.
+  Check RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order);
   Status PutRows(const model::MsBatch& batch);
   // Where StartForward placed the batch and the current range it derived.
   Check CheckPlacement() const;
   Check CheckVisible(const model::MsBatch& batch, const std::vector<int64_t>& causal_off);
-  // One row of the view or of the cache against the model's content of cell `index`.
-  Check CheckRow(const std::string& where, int64_t index, const std::optional<model::MsRows>& want,
-                 const Tensor& k, const Tensor& v) const;
+  // One row of the view (view_row >= 0) or of the cache (view_row < 0, "stored") against
+  // the model's content of cell `index`: row k_row of `k` and row v_row of `v`, compared in
+  // place.
+  Check CheckRow(int64_t view_row, int64_t index, const std::optional<model::MsRows>& want,
+                 const Tensor& k, int64_t k_row, const Tensor& v, int64_t v_row);
 
   // After every op (multi_seq_checks.cc).
   Check CheckState();
-  Check CheckRetention() const;
-  Check CheckCells() const;
+  Check CheckRetention();
+  Check CheckCells();
   Check CheckRanges() const;
-  Check CheckSlots(bool current = false) const;
-  // mapped[slot]: the sequences production maps to it.
-  Check CheckSlotCounts(const std::vector<std::vector<int32_t>>& mapped) const;
+  Check CheckSlots(bool current = false);
+  // mapped_[slot]: the sequences production maps to it.
+  Check CheckSlotCounts();
   // Production's slot per sequence, refcounts, free stack and (with `current`) the current
   // forward's slots against the model's.
   Check CheckSlotModel(bool current) const;
-  Check CheckConv() const;
+  Check CheckConv();
   Check CheckIdeal();
-  Tensor ExpectedRow(const model::MsRows& rows, bool is_value) const;
+  // Rows `index` of memo_k_ / memo_v_ := the expected K and V rows of `rows` (K moved by its
+  // shifts). A row is a pure function of (written_pos, token, shifts, K|V) for the run's
+  // fixed values seed, dtype and width, so the memo recomputes a cell's rows only when the
+  // model's record of that cell changes: the same bits as computing them every time.
+  void ExpectRows(int64_t index, const model::MsRows& rows);
   std::string DescribeConv(int32_t layer, const float* row) const;
 
   void Fold(uint64_t value);
@@ -198,6 +205,32 @@ class MultiSeqDriver {
   std::set<int32_t> ideal_diverged_;  // sequences currently off the ideal conv state
   std::set<int32_t> half_edited_;     // refused Remove, not cleared since
   std::optional<MsDivergence> divergence_;
+
+  // ExpectRows' memo: one row per cell index, with the record it was computed from.
+  Tensor memo_k_, memo_v_;
+  std::vector<std::optional<model::MsRows>> memo_key_;
+  // Scratch reused across ops so the checks do not allocate after the first few steps; each
+  // is overwritten before it is read and carries nothing from one use to the next.
+  Tensor v_row_;                                          // a stored V row (CausalCache::VRowInto)
+  std::vector<float> floats_;                             // a row as floats (hash, conv compare)
+  MatF conv_in_;                                          // one layer's conv input row
+  std::vector<model::MsCell> cells_;                      // the model's cell table
+  std::vector<model::MsEntry> entries_;                   // a history or a visible set
+  std::vector<int64_t> held_, want_held_;                 // CheckRetention, CountForward
+  std::vector<int64_t> got_, got_pos_, want_, want_pos_;  // CheckVisible
+  std::vector<std::vector<std::pair<int64_t, uint64_t>>> chains_;  // Tokens, per sequence
+  std::vector<uint8_t> chained_;                                   // Tokens, per sequence
+  std::vector<std::pair<int32_t, int64_t>> last_;                  // CountForward
+  std::vector<BatchToken> kv_batch_;
+  std::vector<int32_t> before_cow_;
+  std::vector<model::ConvRows> before_rows_;  // RunConv: each sequence's state before
+  std::vector<uint8_t> before_known_;
+  model::ConvRows conv_want_;
+  std::vector<model::ConvRow> inputs_;  // the batch tokens' conv inputs, all layers
+  std::vector<const float*> stack_;
+  MatF conv_got_, conv_next_;
+  std::vector<std::vector<int32_t>> mapped_;  // CheckSlots
+  std::vector<int32_t> on_free_;
 };
 
 }  // namespace kvtwin::sim

@@ -74,29 +74,36 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
 void MultiSeqDriver::CountForward(const MsOp& op) {
   // Before the forward: what it writes over, whether its runs ascend, who joins.
   bool rewrites = false, unordered = false, joins = false;
-  std::map<int32_t, int64_t> last;
+  last_.clear();  // (sequence, its last position so far in the batch)
   for (const MsBatchToken& t : op.batch) {
-    const std::vector<int64_t> held = model_.kv().RetainedPositions(S(t.seq));
+    std::vector<int64_t>& held = held_;
+    model_.kv().RetainedPositionsInto(S(t.seq), held);
     rewrites |= std::find(held.begin(), held.end(), t.pos) != held.end();
-    joins |= held.empty() && model_.kv().History(S(t.seq)).empty();
-    auto [it, fresh] = last.try_emplace(t.seq, t.pos);
-    if (!fresh) {
+    if (held.empty()) {
+      model_.kv().HistoryInto(S(t.seq), entries_);
+      joins |= entries_.empty();
+    }
+    auto it = std::find_if(last_.begin(), last_.end(),
+                           [&t](const std::pair<int32_t, int64_t>& l) { return l.first == t.seq; });
+    if (it == last_.end()) {
+      last_.emplace_back(t.seq, t.pos);
+    } else {
       unordered |= t.pos < it->second;
       it->second = t.pos;
     }
   }
   coverage_.rewrites += rewrites;
   coverage_.unordered_batches += unordered;
-  coverage_.joins += joins && last.size() > 1;
+  coverage_.joins += joins && last_.size() > 1;
 }
 
 Check MultiSeqDriver::ApplyForward(const MsOp& op) {
   const model::MsBatch batch = Tokens(op);
   CountForward(op);
   const int64_t used_before = model_.kv().UsedCells();
-  std::vector<BatchToken> kv;
-  for (const MsBatchToken& t : op.batch) kv.push_back({t.seq, t.pos});
-  const Status actual = cache_->StartForward(kv);
+  kv_batch_.clear();
+  for (const MsBatchToken& t : op.batch) kv_batch_.push_back({t.seq, t.pos});
+  const Status actual = cache_->StartForward(kv_batch_);
   const Status expected = model_.StartForward(batch);
   Fold(static_cast<uint64_t>(actual.code()));
   if (actual.code() != expected.code()) return Outcome("StartForward", expected, actual);
@@ -117,7 +124,8 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
   // Copy-on-write belongs to the first ConvState: nothing may be unshared yet.
   if (Check c = CheckSlots(/*current=*/true)) return c;
   if (config_.num_conv_layers > 0) {
-    const std::vector<int32_t> before_cow = model_.CurrentSlots();
+    std::vector<int32_t>& before_cow = before_cow_;
+    before_cow = model_.CurrentSlots();
     Status actual = Status::Ok();
     if (Result<Tensor> first = cache_->ConvState(0); !first.ok()) actual = first.status();
     const Status expected = model_.ConvState();
@@ -134,9 +142,13 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
   }
   ++coverage_.forwards;
   const std::vector<int32_t> order = BatchSequences(op.batch);
-  std::map<int32_t, std::optional<model::ConvRows>> before;
-  for (int32_t seq : order) {
-    before[seq] = model_.ExpectedConv(S(seq), model::ConvMode::kAsSpecified);
+  // Each sequence's state before the forward, by its index in `order` (its sequences are
+  // distinct): known or not, and the rows.
+  before_rows_.resize(order.size());
+  before_known_.resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    before_known_[i] =
+        model_.ExpectedConvInto(S(order[i]), model::ConvMode::kAsSpecified, before_rows_[i]);
   }
   // SetCausal only when asked, so a StartForward that keeps the last list shows; on every
   // fourth step an explicit empty list exercises the other path.
@@ -147,7 +159,7 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
     ++(op.causal_off.empty() ? coverage_.causal_reset_calls : coverage_.causal_off);
   }
   if (Status s = PutRows(batch); !s.ok()) return Outcome("Put", Status::Ok(), s);
-  if (Check c = RunConv(batch, order, before)) return c;
+  if (Check c = RunConv(batch, order)) return c;
   model_.FinishForward();
   return CheckVisible(batch, op.causal_off);
 }
@@ -163,20 +175,30 @@ Status MultiSeqDriver::PutRows(const model::MsBatch& batch) {
   return cache_->Put(k, v);
 }
 
-Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order,
-                              const std::map<int32_t, std::optional<model::ConvRows>>& before) {
+Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order) {
   const int64_t d = config_.d_conv, w = config_.hidden;
+  // Every batch token's conv input, all layers side by side: a pure function of (pos, h),
+  // so one computation per forward serves every layer.
+  if (config_.num_conv_layers > 0) {
+    inputs_.resize(batch.size());
+    for (size_t k = 0; k < batch.size(); ++k) {
+      ConvInputInto(batch[k].pos, batch[k].token.h, inputs_[k]);
+    }
+  }
   for (int32_t layer = 0; layer < config_.num_conv_layers; ++layer) {
     Result<Tensor> state = cache_->ConvState(layer);
     if (!state.ok())
       return Outcome(fmt::format("ConvState(L{})", layer), Status::Ok(), state.status());
-    const MatF rows = state->ToFloat();
-    MatF next(static_cast<Eigen::Index>(order.size()), d * w);
+    state->Visit([this](const auto& m) { conv_got_ = m.template cast<float>(); });
+    const MatF& rows = conv_got_;
+    MatF& next = conv_next_;
+    next.resize(static_cast<Eigen::Index>(order.size()), d * w);
     for (size_t i = 0; i < order.size(); ++i) {
       const auto r = static_cast<Eigen::Index>(i);
-      const std::optional<model::ConvRows>& want = before.at(order[i]);
+      const model::ConvRows* want = before_known_[i] != 0 ? &before_rows_[i] : nullptr;
       // [old rows ; this forward's inputs of the sequence], keep the newest d rows.
-      std::vector<const float*> stack;
+      std::vector<const float*>& stack = stack_;
+      stack.clear();
       for (int64_t j = 0; j < d; ++j) {
         const float* got = rows.data() + r * d * w + j * w;
         if (want) {
@@ -189,11 +211,9 @@ Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int
         }
         stack.push_back(got);
       }
-      std::vector<model::ConvRow> inputs;
-      for (const model::MsToken& t : batch) {
-        if (Raw(t.seq) == order[i]) inputs.push_back(ConvInput(t.pos, t.token.h));
+      for (size_t k = 0; k < batch.size(); ++k) {
+        if (Raw(batch[k].seq) == order[i]) stack.push_back(inputs_[k].data() + layer * w);
       }
-      for (const model::ConvRow& in : inputs) stack.push_back(in.data() + layer * w);
       for (int64_t j = 0; j < d; ++j) {
         const float* src = stack[stack.size() - static_cast<size_t>(d - j)];
         std::copy(src, src + w, next.data() + r * d * w + j * w);
@@ -229,26 +249,28 @@ Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
         fmt::format("[{}, {}) with {} K rows", view.range_begin, view.range_end, view.k.rows())};
   }
   // The view is the range in cell order: row j is cell begin + j, free cells included.
-  const std::vector<model::MsCell> cells = model_.kv().Cells();
+  model_.kv().CellsInto(cells_);
+  const std::vector<model::MsCell>& cells = cells_;
   for (int64_t j = 0; j < len; ++j) {
     const int64_t index = range.first + j;
     if (Check c =
-            CheckRow(fmt::format("view row {}:", j), index, cells[static_cast<size_t>(index)].rows,
-                     view.k.Rows(j, 1), view.v.Rows(j, 1))) {
+            CheckRow(j, index, cells[static_cast<size_t>(index)].rows, view.k, j, view.v, j)) {
       return c;
     }
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     const bool off = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) !=
                      causal_off.end();
-    std::vector<int64_t> got, got_pos, want, want_pos;
+    std::vector<int64_t>&got = got_, &got_pos = got_pos_, &want = want_, &want_pos = want_pos_;
+    for (auto* v : {&got, &got_pos, &want, &want_pos}) v->clear();
     for (size_t j = 0; j < view.visible[i].size(); ++j) {
       if (!view.visible[i][j]) continue;
       got.push_back(range.first + static_cast<int64_t>(j));
       got_pos.push_back(cache_->kv().cells()[static_cast<size_t>(got.back())].pos);
       Fold(static_cast<uint64_t>(got.back()));
     }
-    for (const model::MsEntry& e : model_.kv().Visible(batch, i, off)) {
+    model_.kv().VisibleInto(batch, i, off, entries_);
+    for (const model::MsEntry& e : entries_) {
       want.push_back(e.index);
       want_pos.push_back(e.pos);
     }

@@ -295,11 +295,21 @@ CausalCache::View CausalCache::Get() const {
 }
 
 Tensor CausalCache::VRow(int64_t cell) const {
-  KV_CHECK(cell >= 0 && cell < num_cells(), "causal cache: VRow cell out of range");
-  if (!config_.permuted_v) return v_.Rows(cell, 1);
-  Tensor row(config_.dtype, 1, config_.kv_cols);
-  for (int64_t c = 0; c < config_.kv_cols; ++c) row.Set(0, c, v_.At(c, cell));
+  Tensor row;
+  VRowInto(cell, row);
   return row;
+}
+
+void CausalCache::VRowInto(int64_t cell, Tensor& row) const {
+  KV_CHECK(cell >= 0 && cell < num_cells(), "causal cache: VRow cell out of range");
+  if (row.dtype() != config_.dtype || row.rows() != 1 || row.cols() != config_.kv_cols) {
+    row = Tensor(config_.dtype, 1, config_.kv_cols);
+  }
+  if (!config_.permuted_v) {
+    row.CopyRows(0, v_, cell, 1);
+    return;
+  }
+  for (int64_t c = 0; c < config_.kv_cols; ++c) row.Set(0, c, v_.At(c, cell));
 }
 
 }  // namespace kvtwin

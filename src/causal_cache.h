@@ -105,6 +105,9 @@ class CausalCache {
   const Tensor& k() const { return k_; }
   // V rows of a cell whatever the storage layout.
   Tensor VRow(int64_t cell) const;
+  // VRow into `row`, which becomes [1, kv_cols] of the cache dtype; a `row` already of that
+  // shape is overwritten in place (no allocation), for checkers that read every cell.
+  void VRowInto(int64_t cell, Tensor& row) const;
 
  private:
   explicit CausalCache(CausalConfig config);

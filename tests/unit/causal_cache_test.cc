@@ -89,8 +89,11 @@ void RunStep(CausalCache& cache, const Step& s, const RowFn& row = TokenRow) {
   EXPECT_EQ(AsRows(view.k), AsRows(RowsOf(s.expected, row)));
   const std::vector<float>& want_v = s.expected_v.empty() ? s.expected : s.expected_v;
   EXPECT_EQ(AsRows(view.v), AsRows(RowsOf(want_v, row)));
+  Tensor reused;  // VRowInto shapes it once, then overwrites it in place
   for (int64_t cell = view.range_begin; cell < view.range_end; ++cell) {
     EXPECT_EQ(AsRows(cache.VRow(cell)), AsRows(view.v.Rows(cell - view.range_begin, 1)));
+    cache.VRowInto(cell, reused);
+    EXPECT_TRUE(reused.Equals(cache.VRow(cell))) << "cell " << cell;
   }
   EXPECT_EQ(MaskStrings(view), s.mask);
 }

@@ -499,6 +499,62 @@ TEST(RefMultiSeqCache, VisibleAnswersOnlyForTheLastForward) {
   EXPECT_DEATH(cache.Visible(batch, 0, false), "last operation");
 }
 
+// The Into accessors fill a caller's buffer that the driver reuses after every op: whatever
+// the buffer held before (here the answers for other sequences and earlier states), they
+// must answer exactly as the value-returning accessors.
+void ExpectIntoEqualsValue(const RefMultiSeqCache& cache, std::vector<MsCell>& cells,
+                           std::vector<MsEntry>& entries, Positions& positions) {
+  cache.CellsInto(cells);
+  const std::vector<MsCell> fresh = cache.Cells();
+  ASSERT_EQ(cells.size(), fresh.size());
+  for (size_t i = 0; i < cells.size(); ++i) {
+    EXPECT_EQ(cells[i].seqs, fresh[i].seqs) << "cell " << i;
+    EXPECT_EQ(cells[i].rows, fresh[i].rows) << "cell " << i;
+    if (!fresh[i].seqs.empty()) {
+      EXPECT_EQ(cells[i].pos, fresh[i].pos) << "cell " << i;
+    }
+  }
+  for (int32_t s = 0; s < 3; ++s) {
+    cache.HistoryInto(S(s), entries);
+    EXPECT_EQ(entries, cache.History(S(s))) << "s" << s;
+    cache.RetainedPositionsInto(S(s), positions);
+    EXPECT_EQ(positions, cache.RetainedPositions(S(s))) << "s" << s;
+  }
+}
+
+TEST(RefMultiSeqCache, IntoAccessorsAnswerAsTheValueAccessors) {
+  RefMultiSeqCache cache(Ggml(2, 3, 3, 4));  // a window with extra memory: pruning runs
+  std::vector<MsCell> cells;
+  std::vector<MsEntry> entries;
+  Positions positions;
+  const std::vector<MsBatch> forwards = {OneSeq(0, {0, 1, 2, 3}, 1), OneSeq(1, {0, 1}, 5),
+                                         OneSeq(0, {4, 5}, 7), OneSeq(0, {5}, 9)};  // a rewrite
+  for (const MsBatch& batch : forwards) {
+    ASSERT_TRUE(cache.StartForward(batch).ok());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      for (bool off : {false, true}) {
+        cache.VisibleInto(batch, i, off, entries);
+        EXPECT_EQ(entries, cache.Visible(batch, i, off));
+      }
+    }
+    ExpectIntoEqualsValue(cache, cells, entries, positions);  // entries without data
+    cache.Put();
+    ExpectIntoEqualsValue(cache, cells, entries, positions);
+  }
+  cache.CopyPrefix(S(0), S(2), 5);
+  ExpectIntoEqualsValue(cache, cells, entries, positions);
+  ASSERT_TRUE(cache.Remove(S(1), 0, 1).ok());  // shifts: rows with a non-empty shift list
+  ExpectIntoEqualsValue(cache, cells, entries, positions);
+  ASSERT_FALSE(cache.Remove(S(0), 0, 1).ok());  // refused half-way on a shared cell
+  ExpectIntoEqualsValue(cache, cells, entries, positions);
+  ASSERT_TRUE(cache.Remove(S(2), 0, kUnbounded).ok());
+  ExpectIntoEqualsValue(cache, cells, entries, positions);
+  ASSERT_TRUE(cache.Remove(S(0), 0, kUnbounded).ok());
+  ASSERT_TRUE(cache.Remove(S(1), 0, kUnbounded).ok());
+  ExpectIntoEqualsValue(cache, cells, entries, positions);  // an empty cache
+  EXPECT_EQ(cache.UsedCells(), 0);
+}
+
 // ---- LFM2 hybrid (§2.9.1) ------------------------------------------------------------
 
 constexpr int64_t kDConv = 2;
@@ -693,6 +749,39 @@ TEST(RefHybridCache, SlotsTakenBeforeAFailedAllocationKeepTheirRows) {
   EXPECT_EQ(Conv(cache, 2, ConvMode::kAsSpecified), (ConvRows{{1, 0}, {2, 1}}));
   EXPECT_EQ(cache.SlotOf(S(3)), std::nullopt);
   EXPECT_TRUE(cache.FreeSlots().empty());
+}
+
+// ExpectedConvInto into one reused buffer answers as ExpectedConv in both modes, unknown
+// rows included (a failed forward took the slot).
+void ExpectConvIntoEqualsValue(const RefHybridCache& cache, ConvRows& rows) {
+  for (int32_t s = 0; s < 4; ++s) {
+    for (ConvMode mode : {ConvMode::kIdeal, ConvMode::kAsSpecified}) {
+      const std::optional<ConvRows> fresh = cache.ExpectedConv(S(s), mode);
+      const bool known = cache.ExpectedConvInto(S(s), mode, rows);
+      EXPECT_EQ(known, fresh.has_value()) << "s" << s;
+      if (known && fresh) {
+        EXPECT_EQ(rows, *fresh) << "s" << s;
+      }
+    }
+  }
+}
+
+TEST(RefHybridCache, ExpectedConvIntoAnswersAsExpectedConv) {
+  RefHybridCache cache = Hybrid(3);
+  ConvRows rows;
+  ExpectConvIntoEqualsValue(cache, rows);  // nothing mapped: zero rows
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1, 2}, 1)).ok());
+  ExpectConvIntoEqualsValue(cache, rows);
+  cache.CopyPrefix(S(0), S(1), 2);  // shares the current state: diverges from the ideal
+  ExpectConvIntoEqualsValue(cache, rows);
+  EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(1)));
+  EXPECT_FALSE(cache.ConvDivergesFromIdeal(S(0)));
+  ASSERT_TRUE(cache.Forward(OneSeq(2, {0}, 4)).ok());  // the last free slot but one
+  // s3 takes the last slot, then s1's copy-on-write finds none: s3's rows are unknown.
+  ASSERT_EQ(cache.Forward(Batch({1, 3}, {2, 0}, 5)).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache.ExpectedConv(S(3), ConvMode::kAsSpecified), std::nullopt);
+  ExpectConvIntoEqualsValue(cache, rows);
+  EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(3)));
 }
 
 }  // namespace
