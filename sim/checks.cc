@@ -73,6 +73,23 @@ bool RowEquals(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb) {
 
 }  // namespace
 
+bool SameBits(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb, int64_t n) {
+  if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
+  if (ra < 0 || ra + n > a.rows() || rb < 0 || rb + n > b.rows()) return false;
+  return a.Visit([&](const auto& ma) {
+    return b.Visit([&](const auto& mb) {
+      using A = std::decay_t<decltype(*ma.data())>;
+      using B = std::decay_t<decltype(*mb.data())>;
+      if constexpr (std::is_same_v<A, B>) {
+        return std::memcmp(ma.data() + ra * ma.cols(), mb.data() + rb * mb.cols(),
+                           static_cast<size_t>(n * ma.cols()) * sizeof(A)) == 0;
+      } else {
+        return false;
+      }
+    });
+  });
+}
+
 Status RotatingWindowSlotsInto(int64_t offset, int64_t idx, int64_t rows, int64_t window,
                                std::vector<int64_t>& slots) {
   slots.clear();
@@ -162,28 +179,7 @@ const Tensor& LayerOracle::ExpectedRow(int64_t p, const model::Token& t, bool is
   return memo;
 }
 
-namespace {
-
-// Bit-equality of `n` rows of two tensors of one element type; false for differing dtypes
-// or widths, or rows out of range (the caller then compares element-wise).
-bool SameBits(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb, int64_t n) {
-  if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
-  if (ra < 0 || ra + n > a.rows() || rb < 0 || rb + n > b.rows()) return false;
-  return a.Visit([&](const auto& ma) {
-    return b.Visit([&](const auto& mb) {
-      using A = std::decay_t<decltype(*ma.data())>;
-      using B = std::decay_t<decltype(*mb.data())>;
-      if constexpr (std::is_same_v<A, B>) {
-        return std::memcmp(ma.data() + ra * ma.cols(), mb.data() + rb * mb.cols(),
-                           static_cast<size_t>(n * ma.cols()) * sizeof(A)) == 0;
-      } else {
-        return false;
-      }
-    });
-  });
-}
-
-}  // namespace
+namespace {}  // namespace
 
 bool LayerOracle::MatchesExpected(const Tensor& actual, int64_t row, int64_t p,
                                   const model::Token& t, bool is_value) {

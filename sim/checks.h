@@ -37,6 +37,10 @@ struct Mismatch {
 };
 using Check = std::optional<Mismatch>;
 
+// Bit-equality of `n` rows of two tensors of one element type (a memcmp); false for
+// differing dtypes or widths, or rows out of range.
+bool SameBits(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb, int64_t n);
+
 // The reference kind that models a production cache kind.
 model::RefKind ToRefKind(CacheKind kind);
 

@@ -7,9 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cstring>
 #include <set>
-#include <type_traits>
 #include <utility>
 
 #include "sim/multi_seq_driver.h"
@@ -50,19 +48,7 @@ uint64_t RowHash(const Tensor& t, int64_t row, std::vector<float>& scratch) {
 // (dtype, width and every byte).
 bool SameRow(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb) {
   KV_CHECK(ra >= 0 && ra < a.rows() && rb >= 0 && rb < b.rows(), "row range out of tensor");
-  if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
-  return a.Visit([&](const auto& ma) {
-    return b.Visit([&](const auto& mb) {
-      using A = std::decay_t<decltype(*ma.data())>;
-      using B = std::decay_t<decltype(*mb.data())>;
-      if constexpr (std::is_same_v<A, B>) {
-        return std::memcmp(ma.data() + ra * ma.cols(), mb.data() + rb * mb.cols(),
-                           static_cast<size_t>(ma.cols()) * sizeof(A)) == 0;
-      } else {
-        return false;
-      }
-    });
-  });
+  return SameBits(a, ra, b, rb, 1);
 }
 
 }  // namespace

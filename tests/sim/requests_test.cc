@@ -184,12 +184,18 @@ std::vector<TrieKey> Keys(const std::vector<int32_t>& tokens) {
   return {tokens.begin(), tokens.end()};
 }
 
-TEST(TrieSoundness, AcceptsSnapshotsOfTheNodesOwnKeyPath) {
-  Rig rig;
+// Writes branch A into the caches and adds the node [0,4) on it holding their snapshots.
+TrieNode* AddSoundNode(Rig& rig, PrefixTrie& trie) {
   rig.Write(rig.Log(kBranchA), 0, 4);
-  PrefixTrie trie(rig.Raw(), Tick{0});
   TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
   trie.SetSnapshots(node, rig.SnapshotAll());
+  return node;
+}
+
+TEST(TrieSoundness, AcceptsSnapshotsOfTheNodesOwnKeyPath) {
+  Rig rig;
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  AddSoundNode(rig, trie);
   EXPECT_FALSE(CheckTrieStructure(trie, std::vector<TrieNode*>{trie.root()}, 4).has_value());
   const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed());
   EXPECT_FALSE(c.has_value()) << c->what << "\n" << c->expected << "\n" << c->actual;
@@ -244,10 +250,8 @@ TEST(TrieSoundness, ReportsAKvSnapshotThatDoesNotSpanItsEdge) {
 // verified again and reported, on the very next memoized check.
 TEST(TrieSoundness, TheMemoStillSeesASnapshotRewrittenInPlace) {
   Rig rig;
-  rig.Write(rig.Log(kBranchA), 0, 4);
   PrefixTrie trie(rig.Raw(), Tick{0});
-  TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
-  trie.SetSnapshots(node, rig.SnapshotAll());
+  const TrieNode* node = AddSoundNode(rig, trie);
   SoundnessMemo memo;
   for (int round = 0; round < 2; ++round) {  // the second round is all memo hits
     const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed(), &memo);
