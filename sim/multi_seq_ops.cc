@@ -83,20 +83,11 @@ std::vector<int32_t> BatchSequences(const std::vector<MsBatchToken>& batch) {
 }
 
 bool EqualTokenCounts(const std::vector<MsBatchToken>& batch) {
-  // BatchSequences' answer without building it (asked for every op): a token whose sequence
-  // appears earlier in the batch is not a first appearance.
-  auto first = [&batch](size_t k) {
-    return std::none_of(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(k),
-                        [&](const MsBatchToken& t) { return t.seq == batch[k].seq; });
-  };
-  size_t sequences = 0;
-  for (size_t k = 0; k < batch.size(); ++k) sequences += first(k) ? 1 : 0;
-  for (size_t k = 0; k < batch.size(); ++k) {
-    if (!first(k)) continue;
-    const int32_t seq = batch[k].seq;
+  const std::vector<int32_t> order = BatchSequences(batch);
+  for (int32_t seq : order) {
     const auto n = std::count_if(batch.begin(), batch.end(),
                                  [seq](const MsBatchToken& t) { return t.seq == seq; });
-    if (static_cast<size_t>(n) * sequences != batch.size()) return false;
+    if (static_cast<size_t>(n) * order.size() != batch.size()) return false;
   }
   return true;
 }
