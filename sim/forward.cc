@@ -1,5 +1,7 @@
 #include "sim/forward.h"
 
+#include <type_traits>
+
 #include "src/recurrent_forward.h"
 
 namespace kvtwin::sim {
@@ -19,35 +21,64 @@ namespace {
 // Junk in padded rows: a correct kernel ignores it, a wrong one folds it in visibly.
 constexpr float kPadValue = 99.0f;
 
+// `t` as a dtype x rows x cols buffer: reused when it has that shape
+// (its contents are then stale and the caller rewrites every row), replaced otherwise.
+void Fit(Tensor& t, DType dtype, int64_t rows, int64_t cols) {
+  if (t.dtype() != dtype || t.rows() != rows || t.cols() != cols) t = Tensor(dtype, rows, cols);
+}
+
+// `m` as rows x cols with rows [real, rows) set to kPadValue; Eigen keeps the storage when
+// the element count is unchanged.
+void FitPadded(MatF& m, int64_t rows, int64_t cols, int64_t real) {
+  m.resize(rows, cols);
+  m.bottomRows(rows - real).setConstant(kPadValue);
+}
+
+// The conv inputs in the activation dtype, converted into `out`'s storage when it already
+// has that dtype (x is representable in it, so the cast is exact either way).
+void ConvertInto(Tensor& out, DType dtype, const MatF& x) {
+  if (out.dtype() != dtype || out.rows() != x.rows() || out.cols() != x.cols()) {
+    out = Tensor::FromFloat(dtype, x);
+    return;
+  }
+  out.Visit([&](auto& m) {
+    using Scalar = typename std::decay_t<decltype(m)>::Scalar;
+    m = x.template cast<Scalar>();
+  });
+}
+
 }  // namespace
 
 History ForwardSynthetic(LayerCache& target, const StackConfig& config,
                          const SyntheticForward& synth, int32_t layer, int64_t start,
                          std::span<const model::Token> tokens, const ConvWeights* conv,
-                         const GdnParams* gdn, int64_t pad, bool segmented) {
+                         const GdnParams* gdn, int64_t pad, bool segmented,
+                         ForwardScratch* scratch) {
+  ForwardScratch local;
+  ForwardScratch& s = scratch != nullptr ? *scratch : local;
   const auto real = static_cast<int64_t>(tokens.size());
   if (target.kind() != CacheKind::kRecurrent) {
-    Tensor k(config.dtype, real, config.kv_cols());
-    Tensor v(config.dtype, real, config.kv_cols());
+    Fit(s.k, config.dtype, real, config.kv_cols());
+    Fit(s.v, config.dtype, real, config.kv_cols());
     for (int64_t r = 0; r < real; ++r) {
       const uint64_t h = tokens[static_cast<size_t>(r)].h;
-      synth.FillKvRow(k, r, layer, start + r, h, false);
-      synth.FillKvRow(v, r, layer, start + r, h, true);
+      synth.FillKvRow(s.k, r, layer, start + r, h, false);
+      synth.FillKvRow(s.v, r, layer, start + r, h, true);
     }
-    return static_cast<AttentionCache&>(target).Update(k, v);
+    return static_cast<AttentionCache&>(target).Update(s.k, s.v);
   }
   const RecurrentDims& dims = config.recurrent;
   const int64_t rows = real + pad;
-  MatF x = MatF::Constant(rows, dims.conv_dim(), kPadValue);
-  RecurrentForwardInputs in;
-  in.scan = GdnInputs{MatF::Constant(rows, dims.conv_dim(), kPadValue),
-                      MatF::Constant(rows, 2 * dims.num_v_heads, kPadValue)};
+  RecurrentForwardInputs& in = s.recurrent;
+  FitPadded(s.conv, rows, dims.conv_dim(), real);
+  FitPadded(in.scan.qkv, rows, dims.conv_dim(), real);
+  FitPadded(in.scan.ba, rows, 2 * dims.num_v_heads, real);
   for (int64_t r = 0; r < real; ++r) {
     const uint64_t h = tokens[static_cast<size_t>(r)].h;
-    synth.FillConvInput(x, r, config.dtype, layer, start + r, h, dims.conv_dim());
+    synth.FillConvInput(s.conv, r, config.dtype, layer, start + r, h, dims.conv_dim());
     synth.FillGdnInput(in.scan.qkv, in.scan.ba, r, config.dtype, layer, start + r, h, dims);
   }
-  in.conv_inputs = Tensor::FromFloat(config.dtype, x);
+  ConvertInto(in.conv_inputs, config.dtype, s.conv);
   in.real_len = real;
   in.segmented = segmented;
   RunRecurrentForward(static_cast<RecurrentLayer&>(target), in,

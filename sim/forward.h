@@ -15,6 +15,7 @@
 #include "sim/synthetic.h"
 #include "src/cache.h"
 #include "src/kernels.h"
+#include "src/recurrent_forward.h"
 
 namespace kvtwin::sim {
 
@@ -30,9 +31,19 @@ struct LayerKernels {
 };
 LayerKernels DeriveLayerKernels(const SyntheticForward& synth, const StackConfig& config);
 
+// The input buffers of ForwardSynthetic, kept by a driver across forwards so a forward
+// allocates only when its shape changes (every layer of one forward has the same shape).
+// Reuse is transparent: every real row is rewritten in full and every padded row is reset.
+struct ForwardScratch {
+  Tensor k, v;
+  MatF conv;                         // float conv inputs, converted into recurrent.conv_inputs
+  RecurrentForwardInputs recurrent;  // scan.qkv and scan.ba are filled in place
+};
+
 History ForwardSynthetic(LayerCache& target, const StackConfig& config,
                          const SyntheticForward& synth, int32_t layer, int64_t start,
                          std::span<const model::Token> tokens, const ConvWeights* conv = nullptr,
-                         const GdnParams* gdn = nullptr, int64_t pad = 0, bool segmented = false);
+                         const GdnParams* gdn = nullptr, int64_t pad = 0, bool segmented = false,
+                         ForwardScratch* scratch = nullptr);
 
 }  // namespace kvtwin::sim

@@ -244,7 +244,7 @@ History LockstepDriver::Forward(LayerCache& target, const Op& op, const Layer& l
                                 const model::TokenLog& tokens) {
   const History history =
       ForwardSynthetic(target, config_, synth_, index, layer.ref.Offset(), tokens,
-                       &layer.conv_weights, &layer.gdn_params, op.pad, op.segmented);
+                       &layer.conv_weights, &layer.gdn_params, op.pad, op.segmented, &scratch_);
   Fold(static_cast<uint64_t>(history.length));
   return history;
 }

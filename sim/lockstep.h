@@ -15,6 +15,7 @@
 
 #include "model/ref_cache.h"
 #include "sim/checks.h"
+#include "sim/forward.h"
 #include "sim/ops.h"
 #include "sim/stack.h"
 #include "sim/synthetic.h"
@@ -92,6 +93,7 @@ class LockstepDriver {
   uint64_t digest_ = 0;
   std::optional<Divergence> divergence_;
   model::TokenLog through_;  // Speculate's scratch
+  ForwardScratch scratch_;   // every forward's input buffers
 };
 
 }  // namespace kvtwin::sim

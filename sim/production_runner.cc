@@ -38,8 +38,9 @@ void ProductionRunner::Forward(std::span<const model::Token> tokens, Speculation
   for (size_t i = 0; i < caches_.size(); ++i) {
     if (caches_[i] == nullptr) continue;
     LayerCache& target = spec != nullptr ? spec->layer(wrapper++) : *caches_[i];
-    const History history = ForwardSynthetic(target, config_, synth_, static_cast<int32_t>(i),
-                                             offset_, tokens, &kernels_.conv[i], &kernels_.gdn[i]);
+    const History history =
+        ForwardSynthetic(target, config_, synth_, static_cast<int32_t>(i), offset_, tokens,
+                         &kernels_.conv[i], &kernels_.gdn[i], 0, false, &scratch_);
     checksum_ += static_cast<uint64_t>(history.length);
   }
 }

@@ -44,6 +44,7 @@ class ProductionRunner {
   SyntheticForward synth_;
   std::vector<std::unique_ptr<LayerCache>> caches_;
   LayerKernels kernels_;
+  ForwardScratch scratch_;
   std::unique_ptr<PrefixCache> manager_;
   int64_t offset_ = 0;  // the live offset every cache is at
   uint64_t checksum_ = 0;

@@ -163,8 +163,9 @@ class RequestDriver {
   std::unique_ptr<PrefixCache> manager_;
   std::unique_ptr<ManagerReference> reference_;      // unlimited budget only
   std::unique_ptr<EvictionReference> eviction_ref_;  // under a budget only
-  model::TokenLog live_;         // what every cache holds: positions [0, offset)
-  model::TokenLog forward_log_;  // the log through the forward under way (Session::Forward)
+  model::TokenLog live_;            // what every cache holds: positions [0, offset)
+  model::TokenLog forward_log_;     // the log through the forward under way (Session::Forward)
+  ForwardScratch forward_scratch_;  // every forward's input buffers
   // The previous session: the tokens it stored and the offset it closed at.
   std::vector<int32_t> previous_stored_;
   int64_t previous_offset_ = 0;

@@ -396,9 +396,9 @@ class RequestDriver::Session {
     for (size_t i = 0; i < d_.caches_.size(); ++i) {
       if (d_.caches_[i] == nullptr) continue;
       LayerCache& target = spec != nullptr ? spec->layer(wrapper++) : *d_.caches_[i];
-      const History history =
-          ForwardSynthetic(target, d_.config_, d_.synth_, static_cast<int32_t>(i), start, tokens,
-                           &d_.conv_weights_[i], &d_.gdn_params_[i]);
+      const History history = ForwardSynthetic(
+          target, d_.config_, d_.synth_, static_cast<int32_t>(i), start, tokens,
+          &d_.conv_weights_[i], &d_.gdn_params_[i], 0, false, &d_.forward_scratch_);
       if (target.kind() == CacheKind::kRecurrent) continue;
       d_.Fold(static_cast<uint64_t>(history.length));
       if (Check c = d_.oracles_[i]->CheckHistory(history, after, start, n, Op{})) {
