@@ -81,9 +81,13 @@ History ForwardSynthetic(LayerCache& target, const StackConfig& config,
   ConvertInto(in.conv_inputs, config.dtype, s.conv);
   in.real_len = real;
   in.segmented = segmented;
-  RunRecurrentForward(static_cast<RecurrentLayer&>(target), in,
-                      conv != nullptr ? *conv : synth.ConvParams(layer, dims),
-                      gdn != nullptr ? *gdn : synth.GdnParamsFor(layer, dims));
+  // Not `conv != nullptr ? *conv : synth.ConvParams(...)`: a conditional with a prvalue
+  // branch copies the lvalue one, four allocations per layer per forward.
+  ConvWeights derived_conv;
+  GdnParams derived_gdn;
+  if (conv == nullptr) conv = &(derived_conv = synth.ConvParams(layer, dims));
+  if (gdn == nullptr) gdn = &(derived_gdn = synth.GdnParamsFor(layer, dims));
+  RunRecurrentForward(static_cast<RecurrentLayer&>(target), in, *conv, *gdn, &s.kernels);
   return History{};
 }
 

@@ -38,6 +38,7 @@ struct ForwardScratch {
   Tensor k, v;
   MatF conv;                         // float conv inputs, converted into recurrent.conv_inputs
   RecurrentForwardInputs recurrent;  // scan.qkv and scan.ba are filled in place
+  RecurrentForwardScratch kernels;   // the recurrent kernels' buffers
 };
 
 History ForwardSynthetic(LayerCache& target, const StackConfig& config,

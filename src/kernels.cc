@@ -124,27 +124,50 @@ void CheckGdnArgs(const MatF& state, const GdnInputs& inputs, int64_t real_len,
 
 }  // namespace
 
+namespace {
+
+// `t` as a dtype x rows x cols tensor, keeping its storage when the shape already fits
+// (the contents are then stale: every caller overwrites all of it).
+void Fit(Tensor& t, DType dtype, int64_t rows, int64_t cols) {
+  if (t.dtype() != dtype || t.rows() != rows || t.cols() != cols) t = Tensor(dtype, rows, cols);
+}
+
+}  // namespace
+
 ConvResult CausalConv1D(const Tensor& tail, const Tensor& x, int64_t real_len,
                         const ConvWeights& weights, const std::vector<int64_t>& splits) {
+  ConvScratch scratch;
+  ConvResult result;
+  CausalConv1DInto(tail, x, real_len, weights, splits, scratch, result);
+  return result;
+}
+
+void CausalConv1DInto(const Tensor& tail, const Tensor& x, int64_t real_len,
+                      const ConvWeights& weights, const std::vector<int64_t>& splits,
+                      ConvScratch& scratch, ConvResult& out) {
   CheckConvArgs(tail, x, real_len, weights);
   CheckSplits(splits, real_len);
   const int64_t conv_tail = tail.rows();
   const int64_t len = x.rows();
   // X = [tail ; x] with padded rows zeroed, kept in the tail's dtype so that boundary tails
   // are exact copies of the raw inputs.
-  Tensor window = Tensor::Concat(tail, x.Rows(0, real_len));
-  window.ResizeRows(conv_tail + len);
-  const MatF window_f = window.ToFloat();
+  Tensor& window = scratch.window;
+  Fit(window, tail.dtype(), conv_tail + len, tail.cols());
+  window.CopyRows(0, tail, 0, conv_tail);
+  window.CopyRows(conv_tail, x, 0, real_len);
+  window.Visit([&](auto& m) { m.bottomRows(len - real_len).setZero(); });
+  window.Visit([&](const auto& m) { scratch.window_f = m.template cast<float>(); });
 
-  ConvResult result;
-  result.out = MatF::Zero(len, tail.cols());
+  out.out.setZero(len, tail.cols());
   for (int64_t t = 0; t < real_len; ++t) {
-    ConvRow(window_f.row(t).data(), weights, result.out.row(t).data());
+    ConvRow(scratch.window_f.row(t).data(), weights, out.out.row(t).data());
   }
-  for (const int64_t boundary : Boundaries(splits, real_len)) {
-    result.states.push_back(window.Rows(boundary, conv_tail));
+  out.states.resize(splits.size() + 1);
+  for (size_t i = 0; i < out.states.size(); ++i) {
+    const int64_t boundary = i < splits.size() ? splits[i] : real_len;
+    Fit(out.states[i], window.dtype(), conv_tail, window.cols());
+    out.states[i].CopyRows(0, window, boundary, conv_tail);
   }
-  return result;
 }
 
 void GatedDeltaStep(MatF& state, const float* qkv_row, const float* ba_row, const GdnParams& params,
@@ -180,24 +203,30 @@ Tensor ConvTailAfter(const Tensor& tail, const Tensor& x, int64_t n) {
 
 GdnResult GatedDelta(const MatF& state, const GdnInputs& inputs, int64_t real_len,
                      const GdnParams& params, const std::vector<int64_t>& splits) {
+  GdnResult result;
+  GatedDeltaInto(state, inputs, real_len, params, splits, result);
+  return result;
+}
+
+void GatedDeltaInto(const MatF& state, const GdnInputs& inputs, int64_t real_len,
+                    const GdnParams& params, const std::vector<int64_t>& splits, GdnResult& out) {
   CheckGdnArgs(state, inputs, real_len, params);
   CheckSplits(splits, real_len);
-  GdnResult result;
-  result.y = MatF::Zero(inputs.qkv.rows(), params.dims.delta_rows());
-  result.states.reserve(splits.size() + 1);
-  MatF s = state;
+  out.y.setZero(inputs.qkv.rows(), params.dims.delta_rows());
+  out.states.resize(splits.size() + 1);
+  MatF& s = out.states.back();
+  KV_CHECK(&s != &state, "GatedDeltaInto would scan in place over its input state");
+  s = state;
   size_t next_split = 0;
   for (int64_t t = 0; t < real_len; ++t) {
     GatedDeltaStep(s, inputs.qkv.row(t).data(), inputs.ba.row(t).data(), params,
-                   result.y.row(t).data());
+                   out.y.row(t).data());
     if (next_split < splits.size() && splits[next_split] == t + 1) {
-      result.states.push_back(s);
+      out.states[next_split] = s;
       ++next_split;
     }
   }
   // Rows at and beyond real_len are identity steps: y stays zero and the state is kept.
-  result.states.push_back(std::move(s));
-  return result;
 }
 
 GdnResult GatedDeltaSegmented(const MatF& state, const GdnInputs& inputs, int64_t real_len,

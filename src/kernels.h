@@ -31,6 +31,18 @@ struct ConvResult {
 ConvResult CausalConv1D(const Tensor& tail, const Tensor& x, int64_t real_len,
                         const ConvWeights& weights, const std::vector<int64_t>& splits);
 
+// The buffers of one conv: X = [tail ; x] in the tail's dtype and its float copy.
+struct ConvScratch {
+  Tensor window;
+  MatF window_f;
+};
+// CausalConv1D into `out` (and `scratch`), reusing every buffer whose shape already fits:
+// a forward of the same shape as the previous one allocates nothing. The value form calls
+// this with fresh buffers, so the two cannot differ. `out`'s previous contents are ignored.
+void CausalConv1DInto(const Tensor& tail, const Tensor& x, int64_t real_len,
+                      const ConvWeights& weights, const std::vector<int64_t>& splits,
+                      ConvScratch& scratch, ConvResult& out);
+
 // The conv tail after the first n rows of `x` followed a conv whose tail was `tail`: the
 // last conv_tail rows of [tail ; x[0, n)] (pure data movement, so exact).
 // REQUIRES: same dtype and columns; 0 <= n <= x.rows().
@@ -59,6 +71,10 @@ void GatedDeltaStep(MatF& state, const float* qkv_row, const float* ba_row, cons
 // Token by token over the whole forward, recording the state at every split.
 GdnResult GatedDelta(const MatF& state, const GdnInputs& inputs, int64_t real_len,
                      const GdnParams& params, const std::vector<int64_t>& splits);
+// GatedDelta into `out`, reusing its buffers as CausalConv1DInto does; the scan runs in
+// place on out.states.back(). REQUIRES: `state` is not one of out.states.
+void GatedDeltaInto(const MatF& state, const GdnInputs& inputs, int64_t real_len,
+                    const GdnParams& params, const std::vector<int64_t>& splits, GdnResult& out);
 // Segment by segment: one GatedDelta call per segment between splits, threading the state.
 GdnResult GatedDeltaSegmented(const MatF& state, const GdnInputs& inputs, int64_t real_len,
                               const GdnParams& params, const std::vector<int64_t>& splits);

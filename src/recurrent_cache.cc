@@ -136,8 +136,8 @@ std::vector<int64_t> RecurrentCache::SnapshotSplits(int64_t forward_len) const {
   return splits;
 }
 
-void RecurrentCache::Put(int64_t real_len, std::vector<Tensor> conv_states,
-                         std::vector<MatF> delta_states) {
+void RecurrentCache::Put(int64_t real_len, std::vector<Tensor>& conv_states,
+                         std::vector<MatF>& delta_states) {
   KV_CHECK(has_state_, "recurrent Put before Get");
   KV_CHECK(real_len >= 0, "negative real length " + std::to_string(real_len));
   KV_CHECK(!conv_states.empty() && conv_states.size() == delta_states.size(),
@@ -154,8 +154,8 @@ void RecurrentCache::Put(int64_t real_len, std::vector<Tensor> conv_states,
   for (size_t i = 0; i < splits.size(); ++i) {
     CaptureBoundary(start + splits[i], conv_states[i], delta_states[i]);
   }
-  conv_ = std::move(conv_states.back());
-  delta_ = std::move(delta_states.back());
+  std::swap(conv_, conv_states.back());
+  std::swap(delta_, delta_states.back());
   // Padding does not advance: the kernels made padded rows identity steps.
   offset_ += real_len;
   CaptureBoundary(offset_, conv_, delta_);

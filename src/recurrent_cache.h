@@ -70,10 +70,16 @@ class RecurrentLayer : public LayerCache {
     (void)conv_inputs, (void)scan, (void)real_len, (void)params;
   }
   // Installs the state after a forward of `real_len` real tokens. The lists hold one state
-  // per interior split (SnapshotSplits(real_len)) then the end state.
+  // per interior split (SnapshotSplits(real_len)) then the end state. The end state is
+  // swapped in, so on return the lists' last entries hold the layer's previous state
+  // buffers (for the caller to reuse; their contents are unspecified).
   // REQUIRES: Get was called; equal non-empty lists of size splits + 1; shapes match.
-  virtual void Put(int64_t real_len, std::vector<Tensor> conv_states,
-                   std::vector<MatF> delta_states) = 0;
+  virtual void Put(int64_t real_len, std::vector<Tensor>& conv_states,
+                   std::vector<MatF>& delta_states) = 0;
+  // Put of lists the caller does not keep.
+  void Put(int64_t real_len, std::vector<Tensor>&& conv_states, std::vector<MatF>&& delta_states) {
+    Put(real_len, conv_states, delta_states);
+  }
   virtual const RecurrentDims& dims() const = 0;
 };
 
@@ -97,8 +103,9 @@ class RecurrentCache final : public RecurrentLayer {
   // Never changes the offset.
   StateView Get(DType activation) override;
   std::vector<int64_t> SnapshotSplits(int64_t forward_len) const override;
-  void Put(int64_t real_len, std::vector<Tensor> conv_states,
-           std::vector<MatF> delta_states) override;
+  using RecurrentLayer::Put;
+  void Put(int64_t real_len, std::vector<Tensor>& conv_states,
+           std::vector<MatF>& delta_states) override;
   const RecurrentDims& dims() const override { return dims_; }
 
   // Inspection for checkers and tests.

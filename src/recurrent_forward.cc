@@ -8,18 +8,24 @@
 namespace kvtwin {
 
 void RunRecurrentForward(RecurrentLayer& layer, const RecurrentForwardInputs& in,
-                         const ConvWeights& conv, const GdnParams& gdn) {
+                         const ConvWeights& conv, const GdnParams& gdn,
+                         RecurrentForwardScratch* scratch) {
   KV_CHECK(in.real_len >= 0 && in.real_len <= in.conv_inputs.rows() &&
                in.conv_inputs.rows() == in.scan.qkv.rows() &&
                in.scan.qkv.rows() == in.scan.ba.rows(),
            "recurrent forward inputs disagree on their row counts");
+  RecurrentForwardScratch local;
+  RecurrentForwardScratch& s = scratch != nullptr ? *scratch : local;
   const RecurrentLayer::StateView state = layer.Get(in.conv_inputs.dtype());
   const std::vector<int64_t> splits = layer.SnapshotSplits(in.real_len);
-  ConvResult c = CausalConv1D(*state.conv, in.conv_inputs, in.real_len, conv, splits);
-  GdnResult g = in.segmented ? GatedDeltaSegmented(*state.delta, in.scan, in.real_len, gdn, splits)
-                             : GatedDelta(*state.delta, in.scan, in.real_len, gdn, splits);
+  CausalConv1DInto(*state.conv, in.conv_inputs, in.real_len, conv, splits, s.conv_scratch, s.conv);
+  if (in.segmented) {
+    s.scan = GatedDeltaSegmented(*state.delta, in.scan, in.real_len, gdn, splits);
+  } else {
+    GatedDeltaInto(*state.delta, in.scan, in.real_len, gdn, splits, s.scan);
+  }
   layer.RecordScan(in.conv_inputs, in.scan, in.real_len, gdn);
-  layer.Put(in.real_len, std::move(c.states), std::move(g.states));
+  layer.Put(in.real_len, s.conv.states, s.scan.states);
 }
 
 }  // namespace kvtwin

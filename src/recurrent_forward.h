@@ -18,9 +18,20 @@ struct RecurrentForwardInputs {
   bool segmented = false;  // run the gated delta segment by segment between splits
 };
 
+// The kernels' buffers, kept by the caller (the model runner) across forwards like any
+// activation workspace: with it, a forward of the same shape as the previous one (every
+// decode step) allocates nothing. The states rotate through Put: the layer takes the new
+// ones and hands its old buffers back here. One scratch serves every layer of a stack.
+struct RecurrentForwardScratch {
+  ConvScratch conv_scratch;
+  ConvResult conv;
+  GdnResult scan;
+};
+
 // REQUIRES: the inputs have L >= real_len >= 0 rows and the layer's widths; the weights
-// and parameters match the layer's dims.
+// and parameters match the layer's dims. Without `scratch` every buffer is fresh.
 void RunRecurrentForward(RecurrentLayer& layer, const RecurrentForwardInputs& in,
-                         const ConvWeights& conv, const GdnParams& gdn);
+                         const ConvWeights& conv, const GdnParams& gdn,
+                         RecurrentForwardScratch* scratch = nullptr);
 
 }  // namespace kvtwin

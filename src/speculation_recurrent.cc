@@ -72,8 +72,8 @@ void RecurrentSpeculation::RecordScan(const Tensor& conv_inputs, const GdnInputs
   append(rec_ba_, scan.ba);
 }
 
-void RecurrentSpeculation::Put(int64_t real_len, std::vector<Tensor> conv_states,
-                               std::vector<MatF> delta_states) {
+void RecurrentSpeculation::Put(int64_t real_len, std::vector<Tensor>& conv_states,
+                               std::vector<MatF>& delta_states) {
   KV_CHECK(started_ && !done_, "Put outside a speculative forward");
   // The wrapper reports no splits, so a forward hands exactly the end state.
   KV_CHECK(conv_states.size() == 1 && delta_states.size() == 1,
@@ -83,8 +83,8 @@ void RecurrentSpeculation::Put(int64_t real_len, std::vector<Tensor> conv_states
   // through RunRecurrentForward) would make a partial commit silently wrong.
   KV_CHECK(rec_conv_.rows() == recorded_ && rec_qkv_.rows() == recorded_,
            "speculative forward did not record its scan inputs");
-  conv_ = std::move(conv_states.back());
-  delta_ = std::move(delta_states.back());
+  std::swap(conv_, conv_states.back());
+  std::swap(delta_, delta_states.back());
 }
 
 std::pair<std::vector<Tensor>, std::vector<MatF>> RecurrentSpeculation::Replay(
@@ -111,6 +111,7 @@ void RecurrentSpeculation::Commit(int64_t accepted) {
   const std::vector<int64_t> splits = live_.SnapshotSplits(n);
   (void)live_.Get(conv_.dtype());
   if (n == recorded_ && splits.empty()) {
+    // Copies: final_conv() and final_delta() still report the end state after a commit.
     live_.Put(n, {conv_}, {delta_});
     return;
   }

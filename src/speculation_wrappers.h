@@ -103,8 +103,9 @@ class RecurrentSpeculation final : public WrapperContract<RecurrentLayer> {
   std::vector<int64_t> SnapshotSplits(int64_t) const override { return {}; }
   void RecordScan(const Tensor& conv_inputs, const GdnInputs& scan, int64_t real_len,
                   const GdnParams& params) override;
-  void Put(int64_t real_len, std::vector<Tensor> conv_states,
-           std::vector<MatF> delta_states) override;
+  using RecurrentLayer::Put;
+  void Put(int64_t real_len, std::vector<Tensor>& conv_states,
+           std::vector<MatF>& delta_states) override;
   const RecurrentDims& dims() const override { return live_.dims(); }
   void Commit(int64_t accepted) override;
 

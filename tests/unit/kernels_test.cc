@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/core/rng.h"
@@ -195,6 +196,36 @@ TEST(CausalConv1D, RejectsSplitsThatAreNotStrictlyInsideTheRealPrefix) {
   EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 3, cc.weights, {3}), "strictly ascending");
   EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 4, cc.weights, {2, 2}), "strictly ascending");
   EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 4, cc.weights, {0}), "strictly ascending");
+}
+
+// The Into form keeps its buffers across calls; whatever a previous call of another shape,
+// dtype or split count left in them, the result must be the fresh value form's, bit for bit.
+TEST(CausalConv1D, IntoWithReusedBuffersEqualsTheValueFormAcrossShapes) {
+  struct Call {
+    DType dtype;
+    int64_t len, real;
+    std::vector<int64_t> splits;
+  };
+  const std::vector<Call> calls = {{DType::kFloat32, 6, 6, {2, 4}},   {DType::kFloat32, 1, 1, {}},
+                                   {DType::kFloat32, 1, 1, {}},       {DType::kFloat32, 5, 3, {1}},
+                                   {DType::kBFloat16, 4, 4, {3}},     {DType::kBFloat16, 1, 1, {}},
+                                   {DType::kFloat32, 6, 6, {1, 2, 5}}};
+  ConvScratch scratch;
+  ConvResult into;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Call& c = calls[i];
+    ConvCase cc = MakeConvCase(c.dtype, 3, 5, c.len, true, true);
+    cc.x.Set(0, 0, static_cast<float>(i));  // no two calls see the same input
+    const ConvResult fresh = CausalConv1D(cc.tail, cc.x, c.real, cc.weights, c.splits);
+    CausalConv1DInto(cc.tail, cc.x, c.real, cc.weights, c.splits, scratch, into);
+    SCOPED_TRACE("call " + std::to_string(i));
+    ASSERT_EQ(into.out.rows(), fresh.out.rows());
+    EXPECT_TRUE(fresh.out.cwiseEqual(into.out).all());
+    ASSERT_EQ(into.states.size(), fresh.states.size());
+    for (size_t k = 0; k < fresh.states.size(); ++k) {
+      EXPECT_TRUE(into.states[k].Equals(fresh.states[k])) << "state " << k;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -424,6 +455,32 @@ TEST(GatedDeltaStep, EachValueHeadReadsTheKeyHeadOfItsGroup) {
       }
       EXPECT_GT(y(0, row), 0.0f) << "q̂ of the wrong key head reads zero";
     }
+  }
+}
+
+// As for the conv: one GdnResult reused across calls of different shapes and split counts,
+// including the rotation RunRecurrentForward does (the last state's buffer handed back
+// holding an older state), equals the value form bit for bit.
+TEST(GatedDelta, IntoWithReusedBuffersEqualsTheValueFormAcrossShapes) {
+  Rng rng = Rng::Derive(kSeed, "gdn-into");
+  const GdnParams params = MakeParams(Dims(1, 2, 4, 3), rng);
+  MatF state = MatF::Zero(params.dims.delta_rows(), params.dims.head_k_dim);
+  GdnResult into;
+  const std::vector<std::pair<int64_t, std::vector<int64_t>>> calls = {
+      {5, {2, 3}}, {1, {}}, {1, {}}, {4, {1}}, {1, {}}, {6, {1, 2, 4, 5}}, {3, {}}};
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const auto& [len, splits] = calls[i];
+    const GdnInputs inputs = MakeInputs(params.dims, rng, len + 1);  // one padded row
+    const GdnResult fresh = GatedDelta(state, inputs, len, params, splits);
+    GatedDeltaInto(state, inputs, len, params, splits, into);
+    SCOPED_TRACE("call " + std::to_string(i));
+    ASSERT_EQ(into.y.rows(), fresh.y.rows());
+    EXPECT_TRUE(fresh.y.cwiseEqual(into.y).all());
+    ASSERT_EQ(into.states.size(), fresh.states.size());
+    for (size_t k = 0; k < fresh.states.size(); ++k) {
+      EXPECT_TRUE(into.states[k].cwiseEqual(fresh.states[k]).all()) << "state " << k;
+    }
+    std::swap(state, into.states.back());  // what RecurrentCache::Put does
   }
 }
 
