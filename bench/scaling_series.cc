@@ -7,6 +7,7 @@
 // points interleaved, and reported by the repeat with the middle median.
 #include "bench/scaling_series.h"
 
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -45,8 +46,16 @@ double ThreadCpuNs() {
   return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
 }
 
-// Runs one request and appends its CPU and wall time to `costs`.
+int64_t MinorFaults() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return u.ru_minflt;
+}
+
+// Runs one request and appends its CPU and wall time to `costs` (and its page faults,
+// counted outside the timed span).
 void RunTimed(sim::ProductionRunner& runner, const sim::RequestPlan& plan, Costs& costs) {
+  const int64_t faults0 = MinorFaults();
   const double cpu0 = ThreadCpuNs();
   const auto t0 = Clock::now();
   const Status s = runner.Run(plan);
@@ -55,6 +64,7 @@ void RunTimed(sim::ProductionRunner& runner, const sim::RequestPlan& plan, Costs
   KV_CHECK(s.ok(), "request " + plan.ToString() + ": " + s.ToString());
   costs.cpu_ns.push_back(cpu);
   costs.wall_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+  costs.minor_faults += MinorFaults() - faults0;
 }
 
 // What ProductionRunner::Run does per request before the manager sees it: the stored
@@ -143,6 +153,7 @@ ConversationPoint MeasureConversations(const StackConfig& stack, const ChatWorkl
   p.measured = Summarize(std::move(measured.cpu_ns));
   p.measured_wall = Summarize(std::move(measured.wall_ns));
   p.populate_mean_ns = Mean(populate.cpu_ns);
+  p.measured_faults = measured.minor_faults;
   p.trie_nodes = runner.manager().trie().num_nodes();
   p.branch_children = BranchChildren(runner.manager().trie(), chats.system());
   return p;
@@ -173,13 +184,20 @@ ContextPoint MeasureContext(const StackConfig& stack, const ChatWorkload& chats,
   p.measured_wall = Summarize(std::move(measured.wall_ns));
   p.harness = Summarize(std::move(harness.cpu_ns));
   p.new_tokens_per_request = static_cast<double>(kUserTokens + chats.shape().outputs);
+  p.measured_faults = measured.minor_faults;
   return p;
 }
 
 // Runs measure(i) repeats(i) times for every point i, round-robin over the points, and
 // keeps for each the repeat with the middle median (all medians are kept beside it).
+// First, one discarded run of the largest point: a measured request that touches heap
+// pages for the first time pays a page fault (about 2 per request, doubling its cost on
+// this VM), so without it every point of the first round ran about 2x slower than the
+// same point later, and points measured only in that round (the largest N) looked like a
+// cliff. After it, every point runs on pages the warm-up already touched.
 template <typename Point, typename Measure, typename Repeats>
 std::vector<Point> MiddleOfRepeats(size_t points, Measure measure, Repeats repeats) {
+  if (points > 0) (void)measure(points - 1);
   std::vector<std::vector<Point>> runs(points);
   for (int round = 0; round < 3; ++round) {
     for (size_t i = 0; i < points; ++i) {

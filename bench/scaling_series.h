@@ -32,9 +32,10 @@ struct Timing {
 };
 Timing Summarize(std::vector<double> ns);
 
-// Thread CPU and wall time of a list of requests.
+// Thread CPU and wall time of a list of requests, and the minor page faults they took.
 struct Costs {
   std::vector<double> cpu_ns, wall_ns;
+  int64_t minor_faults = 0;
 };
 
 struct ConversationPoint {
@@ -45,6 +46,7 @@ struct ConversationPoint {
   int64_t trie_nodes = 0;
   int64_t branch_children = 0;            // children of the node ending at the system prompt
   std::vector<double> repeat_medians_ns;  // CPU medians of every repeat (see .cc)
+  int64_t measured_faults = 0;            // minor page faults of the measured requests
 };
 
 struct ContextPoint {
@@ -57,6 +59,7 @@ struct ContextPoint {
   Timing harness;
   double new_tokens_per_request = 0;  // user turn + outputs each measured request adds
   std::vector<double> repeat_medians_ns;
+  int64_t measured_faults = 0;  // minor page faults of the measured requests
 };
 
 struct MemoryPoint {
