@@ -11,6 +11,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake --preset fuzz >/dev/null && cmake --build --preset fuzz -j "$(nproc)" >/dev/null
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+kept=build/fuzz/rate-crashes; mkdir -p "$kept"
 echo "| target | exec/s | executions | peak RSS (MB) |"
 echo "|---|---:|---:|---:|"
 for exe in build/fuzz/fuzz/*_fuzz; do
@@ -18,8 +19,13 @@ for exe in build/fuzz/fuzz/*_fuzz; do
   mkdir -p "$tmp/$name"
   [ -d "fuzz/corpus/$name" ] && cp -r "fuzz/corpus/$name/." "$tmp/$name/"
   dict=(); [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
+  # A crash here is a finding: its artifact and libFuzzer's report are kept.
   out=$("$exe" -seed=1 -max_total_time="$secs" -print_final_stats=1 "${dict[@]}" \
-          -artifact_prefix="$tmp/" "$tmp/$name" 2>&1) || { echo "| $name | CRASH | | |"; continue; }
+          -artifact_prefix="$kept/$name-" "$tmp/$name" 2>&1) || {
+    echo "$out" > "$kept/$name.log"
+    echo "| $name | CRASH: $(grep -m1 -E 'ERROR|Check failed|KV_CHECK|SUMMARY' <<<"$out"), see $kept/$name.log | | |"
+    continue
+  }
   stat() { grep -oE "stat::$1: *[0-9]+" <<<"$out" | grep -oE '[0-9]+$'; }
   echo "| $name | $(stat average_exec_per_sec) | $(stat number_of_executed_units) | $(stat peak_rss_mb) |"
 done
