@@ -21,12 +21,6 @@ namespace {
 // Junk in padded rows: a correct kernel ignores it, a wrong one folds it in visibly.
 constexpr float kPadValue = 99.0f;
 
-// `t` as a dtype x rows x cols buffer: reused when it has that shape
-// (its contents are then stale and the caller rewrites every row), replaced otherwise.
-void Fit(Tensor& t, DType dtype, int64_t rows, int64_t cols) {
-  if (t.dtype() != dtype || t.rows() != rows || t.cols() != cols) t = Tensor(dtype, rows, cols);
-}
-
 // `m` as rows x cols with rows [real, rows) set to kPadValue; Eigen keeps the storage when
 // the element count is unchanged.
 void FitPadded(MatF& m, int64_t rows, int64_t cols, int64_t real) {
@@ -58,8 +52,8 @@ History ForwardSynthetic(LayerCache& target, const StackConfig& config,
   ForwardScratch& s = scratch != nullptr ? *scratch : local;
   const auto real = static_cast<int64_t>(tokens.size());
   if (target.kind() != CacheKind::kRecurrent) {
-    Fit(s.k, config.dtype, real, config.kv_cols());
-    Fit(s.v, config.dtype, real, config.kv_cols());
+    s.k.EnsureShape(config.dtype, real, config.kv_cols());  // FillKvRow rewrites every row
+    s.v.EnsureShape(config.dtype, real, config.kv_cols());
     for (int64_t r = 0; r < real; ++r) {
       const uint64_t h = tokens[static_cast<size_t>(r)].h;
       synth.FillKvRow(s.k, r, layer, start + r, h, false);

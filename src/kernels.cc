@@ -124,16 +124,6 @@ void CheckGdnArgs(const MatF& state, const GdnInputs& inputs, int64_t real_len,
 
 }  // namespace
 
-namespace {
-
-// `t` as a dtype x rows x cols tensor, keeping its storage when the shape already fits
-// (the contents are then stale: every caller overwrites all of it).
-void Fit(Tensor& t, DType dtype, int64_t rows, int64_t cols) {
-  if (t.dtype() != dtype || t.rows() != rows || t.cols() != cols) t = Tensor(dtype, rows, cols);
-}
-
-}  // namespace
-
 ConvResult CausalConv1D(const Tensor& tail, const Tensor& x, int64_t real_len,
                         const ConvWeights& weights, const std::vector<int64_t>& splits) {
   ConvScratch scratch;
@@ -152,7 +142,7 @@ void CausalConv1DInto(const Tensor& tail, const Tensor& x, int64_t real_len,
   // X = [tail ; x] with padded rows zeroed, kept in the tail's dtype so that boundary tails
   // are exact copies of the raw inputs.
   Tensor& window = scratch.window;
-  Fit(window, tail.dtype(), conv_tail + len, tail.cols());
+  window.EnsureShape(tail.dtype(), conv_tail + len, tail.cols());
   window.CopyRows(0, tail, 0, conv_tail);
   window.CopyRows(conv_tail, x, 0, real_len);
   window.Visit([&](auto& m) { m.bottomRows(len - real_len).setZero(); });
@@ -165,7 +155,7 @@ void CausalConv1DInto(const Tensor& tail, const Tensor& x, int64_t real_len,
   out.states.resize(splits.size() + 1);
   for (size_t i = 0; i < out.states.size(); ++i) {
     const int64_t boundary = i < splits.size() ? splits[i] : real_len;
-    Fit(out.states[i], window.dtype(), conv_tail, window.cols());
+    out.states[i].EnsureShape(window.dtype(), conv_tail, window.cols());
     out.states[i].CopyRows(0, window, boundary, conv_tail);
   }
 }

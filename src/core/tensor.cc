@@ -105,6 +105,12 @@ void Tensor::CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64
       data_);
 }
 
+void Tensor::EnsureShape(DType dtype, int64_t rows, int64_t cols) {
+  if (dtype_ != dtype || this->rows() != rows || this->cols() != cols) {
+    *this = Tensor(dtype, rows, cols);
+  }
+}
+
 void Tensor::ResizeRows(int64_t new_rows) {
   KV_CHECK(new_rows >= 0, "negative row count");
   std::visit([&](auto& m) { ResizeKeep(m, new_rows); }, data_);

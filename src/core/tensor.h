@@ -57,6 +57,9 @@ class Tensor {
   void CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64_t count);
   // Keeps the first min(rows, new_rows) rows, zero-fills the rest.
   void ResizeRows(int64_t new_rows);
+  // For a buffer reused across calls: a zero-filled dtype x rows x cols tensor unless it
+  // already has that shape, in which case it is kept as is (the caller overwrites it).
+  void EnsureShape(DType dtype, int64_t rows, int64_t cols);
   // Appends all rows of `tail`. REQUIRES: same dtype and column count (or this or tail
   // has no rows).
   void AppendRows(const Tensor& tail);
