@@ -30,10 +30,31 @@ constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 enum class Need : bool { kOptional, kRequired };
 
-// RFC 6901: "~" and "/" inside a key are escaped as "~0" and "~1".
+// RFC 6901: "~" and "/" inside a key are escaped as "~0" and "~1". A key is input, so the
+// pointer also writes backslashes and control characters as JSON string escapes ("\\",
+// "\n", "\u001f"): a newline in a key must not break the one-line error.
 inline std::string Escape(std::string_view key) {
   std::string s;
-  for (const char c : key) s += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  for (const char c : key) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '~') {
+      s += "~0";
+    } else if (c == '/') {
+      s += "~1";
+    } else if (c == '\\') {
+      s += "\\\\";
+    } else if (c == '\n') {
+      s += "\\n";
+    } else if (c == '\r') {
+      s += "\\r";
+    } else if (c == '\t') {
+      s += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      s += fmt::format("\\u{:04x}", u);
+    } else {
+      s += c;
+    }
+  }
   return s;
 }
 

@@ -446,6 +446,8 @@ TEST(TraceReaderErrors, HeaderFields) {
        R"(/kind: unknown trace kind "events" (expected "requests", "ops" or "multiseq"))"},
       {[](Json& j) { j["extra"] = 1; }, "/extra: unknown field"},
       {[](Json& j) { j["a/b~"] = 1; }, "/a~1b~0: unknown field"},
+      // Found by trace_reader_fuzz: a newline in a key broke the one-line error.
+      {[](Json& j) { j["co\nver\\sation\x01"] = 1; }, R"(/co\nver\\sation\u0001: unknown field)"},
       {[](Json& j) { j["seed"] = -1; }, "/seed: must be >= 0, got -1"},
       {[](Json& j) { j["seed"] = 1.5; }, "/seed: expected an integer, got 1.5"},
       {[](Json& j) { j.erase("model"); }, "/model: missing required field"},
