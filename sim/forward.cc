@@ -28,13 +28,10 @@ void FitPadded(MatF& m, int64_t rows, int64_t cols, int64_t real) {
   m.bottomRows(rows - real).setConstant(kPadValue);
 }
 
-// The conv inputs in the activation dtype, converted into `out`'s storage when it already
-// has that dtype (x is representable in it, so the cast is exact either way).
+// The conv inputs in the activation dtype, in `out`'s storage when it has the shape (x is
+// representable in the dtype, so the cast is exact).
 void ConvertInto(Tensor& out, DType dtype, const MatF& x) {
-  if (out.dtype() != dtype || out.rows() != x.rows() || out.cols() != x.cols()) {
-    out = Tensor::FromFloat(dtype, x);
-    return;
-  }
+  out.EnsureShape(dtype, x.rows(), x.cols());
   out.Visit([&](auto& m) {
     using Scalar = typename std::decay_t<decltype(m)>::Scalar;
     m = x.template cast<Scalar>();
