@@ -176,6 +176,7 @@ int Explain(const ExplainFlags& flags) {
   }
   sim::ReplayOptions options = flags.options;
   options.stop_after = flags.at;
+  options.dump_trie = true;
   const sim::ReplayResult r = sim::ReplayFile(flags.file, options);
   if (r.input_error) return Usage(r.input_error->message());
   if (r.events <= flags.at && !r.divergence) {

@@ -288,27 +288,49 @@ FuzzLayout PrefixFuzzLayout() {
                     .max_records = kMaxRecords};
 }
 
-FuzzRun RunPrefixFuzz(const FuzzParts& parts) {
+namespace {
+
+// The records of `parts`, at most `max_records` of them (all with -1).
+FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t max_records) {
   FuzzRun run;
   run.trace.header = ReadHeader(parts.header);
   const TraceHeader& h = run.trace.header;
   // Built exactly as the replay of the recorded trace builds it (sim/replay.cc).
-  RequestDriver driver(StackOf(h), {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking},
-                       TraceValueSeed(h));
+  RequestDriver driver(
+      StackOf(h), {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking, audit_every_call},
+      TraceValueSeed(h));
   PlanDecoder decoder(h);
+  std::optional<RequestDivergence> divergence;
   for (const std::span<const uint8_t> bytes : parts.records) {  // at most kMaxRecords
+    if (max_records >= 0 && run.events >= max_records) break;
     RequestPlan plan = decoder.Next(ReadFields<kFields>(bytes), run.events);
-    std::optional<RequestDivergence> divergence = driver.Run(plan);
+    divergence = driver.Run(plan);
     run.trace.events.emplace_back(std::move(plan));
     ++run.events;
-    if (divergence) {
-      run.divergence = divergence->ToString();
-      run.divergence_kind = DivergenceKind(divergence->mismatch.what);
-      break;  // the driver must not be used after a divergence
-    }
+    if (divergence) break;  // the driver must not be used after a divergence
   }
+  if (!divergence) divergence = driver.FinalAudit();
   run.digest = driver.digest();
+  if (!divergence) return run;
+  run.divergence = divergence->ToString();
+  run.divergence_kind = DivergenceKind(divergence->mismatch.what);
+  if (!audit_every_call && divergence->unaudited_calls > 0) {
+    // Localized as the replay localizes (sim/replay.cc), so both report the same. The trace
+    // stays this run's: its amortized replay must fail too, to localize the same way.
+    const FuzzRun first = RunPrefixFuzzOnce(parts, /*audit_every_call=*/true, run.events);
+    KV_CHECK(first.divergence.has_value(),
+             "a run auditing every call passed the request at which the amortized one failed");
+    run.divergence = *first.divergence + "\n  " +
+                     LocalizedNote(divergence->request, divergence->unaudited_calls);
+    run.divergence_kind = first.divergence_kind;
+  }
   return run;
+}
+
+}  // namespace
+
+FuzzRun RunPrefixFuzz(const FuzzParts& parts) {
+  return RunPrefixFuzzOnce(parts, /*audit_every_call=*/false, -1);
 }
 
 }  // namespace kvtwin::sim

@@ -167,7 +167,9 @@ class Replayer {
 
   void RunRequests(StackConfig config) {
     const TraceHeader& h = r_.header;
-    RequestDriver d(std::move(config), TraceDriverOptions(h), TraceValueSeed(h));
+    RequestDriverOptions options = TraceDriverOptions(h);
+    options.audit_every_call = o_.audit_every_call;
+    RequestDriver d(std::move(config), options, TraceValueSeed(h));
     while (std::optional<TraceEvent> e = Next()) {
       RequestPlan* plan = std::get_if<RequestPlan>(&*e);
       if (plan == nullptr) {
@@ -184,16 +186,25 @@ class Replayer {
       r_.cached_tokens += b.cached;
       if (div) {
         Diverged(div->ToString(), div->mismatch.what);
+        r_.unaudited_calls = div->unaudited_calls;
         break;
       }
       if (o_.on_event) o_.on_event(r_.events);
     }
+    if (!r_.divergence && !r_.input_error && !r_.interrupted) {
+      if (std::optional<RequestDivergence> div = d.FinalAudit()) {
+        Diverged(div->ToString(), div->mismatch.what);
+        r_.unaudited_calls = div->unaudited_calls;
+      }
+    }
     r_.steps = d.steps();
     r_.digest = d.digest();
     r_.coverage = d.coverage();
-    RequestDriver::TrieDumps dumps = d.DumpTries(r_.divergence.has_value());
-    r_.trie_dump = std::move(dumps.text);
-    r_.trie_dot = std::move(dumps.dot);
+    if (r_.divergence || o_.dump_trie) {
+      RequestDriver::TrieDumps dumps = d.DumpTries(r_.divergence.has_value());
+      r_.trie_dump = std::move(dumps.text);
+      r_.trie_dot = std::move(dumps.dot);
+    }
     const PrefixCache& pc = d.manager();
     r_.state = fmt::format("active path ends at offset {}; {} paged-out bytes\n",
                            r_.divergence ? -1 : pc.active_path().back()->end_offset(),
@@ -252,7 +263,9 @@ std::string DivergenceKind(const std::string& what) {
   return kind;
 }
 
-ReplayResult ReplayFile(const std::string& path, const ReplayOptions& options) {
+namespace {
+
+ReplayResult ReplayFileOnce(const std::string& path, const ReplayOptions& options) {
   ReplayResult r;
   r.path = path;
   std::unique_ptr<Source> source;
@@ -275,11 +288,42 @@ ReplayResult ReplayFile(const std::string& path, const ReplayOptions& options) {
   return r;
 }
 
-ReplayResult ReplayTrace(const Trace& trace, const ReplayOptions& options) {
+ReplayResult ReplayTraceOnce(const Trace& trace, const ReplayOptions& options) {
   ReplayResult r;
   MemorySource source(trace);
   Replayer(source, options, r).Run();
   return r;
+}
+
+// A divergence the amortized audit found after calls it skipped may not be the first: an
+// audit of a skipped call could have failed earlier. The replay is deterministic and the
+// checks only read production state, so a replay with every call audited fails at or before
+// the same event; its result replaces the first (a interrupted re-run keeps the first).
+template <typename Replay>
+ReplayResult Localized(ReplayResult r, const ReplayOptions& options, const Replay& replay) {
+  if (!r.divergence || r.unaudited_calls == 0 || options.audit_every_call) return r;
+  ReplayOptions again = options;
+  again.audit_every_call = true;
+  again.stop_after = r.failing_event;
+  again.on_event = nullptr;  // the progress display has already counted these events
+  ReplayResult first = replay(again);
+  if (first.interrupted) return r;
+  KV_CHECK(first.divergence.has_value() && first.failing_event <= r.failing_event,
+           "a replay auditing every call passed the event at which the amortized one failed");
+  *first.divergence += "\n  " + LocalizedNote(r.failing_event, r.unaudited_calls);
+  return first;
+}
+
+}  // namespace
+
+ReplayResult ReplayFile(const std::string& path, const ReplayOptions& options) {
+  return Localized(ReplayFileOnce(path, options), options,
+                   [&](const ReplayOptions& o) { return ReplayFileOnce(path, o); });
+}
+
+ReplayResult ReplayTrace(const Trace& trace, const ReplayOptions& options) {
+  return Localized(ReplayTraceOnce(trace, options), options,
+                   [&](const ReplayOptions& o) { return ReplayTraceOnce(trace, o); });
 }
 
 std::string ReplayCommand(const std::string& path, const ReplayOptions& options) {

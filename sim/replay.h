@@ -32,6 +32,13 @@ struct ReplayOptions {
   const std::atomic<bool>* interrupted = nullptr;
   // Replay only events [0, stop_after] (explain --at); -1 = all.
   int64_t stop_after = -1;
+  // Requests: run the whole-trie checks on every session call (RequestDriverOptions). Off,
+  // a divergence found after calls the amortized audit skipped is localized by a second
+  // replay with it on, up to the failing event, whose result is returned.
+  bool audit_every_call = false;
+  // Requests: dump the final trie of a run that passed too (explain); a divergence always
+  // dumps it. Off, a passing replay skips rendering a trie it would not show.
+  bool dump_trie = false;
 };
 
 struct ReplayResult {
@@ -47,11 +54,15 @@ struct ReplayResult {
   std::string divergence_kind;            // DivergenceKind of the mismatch (shrinking keeps it)
   int64_t failing_event = -1;             // 0-based event index of the divergence
   int64_t failing_line = 0;               // its line in the file (0 for in-memory traces)
-  std::deque<std::string> recent;         // the last few events before the verdict
+  // Requests: session calls the amortized audit skipped before the divergence was found
+  // (RequestDivergence::unaudited_calls); after a localizing re-run, that run's (0).
+  int64_t unaudited_calls = 0;
+  std::deque<std::string> recent;  // the last few events before the verdict
   // Requests only: Σ over Begin reports (prefix reuse), and the driver's coverage.
   int64_t prompt_tokens = 0, matched_tokens = 0, cached_tokens = 0;
   RequestCoverage coverage;
-  // Requests only, filled when the run ends: the trie (DumpTrie / TrieToDot) and, for
+  // Requests only, filled when the run ends: the trie (DumpTrie / TrieToDot; after a
+  // divergence or with ReplayOptions::dump_trie) and, for
   // explain, the live cache offsets; ops only: per-layer offsets and kinds.
   std::string trie_dump, trie_dot, state;
 

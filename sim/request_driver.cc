@@ -20,8 +20,16 @@ namespace kvtwin::sim {
 std::string RequestDivergence::ToString() const {
   return fmt::format(
       "divergence at step {}, request #{} ({}):\n  request:  {}\n  {}\n  expected: {}\n"
-      "  actual:   {}",
-      step, request, phase, request_summary, mismatch.what, mismatch.expected, mismatch.actual);
+      "  actual:   {}{}{}",
+      step, request, phase, request_summary, mismatch.what, mismatch.expected, mismatch.actual,
+      note.empty() ? "" : "\n  ", note);
+}
+
+std::string LocalizedNote(int64_t found_at, int64_t unaudited_calls) {
+  return fmt::format(
+      "(localized: the amortized audit first failed at request #{} after {} unaudited session "
+      "call(s); this is the first failure with every call audited)",
+      found_at, unaudited_calls);
 }
 
 std::string RequestCoverage::ToString() const {
@@ -112,6 +120,20 @@ std::vector<std::optional<model::RefCache>> RequestDriver::Shadows() const {
   return out;
 }
 
+int64_t RequestDriver::MinCacheOffset() const {
+  int64_t min_offset = -1;
+  for (const auto& c : caches_) {
+    if (c != nullptr && (min_offset < 0 || c->Offset() < min_offset)) min_offset = c->Offset();
+  }
+  return min_offset;
+}
+
+Check RequestDriver::CheckWholeTrie() {
+  const PrefixTrie& trie = manager_->trie();
+  if (Check c = CheckTrieStructure(trie, manager_->active_path(), MinCacheOffset())) return c;
+  return CheckTrieSoundness(trie, oracle_ptrs_, synth_.seed(), &soundness_memo_);
+}
+
 RequestDriver::Census RequestDriver::TakeCensus() const {
   Census census;
   census.start_by_end.reserve(static_cast<size_t>(manager_->trie().num_nodes()));
@@ -161,10 +183,20 @@ void RequestDriver::CountChanges(const Census& before, const Census& after) {
 
 bool RequestDriver::StartCall() {
   const int64_t nodes = manager_->trie().num_nodes();
-  // Credit accrues per call and is capped, so a small trie is audited on every call.
-  audit_credit_ = std::min(audit_credit_ + kAuditNodesPerCall, nodes + kAuditNodesPerCall);
-  audit_ = audit_credit_ >= nodes;
-  if (audit_) audit_credit_ -= nodes;
+  // The previous call, if audited, passed (the driver is not used after a divergence).
+  if (audit_) unaudited_calls_ = 0;
+  if (options_.audit_every_call || nodes <= kAuditAlwaysNodes) {
+    audit_ = true;
+  } else {
+    // Credit accrues per call and is capped, so the first call past a long gap is not
+    // followed by a burst of audits.
+    const int64_t earned = kAuditNodesPerCall + kAuditNodesPerToken * forwarded_tokens_;
+    audit_credit_ = std::min(audit_credit_ + earned, nodes + earned);
+    audit_ = audit_credit_ >= nodes;
+    if (audit_) audit_credit_ -= nodes;
+  }
+  unaudited_calls_ += !audit_;
+  forwarded_tokens_ = 0;
   ++coverage_.calls;
   coverage_.audited_calls += audit_;
   if (eviction_ref_) eviction_ref_->set_enabled(audit_);

@@ -20,9 +20,15 @@
 //           the offset afterwards.
 // Whole-trie checks (structure, soundness of every snapshot, the reference trie, eviction
 // passes, the census) cost O(trie) per session call, which is quadratic over a long trace.
-// They run on every call while the trie has at most kAuditNodesPerCall nodes, and beyond
-// that on a share of the calls that keeps their amortized cost near that many nodes per
-// call ("audited" calls). The report, live soundness and history checks run on every call.
+// They run on every call while the trie has at most kAuditAlwaysNodes nodes (every sweep and
+// fuzz target stays there); beyond, a call is "audited" when the credit it earned covers
+// the trie: kAuditNodesPerCall per call plus kAuditNodesPerToken per token forwarded since
+// the previous call, so the audits cost about as many node visits as the production work
+// the calls did. FinalAudit audits the end of a run. A divergence found after unaudited
+// calls carries their number, and the callers (replay, requests, the prefix fuzz target)
+// re-run with audit_every_call to report the first call at which an audit fails: the run
+// is deterministic and the checks only read production state, so this costs time only on
+// a failure. The report, live soundness and history checks run on every call.
 // At an unlimited budget the reference manager (sim/manager_reference.h) runs in lock step
 // and every session call must leave exactly its trie, active path and pending offsets.
 // Under a budget every eviction pass that evicts must give exactly the reference pass's
@@ -58,8 +64,18 @@ struct RequestDivergence {
   std::string phase;    // "after Begin", "prefill chunk 2", ...
   std::string request_summary;
   Mismatch mismatch;
-  std::string ToString() const;  // multi-line human report
+  // Session calls since the last audit that passed which the amortized schedule did not
+  // audit (the failing call included). When > 0, auditing every call might have found an
+  // earlier divergence: callers re-run with RequestDriverOptions::audit_every_call.
+  int64_t unaudited_calls = 0;
+  std::string note;              // LocalizedNote after a localizing re-run, else empty
+  std::string ToString() const;  // multi-line human report (the note on its last line)
 };
+
+// The last report line of a divergence a re-run with every call audited localized: the
+// amortized run failed at request (or event) `found_at` after `unaudited_calls` skipped
+// audits.
+std::string LocalizedNote(int64_t found_at, int64_t unaudited_calls);
 
 // How often the workload reached each mechanism (approximate where noted).
 struct RequestCoverage {
@@ -91,6 +107,9 @@ struct RequestDriverOptions {
   int64_t chunk = 5;
   int64_t capture_interval = 8;  // 0: no periodic captures
   int64_t pre_thinking = 4;      // 0: no capture at len - pre_thinking
+  // Every session call runs the whole-trie checks, whatever the trie's size: the re-run
+  // that localizes a divergence found after unaudited calls (quadratic on a large trie).
+  bool audit_every_call = false;
 };
 
 // The offsets a request's SchedulePrefillSnapshots asks for: the plan's user offsets, then
@@ -107,6 +126,11 @@ class RequestDriver {
   // Runs one request; returns the first divergence. REQUIRES: no divergence before; the
   // plan's speculative steps are sorted, apart and within its outputs (RequestPlan).
   std::optional<RequestDivergence> Run(const RequestPlan& plan);
+  // At the end of a run: the whole-trie checks (structure, soundness, the reference trie)
+  // when the last session call was not audited, so every run ends audited and a divergence
+  // the amortized schedule skipped still fails the run (then localized by the caller).
+  // REQUIRES: no divergence before.
+  std::optional<RequestDivergence> FinalAudit();
 
   uint64_t digest() const { return digest_; }
   int64_t steps() const { return steps_; }
@@ -135,11 +159,16 @@ class RequestDriver {
     std::vector<uint64_t> active_key_path;                   // sorted
   };
 
-  static constexpr int64_t kAuditNodesPerCall = 512;
+  static constexpr int64_t kAuditAlwaysNodes = 128;
+  static constexpr int64_t kAuditNodesPerCall = 2;
+  static constexpr int64_t kAuditNodesPerToken = 1;
   // Starts a session call; returns (and remembers) whether it is audited.
   bool StartCall();
 
   std::vector<LayerCache*> Caches() const;
+  int64_t MinCacheOffset() const;  // the least offset of the stateful caches (-1: none)
+  // Structure and soundness of the whole trie (the first two of an audit's checks).
+  Check CheckWholeTrie();
   std::vector<std::optional<model::RefCache>> Shadows() const;
   Census TakeCensus() const;
   // After an audited call: counts the changes since the previous audited call's census
@@ -176,6 +205,10 @@ class RequestDriver {
   BeginReport last_report_;
   std::optional<Census> census_;  // at the last audited call
   int64_t audit_credit_ = 0;
+  int64_t unaudited_calls_ = 0;   // since the last audited call (RequestDivergence)
+  int64_t forwarded_tokens_ = 0;  // since the last call started (StartCall)
+  int64_t last_request_ = -1;     // the index of the last plan run
+  std::string last_summary_;      // and its RequestPlan::ToString (FinalAudit)
   bool audit_ = true;
   SoundnessMemo soundness_memo_;
 };

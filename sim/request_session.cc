@@ -45,7 +45,8 @@ class RequestDriver::Session {
     if (!c) c = Close();
     if (!c && budget_bytes_ > 0) c = Squeeze();
     if (!c) return std::nullopt;
-    return RequestDivergence{d_.steps_, plan_.index, phase_, plan_.ToString(), *c};
+    return RequestDivergence{d_.steps_, plan_.index,         phase_, plan_.ToString(),
+                             *c,        d_.unaudited_calls_, ""};
   }
 
  private:
@@ -156,15 +157,7 @@ class RequestDriver::Session {
   // Nothing on a call that is not audited (RequestDriver::StartCall).
   Check AfterEvictionPoint(bool audit) const {
     if (!audit) return std::nullopt;
-    int64_t min_offset = -1;
-    for (const auto& c : d_.caches_) {
-      if (c != nullptr && (min_offset < 0 || c->Offset() < min_offset)) min_offset = c->Offset();
-    }
-    if (Check c = CheckTrieStructure(pc().trie(), pc().active_path(), min_offset)) return c;
-    if (Check c = CheckTrieSoundness(pc().trie(), d_.oracle_ptrs_, d_.synth_.seed(),
-                                     &d_.soundness_memo_)) {
-      return c;
-    }
+    if (Check c = d_.CheckWholeTrie()) return c;
     if (Check c = CheckEvictionBound(pc().trie(), pc().active_path(), budget_bytes_)) return c;
     if (d_.eviction_ref_) {
       d_.coverage_.eviction_passes = d_.eviction_ref_->passes();
@@ -387,6 +380,7 @@ class RequestDriver::Session {
     ++d_.steps_;
     const auto start = static_cast<int64_t>(d_.live_.size());
     const auto n = static_cast<int64_t>(tokens.size());
+    d_.forwarded_tokens_ += n;  // audit credit (RequestDriver::StartCall)
     // One buffer for every forward of the run: a fresh copy of a long log per decode token
     // was an allocation per token.
     model::TokenLog& after = d_.forward_log_;
@@ -433,8 +427,24 @@ std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
 }
 
 std::optional<RequestDivergence> RequestDriver::Run(const RequestPlan& plan) {
+  last_request_ = plan.index;
+  last_summary_ = plan.ToString();
   Session session(*this, plan);
   return session.Run();
+}
+
+std::optional<RequestDivergence> RequestDriver::FinalAudit() {
+  if (audit_) return std::nullopt;  // the last call (or none) was audited
+  Check c = CheckWholeTrie();
+  if (!c && reference_) c = reference_->CheckTrie(*manager_, "the last session call");
+  if (!c) return std::nullopt;
+  return RequestDivergence{steps_,
+                           last_request_,
+                           "final audit (its last call was unaudited)",
+                           last_summary_,
+                           *c,
+                           unaudited_calls_,
+                           ""};
 }
 
 }  // namespace kvtwin::sim

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "src/core/check.h"
 #include "src/core/rng.h"
 
 namespace kvtwin::sim {
@@ -110,7 +111,11 @@ RequestOptions OptionsFromHeader(const TraceHeader& h) {
   return o;
 }
 
-RequestResult RunRequests(const RequestOptions& given, Trace* record) {
+namespace {
+
+// The first `max_requests` requests of the seed (all of its requests with -1).
+RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool audit_every_call,
+                              int64_t max_requests) {
   RequestOptions options = given;
   std::string derived;
   if (options.swarm) derived = SwarmStack(options);
@@ -125,7 +130,8 @@ RequestResult RunRequests(const RequestOptions& given, Trace* record) {
   result.reproduce = RequestsReproduceCommand(given);
   result.derived = derived;
   const RequestDriverOptions driver_options{options.budget_bytes, options.chunk,
-                                            options.capture_interval, options.pre_thinking};
+                                            options.capture_interval, options.pre_thinking,
+                                            audit_every_call};
   RequestDriver driver(std::move(config), driver_options,
                        Rng::Derive(options.seed, "values").Next());
   Rng swarm = Rng::Derive(options.seed, "swarm");
@@ -136,7 +142,8 @@ RequestResult RunRequests(const RequestOptions& given, Trace* record) {
     record->header = RecordHeader(options, result.reproduce);
     record->events.clear();
   }
-  for (int64_t i = 0; i < options.requests; ++i) {
+  const int64_t requests = max_requests < 0 ? options.requests : max_requests;
+  for (int64_t i = 0; i < requests; ++i) {
     const RequestPlan plan = workload.Next();
     if (record != nullptr) record->events.emplace_back(plan);
     ++result.requests;
@@ -145,6 +152,7 @@ RequestResult RunRequests(const RequestOptions& given, Trace* record) {
     if (result.recent.size() > kRecentRequests) result.recent.pop_front();
     if (result.divergence) break;
   }
+  if (!result.divergence) result.divergence = driver.FinalAudit();
   result.steps = driver.steps();
   result.digest = driver.digest();
   result.coverage = driver.coverage();
@@ -152,6 +160,20 @@ RequestResult RunRequests(const RequestOptions& given, Trace* record) {
   result.trie_dump = std::move(dumps.text);
   result.trie_dot = std::move(dumps.dot);
   return result;
+}
+
+}  // namespace
+
+RequestResult RunRequests(const RequestOptions& options, Trace* record) {
+  RequestResult r = RunRequestsOnce(options, record, /*audit_every_call=*/false, -1);
+  if (!r.divergence || r.divergence->unaudited_calls == 0) return r;
+  // As sim/replay.cc's Localized: the same requests with every call audited fail no later.
+  // The recorded trace stays the first run's; its replay localizes the same way.
+  RequestResult first = RunRequestsOnce(options, nullptr, /*audit_every_call=*/true, r.requests);
+  KV_CHECK(first.divergence.has_value(),
+           "a run auditing every call passed the request at which the amortized one failed");
+  first.divergence->note = LocalizedNote(r.divergence->request, r.divergence->unaudited_calls);
+  return first;
 }
 
 }  // namespace kvtwin::sim
