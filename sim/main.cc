@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
   AddSetupOptions(replay, replay_flags.options.mooncake_setup, replay_flags.options.mooncake);
   AddReportOptions(replay, replay_flags.reports);
   replay->add_flag("--quiet", replay_flags.quiet, "print only failures and the verdict");
+  replay->add_flag("--audit-every-call", replay_flags.options.audit_every_call,
+                   "requests: run the whole-trie checks on every session call (quadratic on a "
+                   "large trie; by default they are amortized and a failure is localized)");
 
   cli::GenFlags gen_flags;
   CLI::App* gen = app.add_subcommand("gen", "generate a seeded workload as a trace");

@@ -129,7 +129,7 @@ class RequestDriver {
   // At the end of a run: the whole-trie checks (structure, soundness, the reference trie)
   // when the last session call was not audited, so every run ends audited and a divergence
   // the amortized schedule skipped still fails the run (then localized by the caller).
-  // REQUIRES: no divergence before.
+  // Also folds the final trie (TrieDigest) into the digest. REQUIRES: no divergence before.
   std::optional<RequestDivergence> FinalAudit();
 
   uint64_t digest() const { return digest_; }

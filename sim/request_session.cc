@@ -295,7 +295,9 @@ class RequestDriver::Session {
                                  plan_.outputs.end());
     }
     d_.previous_offset_ = offset;
-    if (audit) {
+    // By the trie's size, not by the audit schedule, so an every-call audit (the localizing
+    // re-run, --audit-every-call) gives the same digest; FinalAudit folds the final trie.
+    if (pc().trie().num_nodes() <= kAuditAlwaysNodes) {
       d_.Fold(d_.TrieDigest());
     } else {
       d_.Fold(static_cast<uint64_t>(pc().trie().num_nodes()));
@@ -434,6 +436,7 @@ std::optional<RequestDivergence> RequestDriver::Run(const RequestPlan& plan) {
 }
 
 std::optional<RequestDivergence> RequestDriver::FinalAudit() {
+  Fold(TrieDigest());
   if (audit_) return std::nullopt;  // the last call (or none) was audited
   Check c = CheckWholeTrie();
   if (!c && reference_) c = reference_->CheckTrie(*manager_, "the last session call");

@@ -53,6 +53,12 @@ expect 0 '^PASS: 1 file'             -- replay "$tmp/req.jsonl" --json "$tmp/r.j
 grep -q '"verdict":"pass"' "$tmp/r.json" || say "--json has no pass verdict"
 grep -q '<testsuite name="kvtwin replay" tests="1" failures="0" errors="0">' "$tmp/r.xml" ||
   say "--junit is not a passing suite"
+# Auditing every session call checks more often but replays to the same digest.
+amortized=$("$kvtwin" replay "$tmp/req.jsonl" 2>&1)
+every=$("$kvtwin" replay "$tmp/req.jsonl" --audit-every-call 2>&1)
+grep -q '^PASS: 1 file' <<<"$every" || say "--audit-every-call does not pass: $every"
+[ -n "$(digest_of "$every")" ] && [ "$(digest_of "$every")" = "$(digest_of "$amortized")" ] ||
+  say "--audit-every-call changes the digest: $(digest_of "$amortized") vs $(digest_of "$every")"
 
 
 # Malformed input: exit 2, one line with file:line: /pointer, no report written.
