@@ -296,9 +296,9 @@ FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t
   run.trace.header = ReadHeader(parts.header);
   const TraceHeader& h = run.trace.header;
   // Built exactly as the replay of the recorded trace builds it (sim/replay.cc).
-  RequestDriver driver(
-      StackOf(h), {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking, audit_every_call},
-      TraceValueSeed(h));
+  RequestDriverOptions options = TraceDriverOptions(h);
+  options.audit_every_call = audit_every_call;
+  RequestDriver driver(StackOf(h), options, TraceValueSeed(h));
   PlanDecoder decoder(h);
   std::optional<RequestDivergence> divergence;
   for (const std::span<const uint8_t> bytes : parts.records) {  // at most kMaxRecords

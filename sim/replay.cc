@@ -169,6 +169,7 @@ class Replayer {
     const TraceHeader& h = r_.header;
     RequestDriverOptions options = TraceDriverOptions(h);
     options.audit_every_call = o_.audit_every_call;
+    options.after_request = o_.after_request;
     RequestDriver d(std::move(config), options, TraceValueSeed(h));
     while (std::optional<TraceEvent> e = Next()) {
       RequestPlan* plan = std::get_if<RequestPlan>(&*e);
@@ -239,7 +240,12 @@ Result<StackConfig> TraceStack(const TraceHeader& header) {
 }
 
 RequestDriverOptions TraceDriverOptions(const TraceHeader& header) {
-  return {header.budget_bytes, header.chunk, header.capture_interval, header.pre_thinking};
+  RequestDriverOptions o;
+  o.budget_bytes = header.budget_bytes;
+  o.chunk = header.chunk;
+  o.capture_interval = header.capture_interval;
+  o.pre_thinking = header.pre_thinking;
+  return o;
 }
 
 std::string DivergenceKind(const std::string& what) {

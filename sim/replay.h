@@ -39,6 +39,8 @@ struct ReplayOptions {
   // Requests: dump the final trie of a run that passed too (explain); a divergence always
   // dumps it. Off, a passing replay skips rendering a trie it would not show.
   bool dump_trie = false;
+  // Requests: RequestDriverOptions::after_request (a test seam; the re-run keeps it).
+  std::function<void(PrefixCache&, int64_t)> after_request;
 };
 
 struct ReplayResult {

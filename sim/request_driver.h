@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -110,6 +111,10 @@ struct RequestDriverOptions {
   // Every session call runs the whole-trie checks, whatever the trie's size: the re-run
   // that localizes a divergence found after unaudited calls (quadratic on a large trie).
   bool audit_every_call = false;
+  // A test seam: called after every request that passed, with the production manager and
+  // the request's index. A fault planted here as a function of the index is planted again
+  // by a localizing re-run, like a bug in production code.
+  std::function<void(PrefixCache&, int64_t)> after_request;
 };
 
 // The offsets a request's SchedulePrefillSnapshots asks for: the plan's user offsets, then

@@ -432,7 +432,9 @@ std::optional<RequestDivergence> RequestDriver::Run(const RequestPlan& plan) {
   last_request_ = plan.index;
   last_summary_ = plan.ToString();
   Session session(*this, plan);
-  return session.Run();
+  std::optional<RequestDivergence> divergence = session.Run();
+  if (!divergence && options_.after_request) options_.after_request(*manager_, plan.index);
+  return divergence;
 }
 
 std::optional<RequestDivergence> RequestDriver::FinalAudit() {

@@ -129,9 +129,12 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
   result.stack = config.Describe();
   result.reproduce = RequestsReproduceCommand(given);
   result.derived = derived;
-  const RequestDriverOptions driver_options{options.budget_bytes, options.chunk,
-                                            options.capture_interval, options.pre_thinking,
-                                            audit_every_call};
+  RequestDriverOptions driver_options;
+  driver_options.budget_bytes = options.budget_bytes;
+  driver_options.chunk = options.chunk;
+  driver_options.capture_interval = options.capture_interval;
+  driver_options.pre_thinking = options.pre_thinking;
+  driver_options.audit_every_call = audit_every_call;
   RequestDriver driver(std::move(config), driver_options,
                        Rng::Derive(options.seed, "values").Next());
   Rng swarm = Rng::Derive(options.seed, "swarm");

@@ -6,7 +6,8 @@
 // production trie (the test's stand-in for a production bug: nothing but the comparison
 // with the reference manager's trie can see it) at the same request in an amortized and an
 // every-call driver, and after the last request for FinalAudit. Both drivers must reach the
-// same digest on the unmodified workload.
+// same digest on the unmodified workload. Through ReplayTrace, the graft is planted by the
+// after_request seam, so the localizing re-run plants it again.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/replay.h"
 #include "sim/request_driver.h"
 #include "sim/requests.h"
 #include "src/core/rng.h"
@@ -25,9 +27,9 @@ constexpr uint64_t kSeed = 7;
 constexpr int64_t kRequests = 240;
 
 std::unique_ptr<RequestDriver> MakeDriver(bool audit_every_call) {
-  const RequestOptions o;
-  const RequestDriverOptions options{o.budget_bytes, o.chunk, o.capture_interval, o.pre_thinking,
-                                     audit_every_call};
+  const RequestOptions o;        // the default stack
+  RequestDriverOptions options;  // unlimited budget, the default cadence
+  options.audit_every_call = audit_every_call;
   return std::make_unique<RequestDriver>(
       StackFromPreset("dense", o.layers, o.window, DType::kFloat32).value(), options,
       Rng::Derive(kSeed, "values").Next());
@@ -118,6 +120,46 @@ TEST(AmortizedAudit, FinalAuditFindsAGraftAfterTheLastUnauditedCall) {
   EXPECT_GT(amortized.divergence->unaudited_calls, 0);
   EXPECT_NE(amortized.divergence->mismatch.what.find("the last session call"), std::string::npos)
       << amortized.divergence->ToString();
+}
+
+// The callers' half: a replay that fails after skipped audits replays again with every call
+// audited and reports that run's first failure, with the amortized one's place.
+TEST(AmortizedAudit, AReplayLocalizesALateFailureToTheFirstAuditedOne) {
+  RequestOptions options;
+  options.seed = kSeed;
+  options.conversations = 40;
+  options.requests = kRequests;
+  Trace trace;
+  ASSERT_FALSE(RunRequests(options, &trace).divergence.has_value());
+  const ReplayResult clean = ReplayTrace(trace);
+  ASSERT_TRUE(clean.passed());
+  ASSERT_LT(clean.coverage.audited_calls, clean.coverage.calls) << "the trie stayed small";
+
+  const int64_t graft_after = kRequests - 40;
+  ReplayOptions faulty;
+  faulty.after_request = [&](PrefixCache& pc, int64_t request) {
+    if (request == graft_after) {
+      auto& trie = const_cast<PrefixTrie&>(pc.trie());
+      const std::vector<TrieKey> keys{TrieKey{1'000'000}};
+      trie.AppendChild(trie.root(), keys, 1);
+    }
+  };
+  const ReplayResult localized = ReplayTrace(trace, faulty);
+  ASSERT_TRUE(localized.divergence.has_value());
+  EXPECT_EQ(localized.failing_event, graft_after + 1) << *localized.divergence;
+  EXPECT_EQ(localized.unaudited_calls, 0);
+  EXPECT_NE(localized.divergence->find("(localized: the amortized audit first failed at request #"),
+            std::string::npos)
+      << *localized.divergence;
+  EXPECT_EQ(localized.divergence_kind, "trie after Begin at an unlimited budget, line #")
+      << localized.divergence_kind;
+
+  // Asked to audit every call, the replay finds it there at once, with no note.
+  faulty.audit_every_call = true;
+  const ReplayResult direct = ReplayTrace(trace, faulty);
+  ASSERT_TRUE(direct.divergence.has_value());
+  EXPECT_EQ(direct.failing_event, graft_after + 1);
+  EXPECT_EQ(direct.divergence->find("localized"), std::string::npos) << *direct.divergence;
 }
 
 }  // namespace

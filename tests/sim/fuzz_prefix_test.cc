@@ -72,8 +72,7 @@ std::string TraceText(const Trace& trace) {
 int64_t CountPageIns(const Trace& trace) {
   const TraceHeader& h = trace.header;
   RequestDriver driver(StackFromPreset(h.preset, h.layers, h.window, *ParseDType(h.dtype)).value(),
-                       {h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking},
-                       TraceValueSeed(h));
+                       TraceDriverOptions(h), TraceValueSeed(h));
   std::vector<int32_t> previous;
   int64_t page_ins = 0;
   for (size_t i = 0; i < trace.events.size(); ++i) {
