@@ -304,7 +304,7 @@ ReplayResult ReplayTraceOnce(const Trace& trace, const ReplayOptions& options) {
 // A divergence the amortized audit found after calls it skipped may not be the first: an
 // audit of a skipped call could have failed earlier. The replay is deterministic and the
 // checks only read production state, so a replay with every call audited fails at or before
-// the same event; its result replaces the first (a interrupted re-run keeps the first).
+// the same event; its result replaces the first (an interrupted re-run keeps the first).
 template <typename Replay>
 ReplayResult Localized(ReplayResult r, const ReplayOptions& options, const Replay& replay) {
   if (!r.divergence || r.unaudited_calls == 0 || options.audit_every_call) return r;

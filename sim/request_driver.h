@@ -212,8 +212,7 @@ class RequestDriver {
   int64_t audit_credit_ = 0;
   int64_t unaudited_calls_ = 0;   // since the last audited call (RequestDivergence)
   int64_t forwarded_tokens_ = 0;  // since the last call started (StartCall)
-  int64_t last_request_ = -1;     // the index of the last plan run
-  std::string last_summary_;      // and its RequestPlan::ToString (FinalAudit)
+  int64_t last_request_ = -1;     // the index of the last plan run (FinalAudit)
   bool audit_ = true;
   SoundnessMemo soundness_memo_;
 };

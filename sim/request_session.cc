@@ -430,7 +430,6 @@ std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
 
 std::optional<RequestDivergence> RequestDriver::Run(const RequestPlan& plan) {
   last_request_ = plan.index;
-  last_summary_ = plan.ToString();
   Session session(*this, plan);
   std::optional<RequestDivergence> divergence = session.Run();
   if (!divergence && options_.after_request) options_.after_request(*manager_, plan.index);
@@ -446,7 +445,7 @@ std::optional<RequestDivergence> RequestDriver::FinalAudit() {
   return RequestDivergence{steps_,
                            last_request_,
                            "final audit (its last call was unaudited)",
-                           last_summary_,
+                           fmt::format("(the run ended after request #{})", last_request_),
                            *c,
                            unaudited_calls_,
                            ""};
