@@ -47,9 +47,9 @@ std::vector<RequestPlan> Plans() {
 
 // A leaf under the root whose key no request of the workload uses (tokens are 1..vocab):
 // structurally sound and never matched, so only the reference trie tells it apart.
-void GraftForeignNode(const RequestDriver& driver) {
-  // The driver exposes its manager read-only; the test plays a faulty manager here.
-  auto& trie = const_cast<PrefixTrie&>(driver.manager().trie());
+void GraftForeignNode(const PrefixCache& manager) {
+  // The manager exposes its trie read-only; the test plays a faulty manager here.
+  auto& trie = const_cast<PrefixTrie&>(manager.trie());
   const std::vector<TrieKey> keys{TrieKey{1'000'000}};
   trie.AppendChild(trie.root(), keys, 1);
 }
@@ -69,7 +69,7 @@ Outcome RunPlans(bool audit_every_call, int64_t graft_after) {
   for (const RequestPlan& plan : Plans()) {
     out.divergence = driver.Run(plan);
     if (out.divergence) break;
-    if (plan.index == graft_after) GraftForeignNode(driver);
+    if (plan.index == graft_after) GraftForeignNode(driver.manager());
   }
   if (!out.divergence) out.divergence = driver.FinalAudit();
   out.coverage = driver.coverage();
@@ -138,11 +138,7 @@ TEST(AmortizedAudit, AReplayLocalizesALateFailureToTheFirstAuditedOne) {
   const int64_t graft_after = kRequests - 40;
   ReplayOptions faulty;
   faulty.after_request = [&](PrefixCache& pc, int64_t request) {
-    if (request == graft_after) {
-      auto& trie = const_cast<PrefixTrie&>(pc.trie());
-      const std::vector<TrieKey> keys{TrieKey{1'000'000}};
-      trie.AppendChild(trie.root(), keys, 1);
-    }
+    if (request == graft_after) GraftForeignNode(pc);
   };
   const ReplayResult localized = ReplayTrace(trace, faulty);
   ASSERT_TRUE(localized.divergence.has_value());
