@@ -47,14 +47,19 @@ Check ManagerReference::CheckPending(const PrefixCache& pc) const {
 }
 
 // Renders only on a difference: the lock-step walk decides equality without the mirror.
+// Ages are compared as values: both managers stamp a tick at the same spec "now" events, so
+// a missed or extra refresh shows even where it leaves every node's rank unchanged (the
+// newest node refreshed again), which a coarse wall clock would turn into different ties.
 Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) const {
-  if (SameTrie(pc.trie(), ref_.root(), /*with_bytes=*/false, /*raw_ticks=*/false) &&
+  if (SameTrie(pc.trie(), ref_.root(), /*with_bytes=*/false, /*raw_ticks=*/true) &&
       SamePath(pc.trie(), pc.active_path())) {
     return std::nullopt;
   }
   const TrieMirror got = MirrorTrie(pc.trie(), pc.active_path());
-  const std::string want_text = model::RenderRefTrie(ref_.root(), /*with_bytes=*/false);
-  const std::string got_text = model::RenderRefTrie(*got.root, /*with_bytes=*/false);
+  const std::string want_text =
+      model::RenderRefTrie(ref_.root(), /*with_bytes=*/false, /*raw_ticks=*/true);
+  const std::string got_text =
+      model::RenderRefTrie(*got.root, /*with_bytes=*/false, /*raw_ticks=*/true);
   if (want_text != got_text) {
     return Mismatch{fmt::format("trie after {} at an unlimited budget, {}", after,
                                 model::FirstDifference(want_text, got_text)),
