@@ -3,16 +3,15 @@
 // every rank (mutant 63: Close refreshing the frontier only when it advanced the path), yet
 // under a coarse wall clock it changes which ages tie, and ties decide evictions. Both
 // managers advance their logical clocks at the same spec "now" events, so the ages must be
-// equal, not just equally ordered. Method: after one request, a production age moves one tick back
-// into an unused tick (order, ties and later stamps unchanged); the very next audited call must
-// report the trie. The unmodified run passes.
+// equal, not just equally ordered. Method: after one request, a production age moves one
+// tick back into an unused tick (order, ties and later stamps unchanged); the very next
+// audited call must report the trie. The unmodified run passes.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <set>
-#include <vector>
+#include <string>
 
 #include "sim/request_driver.h"
 #include "sim/requests.h"
@@ -69,7 +68,6 @@ TEST(ManagerTicks, RankPreservingAgeChangeIsReportedAtTheNextCall) {
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->request, kPlantAfter + 1) << d->ToString();
   EXPECT_NE(d->mismatch.what.find("trie after"), std::string::npos) << d->ToString();
-  EXPECT_NE(d->mismatch.what.find(" t"), std::string::npos) << d->ToString();
 }
 
 }  // namespace
