@@ -36,8 +36,7 @@ void EvictionReference::OnPass(bool ended) {
     return;
   }
   // Renders only on a difference: the lock-step walk decides equality without the mirror.
-  if (mismatch_ || SameTrie(manager_.trie(), *expected_, /*with_bytes=*/true, /*raw_ticks=*/true))
-    return;
+  if (mismatch_ || SameTrie(manager_.trie(), *expected_, /*with_bytes=*/true)) return;
   const TrieMirror got = MirrorTrie(manager_.trie(), manager_.active_path());
   const std::string want =
       model::RenderRefTrie(*expected_, /*with_bytes=*/true, /*raw_ticks=*/true);

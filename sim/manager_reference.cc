@@ -51,7 +51,7 @@ Check ManagerReference::CheckPending(const PrefixCache& pc) const {
 // a missed or extra refresh shows even where it leaves every node's rank unchanged (the
 // newest node refreshed again), which a coarse wall clock would turn into different ties.
 Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) const {
-  if (SameTrie(pc.trie(), ref_.root(), /*with_bytes=*/false, /*raw_ticks=*/true) &&
+  if (SameTrie(pc.trie(), ref_.root(), /*with_bytes=*/false) &&
       SamePath(pc.trie(), pc.active_path())) {
     return std::nullopt;
   }

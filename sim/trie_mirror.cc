@@ -69,21 +69,6 @@ TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_
 
 namespace {
 
-// Whether got[i] and want[i] have equal dense ranks for every i (the same LRU order, ties
-// included): sorted by got, want must rise exactly where got rises and tie where it ties.
-bool SameRanks(const std::vector<int64_t>& got, const std::vector<int64_t>& want) {
-  if (got.size() != want.size()) return false;
-  std::vector<std::pair<int64_t, int64_t>> pairs(got.size());
-  for (size_t i = 0; i < got.size(); ++i) pairs[i] = {got[i], want[i]};
-  std::sort(pairs.begin(), pairs.end());
-  for (size_t i = 1; i < pairs.size(); ++i) {
-    const bool got_ties = pairs[i].first == pairs[i - 1].first;
-    const bool want_ties = pairs[i].second == pairs[i - 1].second;
-    if (got_ties != want_ties || pairs[i].second < pairs[i - 1].second) return false;
-  }
-  return true;
-}
-
 // Slot i as RenderRefTrie shows it: present or not, its kind, and the range it prints.
 bool SameSlot(const CacheSnapshot* got, const model::RefSnap& want, int64_t want_bytes,
               bool with_bytes) {
@@ -115,21 +100,17 @@ bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes) 
 
 }  // namespace
 
-bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes, bool raw_ticks) {
-  std::vector<int64_t> got_ticks, want_ticks;
-  got_ticks.reserve(static_cast<size_t>(trie.num_nodes()));
-  want_ticks.reserve(static_cast<size_t>(trie.num_nodes()));
+bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes) {
   std::vector<std::pair<const TrieNode*, const model::RefNode*>> stack = {{trie.root(), &want}};
   while (!stack.empty()) {  // pre-order; children pushed in reverse
     const auto [g, w] = stack.back();
     stack.pop_back();
     if (!SameNode(*g, *w, with_bytes)) return false;
-    got_ticks.push_back(static_cast<int64_t>(g->last_used()));
-    want_ticks.push_back(w->last_used);
+    if (static_cast<int64_t>(g->last_used()) != w->last_used) return false;
     for (size_t i = w->children.size(); i-- > 0;)
       stack.emplace_back(g->child(i), w->children[i].get());
   }
-  return raw_ticks ? got_ticks == want_ticks : SameRanks(got_ticks, want_ticks);
+  return true;
 }
 
 std::string RenderPath(std::span<const model::RefNode* const> path) {

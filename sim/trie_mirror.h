@@ -24,13 +24,14 @@ struct TrieMirror {
 
 TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path);
 
-// Whether RenderRefTrie(*MirrorTrie(trie, ...).root, with_bytes, raw_ticks) would equal
-// RenderRefTrie(want, with_bytes, raw_ticks), decided by walking both trees in lock step
-// with no mirror and no text: same shape, edges, ends, user flags, ticks (raw, or dense
-// ranks among each tree's own nodes), and slots shown alike (a node without any snapshot
-// shows none; kv by range, rot and rec by end; bytes when asked). Callers render only
-// when this says they differ, to report the first differing line.
-bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes, bool raw_ticks);
+// Whether RenderRefTrie(*MirrorTrie(trie, ...).root, with_bytes, /*raw_ticks=*/true) would
+// equal RenderRefTrie(want, with_bytes, true), decided by walking both trees in lock step
+// with no mirror and no text: same shape, edges, ends, user flags, ticks (as values: the
+// managers stamp at the same spec events, so equal LRU order is not enough), and slots
+// shown alike (a node without any snapshot shows none; kv by range, rot and rec by end;
+// bytes when asked). Callers render only when this says they differ, to report the first
+// differing line.
+bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes);
 
 // "[0,5) [5,9)": the ranges of a path after the root, for comparing active paths.
 std::string RenderPath(std::span<const model::RefNode* const> path);
