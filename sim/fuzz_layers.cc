@@ -25,7 +25,7 @@
 //   5 pad       b % 5 == 0: 1 + (b / 5) % 3, else 0
 //   6 segmented b % 2
 //   7 mask      b % 10: 0-7 causal, 8 zero, 9 relax
-//   8 isolated  b % 6 == 0
+//   8 isolated  b % 6 == 0 isolated; b % 6 == 1 abandoned after (b / 6) % (layers + 1) layers
 //   9 accept    b < 192: accepted drafts b % (D + 1); else the first value field
 //   10-13 rect  relax rectangle, relative to the write (see Rect)
 //   14-19 tokens 1 + (b + i / 6) % 6 for token i, from field 14 + i % 6
@@ -240,6 +240,7 @@ Op Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape
   if (op.mask == MaskForm::kRelax) Rect(r, d.ref(layer).Offset(), length, op);
   if (kind == OpKind::kSpeculate) {
     op.isolated = r.isolated % 6 == 0;
+    if (r.isolated % 6 == 1) op.abandon_after = (r.isolated / 6) % (s.layers + 1);
     op.value = Accepted(r, drafts, s.window);
   }
   return op;

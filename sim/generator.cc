@@ -249,6 +249,11 @@ Op OpGenerator::MakeSpeculate(const LockstepDriver& driver) {
   op.isolated = rng_.Chance(1, 6);
   // Mostly a real acceptance count; sometimes one the commit must clamp.
   op.value = rng_.Chance(7, 8) ? rng_.Range(0, drafts) : Pick({-2, -1, drafts + 1, drafts + 5});
+  // Sometimes the caller drops the transaction before its commit, mid-stack or after the
+  // whole forward, and only the destructor's rollback stands between the drafts and the cache.
+  if (!op.isolated && rng_.Chance(1, 8)) {
+    op.abandon_after = static_cast<int32_t>(rng_.Range(0, driver.num_layers()));
+  }
   return op;
 }
 

@@ -52,6 +52,8 @@ bool LockstepDriver::Valid(const Op& op) const {
     // rectangle is non-negative and ordered.
     const size_t min_tokens = op.kind == OpKind::kSpeculate ? 2 : 1;
     if (op.tokens.size() < min_tokens || op.pad < 0 || op.pad > 64) return false;
+    if (op.abandon_after < -1 || op.abandon_after > num_layers()) return false;
+    if (op.kind == OpKind::kWrite && op.abandon_after != -1) return false;
     if (op.mask == MaskForm::kRelax &&
         (op.rect_q_lo < 0 || op.rect_k_lo < 0 || op.rect_q_hi < op.rect_q_lo ||
          op.rect_k_hi < op.rect_k_lo)) {

@@ -4,7 +4,9 @@
 // forward (rows, order and visible positions equal to an ordinary forward of the same
 // tokens), each wrapper's own offset and its answers to the rest of the cache contract
 // (spec §2.7); after the commit Apply checks every live layer against the reference, which
-// commits through RefCache::CommitSpeculation.
+// commits through RefCache::CommitSpeculation. An abandoned op (Op::abandon_after) forwards
+// through the first layers only and drops the transaction, so what is checked is its
+// destructor's rollback.
 #include <fmt/format.h>
 
 #include <vector>
@@ -66,7 +68,9 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
   }
   std::vector<model::TokenLog> forwards;
   forwards.reserve(layers_.size());
-  for (int32_t i = 0; i < num_layers(); ++i) {
+  const bool abandoned = op.abandon_after >= 0;
+  const int32_t forwarded = abandoned ? op.abandon_after : num_layers();
+  for (int32_t i = 0; i < forwarded; ++i) {
     Layer& layer = layers_[static_cast<size_t>(i)];
     *layer_index = i;
     forwards.push_back(TokensFor(layer, op));
@@ -98,6 +102,15 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     if (Check c = CheckWrapperContract(w, end)) return c;
   }
   if (op.isolated) return std::nullopt;
+  if (abandoned) {
+    // Dropped without a commit: leaving this scope destroys the transaction, whose rollback
+    // must leave every layer as a commit of nothing would (a KV layer keeps the rewound rows
+    // reachable); layers the forward never reached are untouched. Apply checks them all.
+    for (int32_t i = 0; i < forwarded; ++i) {
+      layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], 0);
+    }
+    return std::nullopt;
+  }
   const int64_t keep = op.value + 1;  // current plus the accepted drafts
   spec->Commit(keep);
   for (int32_t i = 0; i < num_layers(); ++i) {

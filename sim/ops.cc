@@ -39,6 +39,7 @@ std::string Op::ToString() const {
                       : isolated
                           ? fmt::format("speculate isolated drafts={}", tokens.size() - 1)
                           : fmt::format("speculate drafts={} accept={}", tokens.size() - 1, value);
+      if (abandon_after >= 0) s += fmt::format(" abandoned after {} layers", abandon_after);
       if (pad > 0) s += fmt::format(" pad={}", pad);
       if (segmented) s += " segmented";
       if (mask == MaskForm::kZero) s += " mask=zero";

@@ -3,9 +3,13 @@
 // every other op targets one layer. A speculation runs one forward of `tokens` ([current,
 // d1..dD]) through the wrappers of BeginSpeculation and commits current plus `value` accepted
 // drafts (value + 1 tokens; out-of-range values test the clamp), or through
-// BeginIsolatedSpeculation and commits nothing. Snapshots live in a per-layer pool and are named by
-// their index in it; -1 names the null snapshot. Merge and Split consume their inputs (removed from
-// the pool) and append their non-null outputs; Take appends the non-null captures. Value type.
+// BeginIsolatedSpeculation and commits nothing; an abandoned speculation stops after its
+// forward reached `abandon_after` layers and is dropped without a commit (an error or a
+// cancellation between the forward and the acceptance), so the transaction's destructor must
+// roll every wrapped layer back (spec §2.6 step 5). Snapshots live in a per-layer pool and are
+// named by their index in it; -1 names the null snapshot. Merge and Split consume their inputs
+// (removed from the pool) and append their non-null outputs; Take appends the non-null captures.
+// Value type.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +48,8 @@ struct Op {
   // kSnapshot: from; kRestore: target; kSplit: at; kSpeculate: accepted drafts
   int64_t value = 0;
   bool isolated = false;  // kSpeculate
+  // kSpeculate: -1 = runs to its commit; 0..layers = dropped after forwarding that many layers
+  int32_t abandon_after = -1;
   // kRestore / kSplit / kClose: slot; kMerge: slot (parent) and slot2 (child)
   int32_t slot = -1;
   int32_t slot2 = -1;

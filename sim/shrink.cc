@@ -317,6 +317,9 @@ class Shrinker {
         i, [](TraceEvent& e) { return std::exchange(OpOf(e).isolated, false); },
         "committed speculation");
     TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(OpOf(e).abandon_after, -1) != -1; },
+        "speculation run to its commit");
+    TryEvent(
         i,
         [](TraceEvent& e) {
           Op& op = OpOf(e);

@@ -391,8 +391,9 @@ Status DecodeMask(const Fields& f, Op* op) {
   return Status::Ok();
 }
 
-// write and speculate: forwards through every layer, so no "layer".
-Status DecodeForward(const Fields& f, Op* op) {
+// write and speculate: forwards through every layer, so no "layer" (an abandoned
+// speculation names how many layers its forward reached, at most the stack's).
+Status DecodeForward(const Fields& f, int32_t layers, Op* op) {
   const bool speculate = op->kind == OpKind::kSpeculate;
   KV_RETURN_IF_ERROR(
       f.Ints("tokens", 0, kMaxInt32, speculate ? 2 : 1, &op->tokens, Need::kRequired));
@@ -401,6 +402,7 @@ Status DecodeForward(const Fields& f, Op* op) {
   KV_RETURN_IF_ERROR(DecodeMask(f, op));
   if (!speculate) return Status::Ok();
   KV_RETURN_IF_ERROR(f.Int("accepted", -kMaxProbe, kMaxProbe, &op->value, Need::kRequired));
+  KV_RETURN_IF_ERROR(f.Int("abandon_after", 0, layers, &op->abandon_after, Need::kOptional));
   return f.Bool("isolated", &op->isolated, Need::kOptional);
 }
 
@@ -437,8 +439,8 @@ Status DecodeLayerOp(const Fields& f, int32_t layers, Op* op) {
 // The keys an op of each kind may carry, "op" included, in key order.
 Keys OpKeys(OpKind kind) {
   static constexpr std::string_view kWrite[] = {"mask", "op", "pad", "rect", "segmented", "tokens"};
-  static constexpr std::string_view kSpeculate[] = {"accepted", "isolated", "mask",      "op",
-                                                    "pad",      "rect",     "segmented", "tokens"};
+  static constexpr std::string_view kSpeculate[] = {
+      "abandon_after", "accepted", "isolated", "mask", "op", "pad", "rect", "segmented", "tokens"};
   static constexpr std::string_view kSnapshot[] = {"from", "layer", "op"};
   static constexpr std::string_view kRestore[] = {"layer", "op", "slot", "target"};
   static constexpr std::string_view kMerge[] = {"child", "layer", "op", "parent"};
@@ -481,7 +483,8 @@ Status DecodeOp(const Where& w, const Json& j, int32_t layers, Op* op) {
   }
   if (!known) return f.Error("op", fmt::format("unknown op {}", Quote(name)));
   KV_RETURN_IF_ERROR(f.OnlyKeys(OpKeys(op->kind), fmt::format(" for op \"{}\"", name)));
-  if (op->kind == OpKind::kWrite || op->kind == OpKind::kSpeculate) return DecodeForward(f, op);
+  if (op->kind == OpKind::kWrite || op->kind == OpKind::kSpeculate)
+    return DecodeForward(f, layers, op);
   return DecodeLayerOp(f, layers, op);
 }
 

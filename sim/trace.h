@@ -29,7 +29,9 @@
 // previous one's step + accepted + 1 (a step samples accepted + 1 outputs), and each with
 // step + accepted + 1 <= the number of outputs.
 // kind "ops": every event is an op of a layer stack (sim/ops.h), named by "op": write,
-// snapshot, restore, merge, split, free, prepare, take, close, speculate.
+// snapshot, restore, merge, split, free, prepare, take, close, speculate. A speculate with
+// "abandon_after" (0..layers) is dropped without a commit after its forward reached that many
+// layers: {"abandon_after":1,"accepted":0,"op":"speculate","tokens":[4,1,2]}.
 // kind "multiseq": a multi-sequence run (sim/multi_seq_driver.h). The header has no "model"
 // and no request fields; instead "multiseq" holds every MultiSeqConfig field but conv
 // ("window" and "memory" an integer, or null or left out = kvtwin::kUnbounded; "dtype" as

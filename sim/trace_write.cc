@@ -60,6 +60,7 @@ void ForwardJson(const Op& op, Json& j) {
   if (op.kind != OpKind::kSpeculate) return;
   j["accepted"] = op.value;
   if (op.isolated) j["isolated"] = true;
+  if (op.abandon_after >= 0) j["abandon_after"] = op.abandon_after;
 }
 
 Json OpJson(const Op& op) {

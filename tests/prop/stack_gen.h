@@ -70,6 +70,10 @@ inline Op GenSpeculate(const StackModel& m) {
   op.value = *rc::gen::weightedOneOf<int64_t>(
       {{7, rc::gen::inRange<int64_t>(0, drafts + 1)},
        {1, rc::gen::elementOf(std::vector<int64_t>{-2, -1, drafts + 1, drafts + 5})}});
+  // Sometimes dropped before its commit, mid-stack or after the whole forward.
+  if (!op.isolated && *rc::gen::weightedElement<bool>({{7, false}, {1, true}})) {
+    op.abandon_after = *rc::gen::inRange<int32_t>(0, m.num_layers() + 1);
+  }
   return op;
 }
 

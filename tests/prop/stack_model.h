@@ -154,6 +154,13 @@ inline void ApplyToModel(StackModel& m, const Op& op) {
   } else if (op.kind == OpKind::kSpeculate) {
     // Current plus the accepted drafts; CommitSpeculation clamps out-of-range counts.
     if (op.isolated) return;
+    if (op.abandon_after >= 0) {
+      // Dropped without a commit: the layers its forward reached commit nothing.
+      for (int32_t i = 0; i < op.abandon_after; ++i) {
+        m.at(i).ref.CommitSpeculation(ModelTokens(op), 0);
+      }
+      return;
+    }
     for (LayerModel& l : m.layers) l.ref.CommitSpeculation(ModelTokens(op), op.value + 1);
   } else {
     ApplyToLayer(m.at(op.layer), op);

@@ -66,7 +66,7 @@ Bytes Concat(Bytes a, const Bytes& b) {
 // What a sweep of random inputs saw; shared by the tests of one target.
 struct Sweep {
   int64_t records = 0, applied = 0;
-  int64_t commits = 0, in_range_commits = 0;  // non-isolated speculations, accepted in 0..D
+  int64_t commits = 0, in_range_commits = 0;  // committed speculations, accepted in 0..D
   std::set<OpKind> kinds;
   std::set<std::string> shapes;    // argument shapes (CollectShapes)
   std::vector<std::string> fails;  // divergences, replay mismatches
@@ -83,6 +83,7 @@ void CollectShapes(const Op& op, std::set<std::string>& shapes) {
   if (op.kind == OpKind::kSpeculate) {
     const auto drafts = static_cast<int64_t>(op.tokens.size()) - 1;
     if (op.isolated) shapes.insert("isolated speculation");
+    if (op.abandon_after >= 0) shapes.insert("abandoned speculation");
     if (!op.isolated && op.value >= 0 && op.value <= drafts) shapes.insert("accepted in range");
     if (!op.isolated && (op.value < 0 || op.value > drafts)) shapes.insert("accepted clamped");
   }
@@ -117,7 +118,7 @@ Sweep RunSweep(FuzzTarget target) {
       const Op& op = std::get<Op>(e);
       s.kinds.insert(op.kind);
       CollectShapes(op, s.shapes);
-      if (op.kind != OpKind::kSpeculate || op.isolated) continue;
+      if (op.kind != OpKind::kSpeculate || op.isolated || op.abandon_after >= 0) continue;
       ++s.commits;
       if (op.value >= 0 && op.value < static_cast<int64_t>(op.tokens.size())) ++s.in_range_commits;
     }
@@ -158,8 +159,8 @@ TEST_P(LayerFuzz, ReachesEveryOpKindAndArgumentShape) {
   }
   for (const char* shape :
        {"relax mask", "zero mask", "padded forward", "segmented forward", "isolated speculation",
-        "accepted in range", "accepted clamped", "restore held", "restore null", "merge held",
-        "split held", "prepare several"}) {
+        "abandoned speculation", "accepted in range", "accepted clamped", "restore held",
+        "restore null", "merge held", "split held", "prepare several"}) {
     EXPECT_TRUE(s.shapes.count(shape)) << "never reached " << shape;
   }
 }

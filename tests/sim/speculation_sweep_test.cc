@@ -1,7 +1,8 @@
 // Goal: speculation transactions (kSpeculate) pass the lock-step checks on every preset,
 // dtype and window, and the generator really produces the hard cases: windows smaller
 // than the forward, rings that have wrapped, every acceptance count including the ones the
-// commit must clamp, isolated speculations, and capture schedules active across a commit.
+// commit must clamp, isolated speculations, transactions dropped without a commit (mid-stack
+// and after the whole forward), and capture schedules active across a commit.
 // Method: speculation-heavy op mixes from OpGenerator, fixed seeds; the driver checks every
 // step; counters over the generated ops must all be non-zero, so the test fails if the
 // generator stops reaching a case rather than passing vacuously.
@@ -19,7 +20,8 @@ namespace {
 
 struct Coverage {
   int64_t speculations = 0, isolated = 0, full_accept = 0, none_accepted = 0, clamped = 0,
-          window_smaller_than_forward = 0, wrapped_ring = 0, schedule_active = 0;
+          window_smaller_than_forward = 0, wrapped_ring = 0, schedule_active = 0,
+          abandoned_mid_stack = 0, abandoned_after_forward = 0;
 };
 
 void Note(const LockstepDriver& d, const Op& op, Coverage& c) {
@@ -28,6 +30,9 @@ void Note(const LockstepDriver& d, const Op& op, Coverage& c) {
   const auto drafts = static_cast<int64_t>(op.tokens.size()) - 1;
   if (op.isolated) {
     ++c.isolated;
+  } else if (op.abandon_after >= 0) {
+    c.abandoned_mid_stack += op.abandon_after > 0 && op.abandon_after < d.num_layers();
+    c.abandoned_after_forward += op.abandon_after == d.num_layers();
   } else if (op.value < 0 || op.value > drafts) {
     ++c.clamped;
   } else {
@@ -72,6 +77,8 @@ TEST_P(SpeculationSweep, FindsNoDivergenceAndReachesTheHardCases) {
   EXPECT_GT(c.full_accept, 0);
   EXPECT_GT(c.none_accepted, 0);
   EXPECT_GT(c.clamped, 0);
+  EXPECT_GT(c.abandoned_mid_stack, 0);
+  EXPECT_GT(c.abandoned_after_forward, 0);
   EXPECT_GT(c.schedule_active, 0);
   if (preset != "dense" && preset != "recurrent") {
     EXPECT_GT(c.window_smaller_than_forward, 0);

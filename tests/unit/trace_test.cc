@@ -103,7 +103,8 @@ auto Tie(const RequestPlan& p) {
 }
 auto Tie(const Op& o) {
   return std::tie(o.kind, o.layer, o.tokens, o.pad, o.segmented, o.mask, o.rect_q_lo, o.rect_q_hi,
-                  o.rect_k_lo, o.rect_k_hi, o.value, o.isolated, o.slot, o.slot2, o.offsets);
+                  o.rect_k_lo, o.rect_k_hi, o.value, o.isolated, o.abandon_after, o.slot, o.slot2,
+                  o.offsets);
 }
 
 Op MakeOp(OpKind kind, int32_t layer) {
@@ -135,6 +136,12 @@ std::vector<Op> EveryOpKind() {
   speculate.value = -2;  // out of range on purpose: legal, it tests the clamp
   speculate.isolated = true;
   ops.push_back(speculate);
+  Op abandoned = zero;
+  abandoned.kind = OpKind::kSpeculate;
+  abandoned.tokens = {4, 1};
+  abandoned.value = 1;
+  abandoned.abandon_after = 4;  // the whole stack of the ops header
+  ops.push_back(abandoned);
   Op snapshot = MakeOp(OpKind::kSnapshot, 3);
   snapshot.value = 7;
   ops.push_back(snapshot);
@@ -648,6 +655,12 @@ TEST(TraceReaderErrors, OpFields) {
       {R"({"op":"speculate","tokens":[1,2]})", "/accepted: missing required field"},
       {R"({"accepted":1,"isolated":0,"op":"speculate","tokens":[1,2]})",
        "/isolated: expected true or false, got 0"},
+      {R"({"abandon_after":5,"accepted":1,"op":"speculate","tokens":[1,2]})",
+       "/abandon_after: must be <= 4, got 5"},
+      {R"({"abandon_after":-1,"accepted":1,"op":"speculate","tokens":[1,2]})",
+       "/abandon_after: must be >= 0, got -1"},
+      {R"({"abandon_after":0,"op":"write","tokens":[1]})",
+       R"(/abandon_after: unknown field for op "write")"},
       {R"({"layer":0,"op":"snapshot"})", "/from: missing required field"},
       {R"({"from":-1,"layer":0,"op":"snapshot"})", "/from: must be >= 0, got -1"},
       {R"({"layer":0,"op":"restore","slot":-2,"target":0})", "/slot: must be >= -1, got -2"},
