@@ -399,6 +399,19 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
   return std::nullopt;
 }
 
+Check LayerOracle::CheckSnapshotBytes(const CacheSnapshot& prod, int64_t kv_rows) const {
+  // Spec §7. B = 1; K and V rows are kv_cols wide in the activation dtype; the recurrent
+  // conv tail is in the activation dtype and the delta state float32 whatever the dtype.
+  const int64_t expected =
+      prod.kind() == CacheKind::kRecurrent
+          ? dims_.conv_tail * dims_.conv_dim() * ElementBytes(dtype_) +
+                dims_.delta_rows() * dims_.head_k_dim * ElementBytes(DType::kFloat32)
+          : 2 * kv_rows * cols_ * ElementBytes(dtype_);
+  if (prod.SizeBytes() == expected) return std::nullopt;
+  return Mismatch{"snapshot SizeBytes (spec §7)", std::to_string(expected),
+                  std::to_string(prod.SizeBytes())};
+}
+
 Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap& ref) {
   if ((prod == nullptr) != !ref.has_value()) {
     return Mismatch{"snapshot presence", ref ? "a snapshot" : "null", prod ? "a snapshot" : "null"};
@@ -407,6 +420,21 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
   if (prod->to() != ref->to || (spec_.kind == CacheKind::kFullKv && prod->from() != ref->from)) {
     return Mismatch{"snapshot range", fmt::format("[{}, {})", ref->from, ref->to),
                     fmt::format("[{}, {})", prod->from(), prod->to())};
+  }
+  // Sizes first: the trie's byte counter and the eviction budget are sums of SizeBytes(), so
+  // a wrong size is consistent everywhere else and only shows as evictions coming late.
+  if (prod->kind() == CacheKind::kRotating) {
+    // A clone of State() = slots [0, min(offset, Dim)), and while the window is linear
+    // (offset <= W) the buffer holds every position, so Dim >= offset: exactly `to` rows,
+    // never the grow padding above them.
+    const auto& s = static_cast<const RotatingSnapshot&>(*prod);
+    if (s.to() <= spec_.window && s.k().rows() != s.to()) {
+      return Mismatch{"window snapshot rows (a clone of State())", std::to_string(s.to()),
+                      std::to_string(s.k().rows())};
+    }
+    if (Check c = CheckSnapshotBytes(*prod, s.k().rows())) return c;
+  } else if (Check c = CheckSnapshotBytes(*prod, ref->to - ref->from)) {
+    return c;
   }
   if (prod->kind() == CacheKind::kFullKv) {
     const auto& s = static_cast<const KvSnapshot&>(*prod);

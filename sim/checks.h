@@ -95,6 +95,8 @@ class LayerOracle {
   // exists whenever the offset is positive.
   Check CheckKvContent(const KvCache& cache, const model::TokenLog& log);
   Check CheckRotatingContent(const RotatingCache& cache, const model::TokenLog& log);
+  // SizeBytes() against spec §7; `kv_rows` = the rows a KV or window snapshot must hold.
+  Check CheckSnapshotBytes(const CacheSnapshot& prod, int64_t kv_rows) const;
   Check CheckRecurrentState(const Tensor& conv, const MatF& delta, const model::TokenLog& log,
                             int64_t length, const char* where);
   Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,

@@ -28,11 +28,15 @@ struct StackConfig {
   DType dtype = DType::kFloat32;  // activation / K-V dtype
   int64_t kv_heads = 2;
   int64_t head_dim = 4;
-  RecurrentDims recurrent;
+  // Two key heads shared by pairs of value heads, and Dk != Dv: a head mapping wrong only
+  // for grouped heads, or a state stored transposed, shows in every run (with one key head
+  // or square heads both would hide). conv_dim = 2*2*2 + 4*3 = 20; the state is 12 x 2.
+  RecurrentDims recurrent = {
+      .conv_tail = 3, .num_k_heads = 2, .num_v_heads = 4, .head_k_dim = 2, .head_v_dim = 3};
 
   int64_t kv_cols() const { return kv_heads * head_dim; }
   Status Validate() const;
-  // "mixed x3 [kv, rotating(W=4), recurrent] f32 kv=2x4 rec=tail3 hk1 hv2 dk4 dv4"
+  // "mixed x3 [kv, rotating(W=4), recurrent] f32 kv=2x4 rec=tail3 hk2 hv4 dk2 dv3"
   std::string Describe() const;
 };
 

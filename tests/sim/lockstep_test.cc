@@ -229,7 +229,7 @@ TEST(LayerOracle, AcceptsTheKernelStateAndRejectsItPerturbedBeyondTolerance) {
     RecurrentCache cache(d);
     (void)cache.Get(DType::kFloat32);
     MatF delta = state;
-    delta(1, 2) += bump;
+    delta(1, d.head_k_dim - 1) += bump;
     cache.Put(1, {Tensor::FromFloat(DType::kFloat32, conv)}, {delta});
     const Check c = oracle.CheckLive(cache, ref);
     if (bump == 0.0f) {
@@ -250,6 +250,46 @@ TEST(LayerOracle, ReportsASnapshotThatShouldBeNull) {
   const Check c = oracle.CheckSnapshot(&snap, std::nullopt);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->what, "snapshot presence");
+}
+
+// Spec §7: a window snapshot is a clone of State(), so a linear one holds exactly its `to`
+// rows (grow padding excluded), and SizeBytes() counts what the snapshot must hold: the
+// trie's byte counter and the eviction budget are sums of it.
+TEST(LayerOracle, ReportsSnapshotSizesThatAreNotTheSpecs) {
+  SyntheticForward synth(5);
+  LayerOracle rotating(synth, OneLayer(CacheKind::kRotating), 0);
+  const model::TokenLog log = Tokens(synth, {1, 2}, 5);
+  const model::RefSnap ref =
+      model::RefSnapshot{model::RefKind::kRotating, 0, 2, model::TokenLog(log)};
+  for (const int64_t rows : {int64_t{2}, int64_t{4}}) {  // 4: two rows of grow padding
+    Tensor k(DType::kFloat32, rows, 8), v(DType::kFloat32, rows, 8);
+    for (int64_t p = 0; p < 2; ++p) {
+      rotating.FillRow(k, p, p, log[static_cast<size_t>(p)], false);
+      rotating.FillRow(v, p, p, log[static_cast<size_t>(p)], true);
+    }
+    const RotatingSnapshot snap(0, 2, 2, std::move(k), std::move(v));
+    const Check c = rotating.CheckSnapshot(&snap, ref);
+    if (rows == 2) {
+      EXPECT_FALSE(c.has_value()) << c->what;
+    } else {
+      ASSERT_TRUE(c.has_value());
+      EXPECT_EQ(c->what, "window snapshot rows (a clone of State())");
+      EXPECT_EQ(c->expected, "2");
+    }
+  }
+  // A recurrent snapshot whose conv tail is not in the activation dtype: 3 x 20 bf16 + 12 x 2
+  // float32 is 216 bytes, where an f32 stack needs 336.
+  const StackConfig config = OneLayer(CacheKind::kRecurrent);
+  const RecurrentDims& d = config.recurrent;
+  LayerOracle recurrent(synth, config, 0);
+  const RecurrentSnapshot snap(0, Tensor(DType::kBFloat16, d.conv_tail, d.conv_dim()),
+                               MatF::Zero(d.delta_rows(), d.head_k_dim));
+  const Check c = recurrent.CheckSnapshot(
+      &snap, model::RefSnapshot{model::RefKind::kRecurrent, 0, 0, model::TokenLog{}});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->what, "snapshot SizeBytes (spec §7)");
+  EXPECT_EQ(c->expected, "336");
+  EXPECT_EQ(c->actual, "216");
 }
 
 TEST(RotatingWindowSlots, ReadsEachStorageRegime) {
