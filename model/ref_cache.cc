@@ -312,6 +312,16 @@ void ExpectedVisibleRangesInto(RefKind kind, int64_t window, int64_t o, int64_t 
     if (r.q_lo <= p && p < r.q_hi) add(r.k_lo, r.k_hi);
   }
   CanonicalizeRanges(out);
+  for (const RefRect& b : mask.blocks) {
+    if (b.q_lo > p || p >= b.q_hi || b.k_lo >= b.k_hi) continue;
+    // Cut [k_lo, k_hi) out of every range; a range can split in two.
+    std::vector<PositionRange> kept;
+    for (const PositionRange& r : out) {
+      if (r.first < b.k_lo) kept.push_back({r.first, std::min(r.end, b.k_lo)});
+      if (r.end > b.k_hi) kept.push_back({std::max(r.first, b.k_hi), r.end});
+    }
+    out = std::move(kept);
+  }
 }
 
 void CanonicalizeRanges(std::vector<PositionRange>& ranges) {
@@ -344,6 +354,9 @@ std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, in
     }
     // The window is intersected after relaxation: a rectangle never reopens outside it.
     if (kind == RefKind::kRotating && k < p - window + 1) allowed = false;
+    for (const RefRect& b : mask.blocks) {
+      if (b.q_lo <= p && p < b.q_hi && b.k_lo <= k && k < b.k_hi) allowed = false;
+    }
     if (allowed) visible.push_back(k);
   }
   return visible;

@@ -93,13 +93,15 @@ class RefCache {
 };
 
 // A logical attention mask as the reference sees it: causal or not, plus relaxation
-// rectangles in absolute positions (q in [q_lo, q_hi), k in [k_lo, k_hi) reopened).
+// rectangles in absolute positions (q in [q_lo, q_hi), k in [k_lo, k_hi) reopened), plus
+// blocked rectangles (an additive array's -inf cells: blocked whatever reopens them).
 struct RefRect {
   int64_t q_lo, q_hi, k_lo, k_hi;
 };
 struct RefMask {
   bool causal = true;
   std::vector<RefRect> rects;
+  std::vector<RefRect> blocks;
 };
 
 // Positions, oldest first, that the history returned by a write of `query_len` tokens at
@@ -115,7 +117,7 @@ struct PositionRange {
 PositionRange ExpectedHistoryRange(RefKind kind, int64_t window, int64_t o, int64_t query_len);
 // Positions (ascending) that the query at absolute position p attends in that forward:
 // keys of the history that the mask allows (causal k <= p, or reopened by a rectangle),
-// and for a window W only keys k >= p - W + 1.
+// for a window W only keys k >= p - W + 1, and never a blocked cell.
 std::vector<int64_t> ExpectedVisible(RefKind kind, int64_t window, int64_t o, int64_t query_len,
                                      int64_t p, const RefMask& mask);
 // The same positions as ranges, ascending, disjoint and never adjacent, into `out`: the same

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <type_traits>
 
 namespace kvtwin::sim {
@@ -546,6 +547,32 @@ std::string FormatRanges(const std::vector<model::PositionRange>& ranges) {
   return out;
 }
 
+// The additive array of a kBlock write over the forward's history of `key_len` keys, its
+// columns oldest first from max(0, start + L - K) (spec §2.5 AsArray): -inf on the block's
+// cells, 0 elsewhere. In the narrowest shape that says it, so the dispatch's broadcasts are
+// exercised too: [1 x K] when the block spans every query of the forward, [L x 1] when it
+// spans every key, else [L x K].
+MatF BlockArray(const Op& write, int64_t start, int64_t query_len, int64_t key_len) {
+  const int64_t oldest = std::max<int64_t>(0, start + query_len - key_len);
+  const bool every_query = write.rect_q_lo <= start && start + query_len <= write.rect_q_hi;
+  const bool every_key = write.rect_k_lo <= oldest && oldest + key_len <= write.rect_k_hi;
+  const bool key_broadcast = every_key && !every_query;
+  const int64_t rows = every_query ? 1 : query_len;
+  const int64_t cols = key_broadcast ? 1 : key_len;
+  MatF a = MatF::Zero(rows, cols);
+  for (int64_t q = 0; q < rows; ++q) {
+    const int64_t p = start + q;
+    if (!every_query && (p < write.rect_q_lo || p >= write.rect_q_hi)) continue;
+    for (int64_t k = 0; k < cols; ++k) {
+      const int64_t pk = oldest + k;
+      if (key_broadcast || (write.rect_k_lo <= pk && pk < write.rect_k_hi)) {
+        a(q, k) = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  return a;
+}
+
 }  // namespace
 
 Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
@@ -561,6 +588,11 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
     KV_CHECK(relaxed.ok(), relaxed.status().ToString());
     logical = *relaxed;
     ref_mask.rects.push_back({rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi});
+  }
+  if (write.mask == MaskForm::kBlock) {
+    logical = AttentionMask::Intersect(
+        logical, AttentionMask::Array(BlockArray(write, start, query_len, history.length)));
+    ref_mask.blocks.push_back({write.rect_q_lo, write.rect_q_hi, write.rect_k_lo, write.rect_k_hi});
   }
   const Status dispatch = VisibleRowsInto(history, logical, start, query_len, visible_);
   if (!dispatch.ok()) return Mismatch{"attention dispatch", "visible rows", dispatch.message()};

@@ -24,10 +24,10 @@
 //               b < 192: W - 1 + b % 3; else 1 + b % (2 W + 4)), or prepare offsets b % 4
 //   5 pad       b % 5 == 0: 1 + (b / 5) % 3, else 0
 //   6 segmented b % 2
-//   7 mask      b % 10: 0-7 causal, 8 zero, 9 relax
+//   7 mask      b % 10: 0-6 causal, 7 block, 8 zero, 9 relax
 //   8 isolated  b % 6 == 0 isolated; b % 6 == 1 abandoned after (b / 6) % (layers + 1) layers
 //   9 accept    b < 192: accepted drafts b % (D + 1); else the first value field
-//   10-13 rect  relax rectangle, relative to the write (see Rect)
+//   10-13 rect  relax or block rectangle, relative to the write (see Rect)
 //   14-19 tokens 1 + (b + i / 6) % 6 for token i, from field 14 + i % 6
 //   20/21, 22/23, 24/25 value fields: snapshot from, restore target, split point, accepted
 //               drafts (accept >= 192), prepare offsets (the first; prepare also the second
@@ -236,8 +236,13 @@ Op Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape
   op.pad = r.pad % 5 == 0 ? 1 + (r.pad / 5) % 3 : 0;
   op.segmented = r.segmented % 2 == 1;
   const int m = r.mask % 10;
-  op.mask = m < 8 ? MaskForm::kCausal : m == 8 ? MaskForm::kZero : MaskForm::kRelax;
-  if (op.mask == MaskForm::kRelax) Rect(r, d.ref(layer).Offset(), length, op);
+  op.mask = m < 7    ? MaskForm::kCausal
+            : m == 7 ? MaskForm::kBlock
+            : m == 8 ? MaskForm::kZero
+                     : MaskForm::kRelax;
+  if (op.mask == MaskForm::kRelax || op.mask == MaskForm::kBlock) {
+    Rect(r, d.ref(layer).Offset(), length, op);
+  }
   if (kind == OpKind::kSpeculate) {
     op.isolated = r.isolated % 6 == 0;
     if (r.isolated % 6 == 1) op.abandon_after = (r.isolated / 6) % (s.layers + 1);

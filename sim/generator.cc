@@ -140,12 +140,18 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
   if (rng_.Chance(1, 5)) op.pad = rng_.Range(1, 3);
   op.segmented = rng_.Chance(1, 2);
   const uint64_t m = rng_.Below(10);
-  op.mask = m < 8 ? MaskForm::kCausal : m == 8 ? MaskForm::kZero : MaskForm::kRelax;
-  if (op.mask == MaskForm::kRelax) {
+  op.mask = m < 7    ? MaskForm::kCausal
+            : m == 7 ? MaskForm::kBlock
+            : m == 8 ? MaskForm::kZero
+                     : MaskForm::kRelax;
+  if (op.mask == MaskForm::kRelax || op.mask == MaskForm::kBlock) {
     const int64_t start = driver.ref(0).Offset();
+    // A block also reaches back into a window's older keys, where a decode's ring gather
+    // decides which of them it hits.
+    const int64_t back = op.mask == MaskForm::kBlock ? 8 : 4;
     op.rect_q_lo = start + rng_.Range(0, length - 1);
     op.rect_q_hi = op.rect_q_lo + rng_.Range(1, length);
-    op.rect_k_lo = std::max<int64_t>(0, start + rng_.Range(-4, length - 1));
+    op.rect_k_lo = std::max<int64_t>(0, start + rng_.Range(-back, length - 1));
     op.rect_k_hi = op.rect_k_lo + rng_.Range(1, length + 4);
   }
   return op;

@@ -43,9 +43,9 @@ std::string Op::ToString() const {
       if (pad > 0) s += fmt::format(" pad={}", pad);
       if (segmented) s += " segmented";
       if (mask == MaskForm::kZero) s += " mask=zero";
-      if (mask == MaskForm::kRelax) {
-        s += fmt::format(" mask=relax(q[{},{}) k[{},{}))", rect_q_lo, rect_q_hi, rect_k_lo,
-                         rect_k_hi);
+      if (mask == MaskForm::kRelax || mask == MaskForm::kBlock) {
+        s += fmt::format(" mask={}(q[{},{}) k[{},{}))", MaskFormName(mask), rect_q_lo, rect_q_hi,
+                         rect_k_lo, rect_k_hi);
       }
       return s;
     }
@@ -78,12 +78,15 @@ const char* MaskFormName(MaskForm mask) {
       return "zero";
     case MaskForm::kRelax:
       return "relax";
+    case MaskForm::kBlock:
+      return "block";
   }
   return "?";
 }
 
 std::optional<MaskForm> ParseMaskForm(std::string_view name) {
-  for (const MaskForm m : {MaskForm::kCausal, MaskForm::kZero, MaskForm::kRelax}) {
+  for (const MaskForm m :
+       {MaskForm::kCausal, MaskForm::kZero, MaskForm::kRelax, MaskForm::kBlock}) {
     if (name == MaskFormName(m)) return m;
   }
   return std::nullopt;

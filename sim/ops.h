@@ -34,7 +34,9 @@ enum class OpKind : uint8_t {
 };
 
 // Logical attention mask of a write (checked against what attention must see).
-enum class MaskForm : uint8_t { kCausal, kZero, kRelax };
+// kBlock: causal plus an additive array mask whose -inf cells are the rectangle (a padding
+// or document-boundary mask: keys blocked whatever else would allow them).
+enum class MaskForm : uint8_t { kCausal, kZero, kRelax, kBlock };
 
 struct Op {
   OpKind kind = OpKind::kWrite;
@@ -44,7 +46,7 @@ struct Op {
   int64_t pad = 0;              // padding rows recurrent layers also receive
   bool segmented = false;       // recurrent: segmented gated-delta form
   MaskForm mask = MaskForm::kCausal;
-  int64_t rect_q_lo = 0, rect_q_hi = 0, rect_k_lo = 0, rect_k_hi = 0;  // kRelax, absolute
+  int64_t rect_q_lo = 0, rect_q_hi = 0, rect_k_lo = 0, rect_k_hi = 0;  // kRelax, kBlock: absolute
   // kSnapshot: from; kRestore: target; kSplit: at; kSpeculate: accepted drafts
   int64_t value = 0;
   bool isolated = false;  // kSpeculate
@@ -60,7 +62,7 @@ struct Op {
 };
 
 const char* OpKindName(OpKind kind);
-// "causal", "zero", "relax" (the trace format's names), and back.
+// "causal", "zero", "relax", "block" (the trace format's names), and back.
 const char* MaskFormName(MaskForm mask);
 std::optional<MaskForm> ParseMaskForm(std::string_view name);
 

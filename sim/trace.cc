@@ -363,15 +363,18 @@ Status DecodeMask(const Fields& f, Op* op) {
   KV_RETURN_IF_ERROR(f.String("mask", &mask, Need::kOptional));
   const std::optional<MaskForm> form = ParseMaskForm(mask);
   if (!form) {
-    return f.Error("mask",
-                   fmt::format("unknown mask {} (expected causal, zero or relax)", Quote(mask)));
+    return f.Error("mask", fmt::format("unknown mask {} (expected causal, zero, relax or block)",
+                                       Quote(mask)));
   }
   op->mask = *form;
   const Json* rect = f.Find("rect");
-  if (op->mask != MaskForm::kRelax) {
-    return rect == nullptr ? Status::Ok() : f.Error("rect", "only allowed with mask \"relax\"");
+  if (op->mask != MaskForm::kRelax && op->mask != MaskForm::kBlock) {
+    return rect == nullptr ? Status::Ok()
+                           : f.Error("rect", "only allowed with mask \"relax\" or \"block\"");
   }
-  if (rect == nullptr) return f.Error("rect", "missing required field (mask \"relax\")");
+  if (rect == nullptr) {
+    return f.Error("rect", fmt::format("missing required field (mask {})", Quote(mask)));
+  }
   if (rect->is_array() && rect->size() != 4) {
     return f.Error("rect",
                    fmt::format("expected [q_lo, q_hi, k_lo, k_hi], got {} entries", rect->size()));

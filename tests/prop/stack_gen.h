@@ -47,14 +47,16 @@ inline Op GenWrite(const StackModel& m, int64_t length) {
   op.pad = *rc::gen::weightedElement<int64_t>({{4, 0}, {1, 1}, {1, 3}});
   op.segmented = *rc::gen::arbitrary<bool>();
   op.mask = *rc::gen::weightedElement<MaskForm>(
-      {{6, MaskForm::kCausal}, {1, MaskForm::kZero}, {1, MaskForm::kRelax}});
-  if (op.mask != MaskForm::kRelax) return op;
+      {{6, MaskForm::kCausal}, {1, MaskForm::kZero}, {1, MaskForm::kRelax}, {1, MaskForm::kBlock}});
+  if (op.mask != MaskForm::kRelax && op.mask != MaskForm::kBlock) return op;
   // Rectangles are absolute; layers may stand at different offsets, so anchor at one.
   const int32_t anchor = *rc::gen::inRange<int32_t>(0, m.num_layers());
   const int64_t start = m.at(anchor).ref.Offset();
   op.rect_q_lo = start + *rc::gen::inRange<int64_t>(0, length);
   op.rect_q_hi = op.rect_q_lo + *rc::gen::inRange<int64_t>(1, length + 1);
-  op.rect_k_lo = std::max<int64_t>(0, start + *rc::gen::inRange<int64_t>(-3, length));
+  // A block reaches further back, into the older keys of a window a decode gathers.
+  const int64_t back = op.mask == MaskForm::kBlock ? 8 : 3;
+  op.rect_k_lo = std::max<int64_t>(0, start + *rc::gen::inRange<int64_t>(-back, length));
   op.rect_k_hi = op.rect_k_lo + *rc::gen::inRange<int64_t>(1, length + 4);
   return op;
 }

@@ -77,6 +77,7 @@ void CollectShapes(const Op& op, std::set<std::string>& shapes) {
   if (op.kind == OpKind::kWrite || op.kind == OpKind::kSpeculate) {
     if (op.mask == MaskForm::kRelax) shapes.insert("relax mask");
     if (op.mask == MaskForm::kZero) shapes.insert("zero mask");
+    if (op.mask == MaskForm::kBlock) shapes.insert("block mask");
     if (op.pad > 0) shapes.insert("padded forward");
     if (op.segmented) shapes.insert("segmented forward");
   }
@@ -158,9 +159,9 @@ TEST_P(LayerFuzz, ReachesEveryOpKindAndArgumentShape) {
     EXPECT_TRUE(s.kinds.count(k)) << "never reached " << OpKindName(k);
   }
   for (const char* shape :
-       {"relax mask", "zero mask", "padded forward", "segmented forward", "isolated speculation",
-        "abandoned speculation", "accepted in range", "accepted clamped", "restore held",
-        "restore null", "merge held", "split held", "prepare several"}) {
+       {"relax mask", "zero mask", "block mask", "padded forward", "segmented forward",
+        "isolated speculation", "abandoned speculation", "accepted in range", "accepted clamped",
+        "restore held", "restore null", "merge held", "split held", "prepare several"}) {
     EXPECT_TRUE(s.shapes.count(shape)) << "never reached " << shape;
   }
 }

@@ -676,8 +676,8 @@ std::vector<int64_t> Range(int64_t begin, int64_t end) {
   return out;
 }
 
-const RefMask kCausal{true, {}};
-const RefMask kZero{false, {}};
+const RefMask kCausal{true, {}, {}};
+const RefMask kZero{false, {}, {}};
 
 TEST(RefAttention, FullKvHistoryIsEveryPositionUpToTheWrite) {
   EXPECT_EQ(ExpectedHistoryPositions(RefKind::kKv, 0, 5, 3), Range(0, 8));
@@ -707,13 +707,13 @@ TEST(RefAttention, KvZeroMaskSeesTheWholeBatch) {
 }
 
 TEST(RefAttention, KvRelaxationReopensItsRectangleOnly) {
-  const RefMask relax{true, {RefRect{1, 4, 2, 5}}};
+  const RefMask relax{true, {RefRect{1, 4, 2, 5}}, {}};
   EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 0, relax), Range(0, 1));
   EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 1, relax), Range(0, 5));
   EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 4, relax), Range(0, 5));
   EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 5, relax), Range(0, 6));
   // Half-open on both axes: q_hi and k_hi are outside the rectangle.
-  const RefMask ahead{true, {RefRect{1, 3, 2, 5}}};
+  const RefMask ahead{true, {RefRect{1, 3, 2, 5}}, {}};
   EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 2, ahead), Range(0, 5));
   EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 3, ahead), Range(0, 4));
 }
@@ -721,7 +721,7 @@ TEST(RefAttention, KvRelaxationReopensItsRectangleOnly) {
 // §6.4 RotatingKVCachePrefillParity: L = 6 into W = 4; manual mask: causal blocks k > q,
 // relax reopens, the window blocks k < q - W + 1.
 TEST(RefAttention, RotatingPrefillMatchesTheManualMask) {
-  const RefMask relax{true, {RefRect{1, 4, 2, 5}}};
+  const RefMask relax{true, {RefRect{1, 4, 2, 5}}, {}};
   const std::vector<std::vector<int64_t>> zero = {Range(0, 6), Range(0, 6), Range(0, 6),
                                                   Range(0, 6), Range(1, 6), Range(2, 6)};
   const std::vector<std::vector<int64_t>> causal = {Range(0, 1), Range(0, 2), Range(0, 3),
@@ -736,7 +736,7 @@ TEST(RefAttention, RotatingPrefillMatchesTheManualMask) {
 }
 
 TEST(RefAttention, RectangleNeverReopensOutsideTheWindow) {
-  const RefMask relax{true, {RefRect{6, 8, 0, 8}}};
+  const RefMask relax{true, {RefRect{6, 8, 0, 8}}, {}};
   EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 0, 8, 6, relax), Range(3, 8));
 }
 
@@ -750,20 +750,37 @@ TEST(RefAttention, RotatingDecodeSeesTheWholeWindow) {
   EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 9, 1, 9, kZero), Range(6, 10));
 }
 
+// An additive array's -inf cells stay blocked whatever a rectangle reopens (spec §2.5:
+// rectangles reset their cells to 0, then the array is added).
+TEST(RefAttention, BlockedCellsStayBlockedUnderARelaxation) {
+  const RefMask mask{true, {RefRect{1, 4, 2, 5}}, {RefRect{3, 6, 1, 3}}};
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 2, mask), Range(0, 5));
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 3, mask), (std::vector<int64_t>{0, 3, 4}));
+  EXPECT_EQ(ExpectedVisible(RefKind::kKv, 0, 0, 6, 5, mask), (std::vector<int64_t>{0, 3, 4, 5}));
+  // A decode query on a window: the block cuts the middle of what it sees.
+  const RefMask decode{true, {}, {RefRect{9, 10, 7, 9}}};
+  EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 9, 1, 9, decode), (std::vector<int64_t>{6, 9}));
+}
+
 // The interval form against the per-key rule, exhaustively over small shapes: both kinds,
 // windows 1..4, offsets 0..9, forwards 1..5, every query, causal or not, with zero to two
-// rectangles taken from a grid that overlaps, touches and leaves gaps.
+// rectangles taken from a grid that overlaps, touches and leaves gaps, and with no block or
+// one blocked rectangle that cuts a range's start, its middle, or whole queries.
 TEST(RefAttention, VisibleRangesAreThePerKeyRuleInIntervals) {
   const std::vector<RefRect> grid = {{0, 20, 0, 2}, {2, 6, 3, 5},  {1, 4, 5, 9},
                                      {5, 9, 0, 20}, {3, 4, 8, 12}, {0, 20, 6, 7}};
+  const std::vector<RefRect> blocks = {{0, 20, 1, 3}, {2, 5, 0, 20}, {4, 9, 6, 8}};
   std::vector<RefMask> masks;
   for (const bool causal : {true, false}) {
-    masks.push_back(RefMask{causal, {}});
+    masks.push_back(RefMask{causal, {}, {}});
     for (size_t a = 0; a < grid.size(); ++a) {
-      masks.push_back(RefMask{causal, {grid[a]}});
+      masks.push_back(RefMask{causal, {grid[a]}, {}});
       for (size_t b = a + 1; b < grid.size(); ++b)
-        masks.push_back(RefMask{causal, {grid[a], grid[b]}});
+        masks.push_back(RefMask{causal, {grid[a], grid[b]}, {}});
     }
+  }
+  for (size_t i = 0, unblocked = masks.size(); i < unblocked; ++i) {
+    for (const RefRect& b : blocks) masks.push_back(RefMask{masks[i].causal, masks[i].rects, {b}});
   }
   std::vector<PositionRange> ranges;
   int64_t compared = 0;
@@ -792,7 +809,7 @@ TEST(RefAttention, VisibleRangesAreThePerKeyRuleInIntervals) {
       }
     }
   }
-  EXPECT_EQ(compared, 2 * 4 * 10 * 15 * 44);
+  EXPECT_EQ(compared, 2 * 4 * 10 * 15 * 44 * 4);
 }
 
 }  // namespace

@@ -131,6 +131,9 @@ std::vector<Op> EveryOpKind() {
   zero.tokens = {4};
   zero.mask = MaskForm::kZero;
   ops.push_back(zero);
+  Op block = write;
+  block.mask = MaskForm::kBlock;
+  ops.push_back(block);
   Op speculate = write;
   speculate.kind = OpKind::kSpeculate;
   speculate.value = -2;  // out of range on purpose: legal, it tests the clamp
@@ -637,11 +640,15 @@ TEST(TraceReaderErrors, OpFields) {
       {R"({"op":"write","segmented":"yes","tokens":[1]})",
        "/segmented: expected true or false, got string"},
       {R"({"mask":"full","op":"write","tokens":[1]})",
-       R"(/mask: unknown mask "full" (expected causal, zero or relax))"},
+       R"(/mask: unknown mask "full" (expected causal, zero, relax or block))"},
       {R"({"mask":"zero","op":"write","rect":[0,1,0,1],"tokens":[1]})",
-       R"(/rect: only allowed with mask "relax")"},
+       R"(/rect: only allowed with mask "relax" or "block")"},
       {R"({"mask":"relax","op":"write","tokens":[1]})",
        R"(/rect: missing required field (mask "relax"))"},
+      {R"({"mask":"block","op":"write","tokens":[1]})",
+       R"(/rect: missing required field (mask "block"))"},
+      {R"({"mask":"block","op":"write","rect":[2,1,0,1],"tokens":[1]})",
+       "/rect/1: 1 is below the lower bound 2"},
       {R"({"mask":"relax","op":"write","rect":[0,1,0],"tokens":[1]})",
        "/rect: expected [q_lo, q_hi, k_lo, k_hi], got 3 entries"},
       {R"({"mask":"relax","op":"write","rect":[0,1,-1,1],"tokens":[1]})",
