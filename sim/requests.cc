@@ -135,6 +135,7 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
   driver_options.capture_interval = options.capture_interval;
   driver_options.pre_thinking = options.pre_thinking;
   driver_options.audit_every_call = audit_every_call;
+  driver_options.after_request = options.after_request;
   RequestDriver driver(std::move(config), driver_options,
                        Rng::Derive(options.seed, "values").Next());
   Rng swarm = Rng::Derive(options.seed, "swarm");

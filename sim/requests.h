@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -29,6 +30,9 @@ struct RequestOptions {
   // The seed also chooses the stack (preset, layers, window, dtype) and the budget, from
   // unlimited down to a few snapshots' worth (constant eviction); reported in the result.
   bool swarm = false;
+  // RequestDriverOptions::after_request: a test seam that plays a faulty manager; the
+  // localizing re-run keeps it. Not part of the reproduce command.
+  std::function<void(PrefixCache&, int64_t)> after_request;
 };
 
 struct RequestResult {

@@ -7,7 +7,8 @@
 // with the reference manager's trie can see it) at the same request in an amortized and an
 // every-call driver, and after the last request for FinalAudit. Both drivers must reach the
 // same digest on the unmodified workload. Through ReplayTrace, the graft is planted by the
-// after_request seam, so the localizing re-run plants it again.
+// after_request seam, so the localizing re-run plants it again; RunRequests (a seeded run)
+// localizes through the same seam.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -156,6 +157,33 @@ TEST(AmortizedAudit, AReplayLocalizesALateFailureToTheFirstAuditedOne) {
   ASSERT_TRUE(direct.divergence.has_value());
   EXPECT_EQ(direct.failing_event, graft_after + 1);
   EXPECT_EQ(direct.divergence->find("localized"), std::string::npos) << *direct.divergence;
+}
+
+// The same for a seeded run (`kvtwin requests`): RunRequests re-runs with every call
+// audited and reports that run's first failure, with the amortized one's place.
+TEST(AmortizedAudit, ASeededRunLocalizesALateFailureToTheFirstAuditedOne) {
+  RequestOptions options;
+  options.seed = kSeed;
+  options.conversations = 40;
+  options.requests = kRequests;
+  const RequestResult clean = RunRequests(options);
+  ASSERT_FALSE(clean.divergence.has_value());
+  ASSERT_LT(clean.coverage.audited_calls, clean.coverage.calls) << "the trie stayed small";
+
+  const int64_t graft_after = kRequests - 40;
+  options.after_request = [&](PrefixCache& pc, int64_t request) {
+    if (request == graft_after) GraftForeignNode(pc);
+  };
+  const RequestResult localized = RunRequests(options);
+  ASSERT_TRUE(localized.divergence.has_value());
+  const RequestDivergence& d = *localized.divergence;
+  EXPECT_EQ(d.request, graft_after + 1) << d.ToString();
+  EXPECT_EQ(d.unaudited_calls, 0);
+  EXPECT_NE(d.note.find("(localized: the amortized audit first failed at request #"),
+            std::string::npos)
+      << d.ToString();
+  EXPECT_NE(d.ToString().find(d.note), std::string::npos) << "the report leaves out the note";
+  EXPECT_EQ(localized.requests, graft_after + 2) << "the re-run stops at its first failure";
 }
 
 }  // namespace
