@@ -21,8 +21,10 @@ std::string SwarmStack(RequestOptions& o) {
   const auto& presets = PresetNames();
   o.preset = presets[static_cast<size_t>(rng.Below(presets.size()))];
   o.layers = static_cast<int32_t>(rng.Range(1, 5));
-  const int64_t windows[] = {1, 2, 3, 4, 8};
-  o.window = windows[rng.Below(5)];
+  // Wide windows too: a window that outlasts several nodes stays linear across their
+  // boundaries, where rewinds and restores below a snapshot's end are still allowed.
+  const int64_t windows[] = {1, 2, 3, 4, 8, 16, 32};
+  o.window = windows[rng.Below(std::size(windows))];
   o.dtype = rng.Chance(1, 2) ? "f32" : "bf16";
   const int64_t budgets[] = {0, 0, 300, 1500, 6000, 30000};
   o.budget_bytes = budgets[rng.Below(6)];
