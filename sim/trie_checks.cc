@@ -96,11 +96,14 @@ Check CheckNodeSnapshots(const PrefixTrie& trie, const TrieNode& n,
   for (size_t i = 0; i < trie.num_layers(); ++i) {
     const CacheSnapshot* s = n.snapshot(i);
     if (s == nullptr) continue;
-    const std::string layer = fmt::format("layer {} {} snapshot", i, CacheKindName(s->kind()));
+    // Formatted only for a report: this runs on every snapshot of every audit.
+    const auto layer = [&] {
+      return fmt::format("layer {} {} snapshot", i, CacheKindName(s->kind()));
+    };
     // Scenario invariant: KV spans exactly the edge, a whole state sits at the node's end.
     const bool kv = s->kind() == CacheKind::kFullKv;
     if (s->to() != n.end_offset() || (kv && s->from() != n.start_offset())) {
-      return AtNode(n, layer + " range",
+      return AtNode(n, layer() + " range",
                     kv ? fmt::format("[{},{})", n.start_offset(), n.end_offset())
                        : fmt::format("@{}", n.end_offset()),
                     kv ? fmt::format("[{},{})", s->from(), s->to()) : fmt::format("@{}", s->to()));
@@ -108,7 +111,7 @@ Check CheckNodeSnapshots(const PrefixTrie& trie, const TrieNode& n,
     KV_CHECK(i < oracles.size() && oracles[i] != nullptr, "no oracle for a stateful layer");
     const model::RefSnap ref = NodeReference(n, s->kind(), path);
     if (Check c = oracles[i]->CheckSnapshot(s, ref)) {
-      c->what = DescribeNode(n) + ": " + layer + ": " + c->what;
+      c->what = DescribeNode(n) + ": " + layer() + ": " + c->what;
       return c;
     }
   }
