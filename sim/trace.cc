@@ -486,8 +486,9 @@ Status DecodeOp(const Where& w, const Json& j, int32_t layers, Op* op) {
   }
   if (!known) return f.Error("op", fmt::format("unknown op {}", Quote(name)));
   KV_RETURN_IF_ERROR(f.OnlyKeys(OpKeys(op->kind), fmt::format(" for op \"{}\"", name)));
-  if (op->kind == OpKind::kWrite || op->kind == OpKind::kSpeculate)
+  if (op->kind == OpKind::kWrite || op->kind == OpKind::kSpeculate) {
     return DecodeForward(f, layers, op);
+  }
   return DecodeLayerOp(f, layers, op);
 }
 
