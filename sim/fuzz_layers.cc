@@ -240,7 +240,7 @@ Op Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape
             : m == 7 ? MaskForm::kBlock
             : m == 8 ? MaskForm::kZero
                      : MaskForm::kRelax;
-  if (op.mask == MaskForm::kRelax || op.mask == MaskForm::kBlock) {
+  if (HasRect(op.mask)) {
     Rect(r, d.ref(layer).Offset(), length, op);
   }
   if (kind == OpKind::kSpeculate) {

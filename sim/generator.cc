@@ -144,7 +144,7 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
             : m == 7 ? MaskForm::kBlock
             : m == 8 ? MaskForm::kZero
                      : MaskForm::kRelax;
-  if (op.mask == MaskForm::kRelax || op.mask == MaskForm::kBlock) {
+  if (HasRect(op.mask)) {
     const int64_t start = driver.ref(0).Offset();
     // A block also reaches back into a window's older keys, where a decode's ring gather
     // decides which of them it hits.

@@ -54,9 +54,8 @@ bool LockstepDriver::Valid(const Op& op) const {
     if (op.tokens.size() < min_tokens || op.pad < 0 || op.pad > 64) return false;
     if (op.abandon_after < -1 || op.abandon_after > num_layers()) return false;
     if (op.kind == OpKind::kWrite && op.abandon_after != -1) return false;
-    if ((op.mask == MaskForm::kRelax || op.mask == MaskForm::kBlock) &&
-        (op.rect_q_lo < 0 || op.rect_k_lo < 0 || op.rect_q_hi < op.rect_q_lo ||
-         op.rect_k_hi < op.rect_k_lo)) {
+    if (HasRect(op.mask) && (op.rect_q_lo < 0 || op.rect_k_lo < 0 || op.rect_q_hi < op.rect_q_lo ||
+                             op.rect_k_hi < op.rect_k_lo)) {
       return false;
     }
     for (const Layer& l : layers_) {

@@ -43,7 +43,7 @@ std::string Op::ToString() const {
       if (pad > 0) s += fmt::format(" pad={}", pad);
       if (segmented) s += " segmented";
       if (mask == MaskForm::kZero) s += " mask=zero";
-      if (mask == MaskForm::kRelax || mask == MaskForm::kBlock) {
+      if (HasRect(mask)) {
         s += fmt::format(" mask={}(q[{},{}) k[{},{}))", MaskFormName(mask), rect_q_lo, rect_q_hi,
                          rect_k_lo, rect_k_hi);
       }

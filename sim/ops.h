@@ -64,6 +64,8 @@ struct Op {
 const char* OpKindName(OpKind kind);
 // "causal", "zero", "relax", "block" (the trace format's names), and back.
 const char* MaskFormName(MaskForm mask);
+// Whether the form carries the op's rectangle (rect_*): relax reopens it, block blocks it.
+inline bool HasRect(MaskForm mask) { return mask == MaskForm::kRelax || mask == MaskForm::kBlock; }
 std::optional<MaskForm> ParseMaskForm(std::string_view name);
 
 }  // namespace kvtwin::sim

@@ -368,7 +368,7 @@ Status DecodeMask(const Fields& f, Op* op) {
   }
   op->mask = *form;
   const Json* rect = f.Find("rect");
-  if (op->mask != MaskForm::kRelax && op->mask != MaskForm::kBlock) {
+  if (!HasRect(op->mask)) {
     return rect == nullptr ? Status::Ok()
                            : f.Error("rect", "only allowed with mask \"relax\" or \"block\"");
   }

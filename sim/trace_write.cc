@@ -54,7 +54,7 @@ void ForwardJson(const Op& op, Json& j) {
   if (op.pad != 0) j["pad"] = op.pad;
   if (op.segmented) j["segmented"] = true;
   if (op.mask != MaskForm::kCausal) j["mask"] = MaskFormName(op.mask);
-  if (op.mask == MaskForm::kRelax || op.mask == MaskForm::kBlock) {
+  if (HasRect(op.mask)) {
     j["rect"] = Json::array({op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi});
   }
   if (op.kind != OpKind::kSpeculate) return;

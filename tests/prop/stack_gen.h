@@ -48,7 +48,7 @@ inline Op GenWrite(const StackModel& m, int64_t length) {
   op.segmented = *rc::gen::arbitrary<bool>();
   op.mask = *rc::gen::weightedElement<MaskForm>(
       {{6, MaskForm::kCausal}, {1, MaskForm::kZero}, {1, MaskForm::kRelax}, {1, MaskForm::kBlock}});
-  if (op.mask != MaskForm::kRelax && op.mask != MaskForm::kBlock) return op;
+  if (!HasRect(op.mask)) return op;
   // Rectangles are absolute; layers may stand at different offsets, so anchor at one.
   const int32_t anchor = *rc::gen::inRange<int32_t>(0, m.num_layers());
   const int64_t start = m.at(anchor).ref.Offset();
