@@ -4,6 +4,7 @@
 // of the state and is therefore not computed here.
 #include "model/ref_recurrent.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -31,14 +32,11 @@ double Sigmoid(double x) {
   return e / (1.0 + e);
 }
 
-// out = x / sqrt(mean(x^2) + eps) / scale over x = vec[begin, begin + n): RMSNorm without
-// weight. `out` is the caller's, sized once per step rather than once per head.
-void RmsNormScaled(const VecD& vec, int64_t begin, int64_t n, double scale, VecD& out) {
+// sqrt(mean(x^2) + eps) over x = vec[begin, begin + n): the RMSNorm denominator.
+double RmsOf(const VecD& vec, int64_t begin, int64_t n) {
   double sum_sq = 0.0;
   for (int64_t j = 0; j < n; ++j) sum_sq += vec(begin + j) * vec(begin + j);
-  const double rms = std::sqrt(sum_sq / static_cast<double>(n) + kRmsEps);
-  out.resize(n);
-  for (int64_t j = 0; j < n; ++j) out(j) = vec(begin + j) / rms / scale;
+  return std::sqrt(sum_sq / static_cast<double>(n) + kRmsEps);
 }
 
 void CheckShapes(const MatD& state, const RefGdnToken& token, const RefGdnParams& params) {
@@ -66,11 +64,13 @@ void RefGdnStep(MatD& state, const RefGdnToken& token, const RefGdnParams& param
   CheckShapes(state, token, params);
   const RefGdnDims& d = params.dims;
   const int64_t group = d.num_v_heads / d.num_k_heads;
-  const double dk = static_cast<double>(d.head_k_dim);
-  VecD k_hat(d.head_k_dim);
+  const double scale = std::sqrt(static_cast<double>(d.head_k_dim));
   for (int64_t h = 0; h < d.num_v_heads; ++h) {
     const int64_t g = h / group;  // the key head this value head reads
-    RmsNormScaled(token.k, g * d.head_k_dim, d.head_k_dim, std::sqrt(dk), k_hat);
+    // k̂ = RMSNorm(k_g) / sqrt(Dk), element j = k(g Dk + j) / rms / scale (no weight).
+    const int64_t k0 = g * d.head_k_dim;
+    const double rms = RmsOf(token.k, k0, d.head_k_dim);
+    const auto k_hat = [&](int64_t j) { return token.k(k0 + j) / rms / scale; };
     const double decay =
         std::exp(-Softplus(token.alpha_raw(h) + params.dt_bias(h)) * params.a_exp(h));
     const double beta = Sigmoid(token.beta_raw(h));
@@ -88,8 +88,19 @@ void RefGdnStep(MatD& state, const RefGdnToken& token, const RefGdnParams& param
 }
 
 RefGdnFolder::RefGdnFolder(RefGdnParams params, InputFn inputs)
-    : params_(std::move(params)), inputs_(std::move(inputs)) {
+    : params_(std::move(params)),
+      inputs_(std::move(inputs)),
+      rows_(params_.dims.num_v_heads * params_.dims.head_v_dim),
+      cols_(params_.dims.head_k_dim) {
   KV_CHECK(static_cast<bool>(inputs_), "the folder needs an input function");
+}
+
+const MatD& RefGdnFolder::Recall(size_t index) {
+  const auto n = static_cast<size_t>(rows_ * cols_);
+  KV_CHECK((index + 1) * n <= arena_.size(), "a memo index past the arena");
+  result_.resize(rows_, cols_);
+  std::copy_n(arena_.data() + index * n, n, result_.data());
+  return result_;
 }
 
 const MatD& RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
@@ -97,25 +108,38 @@ const MatD& RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
       0 <= length && length <= static_cast<int64_t>(log.size()),
       "fold length " + std::to_string(length) + " outside a log of " + std::to_string(log.size()));
   if (length == 0) {
-    zero_ = ZeroState(params_.dims);
-    return zero_;
+    result_ = ZeroState(params_.dims);
+    return result_;
   }
+  const auto at = [&](int64_t p) -> const Token& { return log[static_cast<size_t>(p)]; };
   // Walk back to the longest prefix whose state is memoized (h names the whole prefix).
   int64_t folded = length;
-  while (folded > 0 && memo_.find(log[static_cast<size_t>(folded - 1)].h) == memo_.end()) {
-    --folded;
+  auto hit = memo_.end();
+  while (folded > 0 && (hit = memo_.find(at(folded - 1).h)) == memo_.end()) --folded;
+  if (folded == length) return Recall(hit->second);
+  if (folded > 0) {
+    Recall(hit->second);
+    state_ = result_;
+  } else {
+    state_ = ZeroState(params_.dims);
   }
-  if (folded == length) return memo_.at(log[static_cast<size_t>(length - 1)].h);
-  MatD state =
-      folded > 0 ? memo_.at(log[static_cast<size_t>(folded - 1)].h) : ZeroState(params_.dims);
+  const auto n = static_cast<size_t>(rows_ * cols_);
   for (int64_t p = folded; p < length; ++p) {
-    const Token& token = log[static_cast<size_t>(p)];
-    RefGdnStep(state, inputs_(p, token), params_);
-    if (memo_.size() >= kMemoEntriesMax) memo_.clear();
-    memo_.insert_or_assign(token.h, state);
+    inputs_(p, at(p), token_);
+    RefGdnStep(state_, token_, params_);
+    if (memo_.size() >= kMemoEntriesMax) {
+      memo_.clear();
+      arena_.clear();
+    }
+    const auto [it, inserted] = memo_.try_emplace(at(p).h, arena_.size() / n);
+    if (inserted) {
+      arena_.insert(arena_.end(), state_.data(), state_.data() + n);
+    } else {
+      std::copy_n(state_.data(), n, arena_.data() + it->second * n);
+    }
   }
-  // The last insert survives any clear above: it came after it.
-  return memo_.at(log[static_cast<size_t>(length - 1)].h);
+  result_ = state_;
+  return result_;
 }
 
 std::vector<int64_t> ExpectedConvTailPositions(int64_t length, int64_t conv_tail) {

@@ -4,12 +4,15 @@
 // state is S_P = F(x_{P-1}) o ... o F(x_0) (0) of the gated-delta rule. RefGdnFolder keeps a
 // memo of states keyed by the provenance hash of the last folded token (a hash of the whole
 // prefix), so checking after every step folds only new tokens; that is transparent: the
-// memo never changes what S_P is. Single-threaded.
+// memo never changes what S_P is. The memo's states live in one flat arena and the inputs are
+// written into one reused token, so a fold allocates nothing once warm (the checks run after
+// every fuzz step, where each allocation is costly under ASan). Single-threaded.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <memory_resource>
+#include <unordered_map>
 #include <vector>
 
 #include "model/ref_cache.h"
@@ -40,8 +43,9 @@ void RefGdnStep(MatD& state, const RefGdnToken& token, const RefGdnParams& param
 
 class RefGdnFolder {
  public:
-  // Produces the inputs of the token at position p given its provenance.
-  using InputFn = std::function<RefGdnToken(int64_t position, const Token& token)>;
+  // Writes the inputs of the token at position p given its provenance into `out` (which
+  // holds the previous token's inputs: same sizes, so resizing is free).
+  using InputFn = std::function<void(int64_t position, const Token& token, RefGdnToken& out)>;
   RefGdnFolder(RefGdnParams params, InputFn inputs);
 
   // S_P for the first `length` tokens of `log` (zeros for length 0). The reference stays
@@ -49,10 +53,19 @@ class RefGdnFolder {
   const MatD& StateAfter(const TokenLog& log, int64_t length);
 
  private:
+  // Copies memoized state `index` into result_ and returns it.
+  const MatD& Recall(size_t index);
+
   RefGdnParams params_;
   InputFn inputs_;
-  std::map<uint64_t, MatD> memo_;  // h of the last folded token -> state after it
-  MatD zero_;                      // S_0
+  Eigen::Index rows_, cols_;  // of every state
+  // Nodes come from a pool, so a warm memo inserts without calling malloc.
+  std::pmr::unsynchronized_pool_resource pool_;
+  std::pmr::unordered_map<uint64_t, size_t> memo_{&pool_};  // h of the last token -> index
+  std::vector<double> arena_;  // state i at [i * rows_ * cols_, (i + 1) * rows_ * cols_)
+  RefGdnToken token_;          // the inputs of the token being folded
+  MatD state_;                 // the state being folded
+  MatD result_;                // what StateAfter returns
 };
 
 // The positions whose raw conv inputs form the tail after `length` tokens, oldest first;

@@ -24,13 +24,14 @@ model::RefKind ToRefKind(CacheKind kind) {
 
 namespace {
 
-model::RefGdnToken GdnToken(const SyntheticForward& synth, DType dtype, int32_t layer,
-                            const RecurrentDims& d, int64_t p, const model::Token& t) {
-  MatF qkv(1, d.conv_dim());
-  MatF ba(1, 2 * d.num_v_heads);
+// The reference's view of the synthetic forward's gated-delta inputs for (layer, p, h);
+// qkv and ba are the caller's scratch rows, out keeps its sizes from the previous token.
+void GdnToken(const SyntheticForward& synth, DType dtype, int32_t layer, const RecurrentDims& d,
+              int64_t p, const model::Token& t, MatF& qkv, MatF& ba, model::RefGdnToken& out) {
+  qkv.resize(1, d.conv_dim());
+  ba.resize(1, 2 * d.num_v_heads);
   synth.FillGdnInput(qkv, ba, 0, dtype, layer, p, t.h, d);
   const int64_t qk = d.num_k_heads * d.head_k_dim;
-  model::RefGdnToken out;
   const auto row = qkv.row(0).transpose().cast<double>();
   out.q = row.segment(0, qk);
   out.k = row.segment(qk, qk);
@@ -38,7 +39,6 @@ model::RefGdnToken GdnToken(const SyntheticForward& synth, DType dtype, int32_t 
   const auto b = ba.row(0).transpose().cast<double>();
   out.beta_raw = b.segment(0, d.num_v_heads);
   out.alpha_raw = b.segment(d.num_v_heads, d.num_v_heads);
-  return out;
 }
 
 model::RefGdnParams RefParams(const GdnParams& p) {
@@ -131,8 +131,8 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
       cols_(config.kv_cols()),
       dims_(config.recurrent),
       folder_(RefParams(synth.GdnParamsFor(layer, config.recurrent)),
-              [this](int64_t p, const model::Token& t) {
-                return GdnToken(synth_, dtype_, layer_, dims_, p, t);
+              [this](int64_t p, const model::Token& t, model::RefGdnToken& out) {
+                GdnToken(synth_, dtype_, layer_, dims_, p, t, gdn_qkv_, gdn_ba_, out);
               }) {
   // A fuzz execution builds a fresh oracle and its histories stay short: sizing the scratch
   // once for a typical run beats growing it by doubling (allocations dominate under ASan),

@@ -141,6 +141,7 @@ class LayerOracle {
   std::vector<model::PositionRange> seen_ranges_, want_ranges_;
   VisibleSet visible_;
   MatF conv_row_;
+  MatF gdn_qkv_, gdn_ba_;  // the folder's input rows (its input function writes them)
 };
 
 }  // namespace kvtwin::sim

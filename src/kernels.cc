@@ -26,13 +26,6 @@ void CheckSplits(const std::vector<int64_t>& splits, int64_t real_len) {
   }
 }
 
-// The boundaries whose state a forward reports: each interior split, then the real end.
-std::vector<int64_t> Boundaries(const std::vector<int64_t>& splits, int64_t real_len) {
-  std::vector<int64_t> out = splits;
-  out.push_back(real_len);
-  return out;
-}
-
 void CheckConvArgs(const Tensor& tail, const Tensor& x, int64_t real_len,
                    const ConvWeights& weights) {
   KV_CHECK(x.dtype() == tail.dtype(),
@@ -221,22 +214,31 @@ void GatedDeltaInto(const MatF& state, const GdnInputs& inputs, int64_t real_len
 
 GdnResult GatedDeltaSegmented(const MatF& state, const GdnInputs& inputs, int64_t real_len,
                               const GdnParams& params, const std::vector<int64_t>& splits) {
+  GdnSegmentScratch scratch;
+  GdnResult result;
+  GatedDeltaSegmentedInto(state, inputs, real_len, params, splits, scratch, result);
+  return result;
+}
+
+void GatedDeltaSegmentedInto(const MatF& state, const GdnInputs& inputs, int64_t real_len,
+                             const GdnParams& params, const std::vector<int64_t>& splits,
+                             GdnSegmentScratch& scratch, GdnResult& out) {
   CheckGdnArgs(state, inputs, real_len, params);
   CheckSplits(splits, real_len);
-  GdnResult result;
-  result.y = MatF::Zero(inputs.qkv.rows(), params.dims.delta_rows());
-  MatF s = state;
+  out.y.setZero(inputs.qkv.rows(), params.dims.delta_rows());
+  out.states.resize(splits.size() + 1);
+  scratch.state = state;
   int64_t begin = 0;
-  for (const int64_t end : Boundaries(splits, real_len)) {
-    const GdnInputs segment{inputs.qkv.middleRows(begin, end - begin),
-                            inputs.ba.middleRows(begin, end - begin)};
-    GdnResult part = GatedDelta(s, segment, end - begin, params, {});
-    result.y.middleRows(begin, end - begin) = part.y;
-    s = std::move(part.states.back());
-    result.states.push_back(s);
+  for (size_t i = 0; i < out.states.size(); ++i) {
+    const int64_t end = i < splits.size() ? splits[i] : real_len;
+    scratch.segment.qkv = inputs.qkv.middleRows(begin, end - begin);
+    scratch.segment.ba = inputs.ba.middleRows(begin, end - begin);
+    GatedDeltaInto(scratch.state, scratch.segment, end - begin, params, {}, scratch.part);
+    out.y.middleRows(begin, end - begin) = scratch.part.y;
+    scratch.state = scratch.part.states.back();
+    out.states[i] = scratch.state;
     begin = end;
   }
-  return result;
 }
 
 }  // namespace kvtwin

@@ -78,5 +78,17 @@ void GatedDeltaInto(const MatF& state, const GdnInputs& inputs, int64_t real_len
 // Segment by segment: one GatedDelta call per segment between splits, threading the state.
 GdnResult GatedDeltaSegmented(const MatF& state, const GdnInputs& inputs, int64_t real_len,
                               const GdnParams& params, const std::vector<int64_t>& splits);
+// The buffers GatedDeltaSegmentedInto reuses: one segment's inputs, its scan and the state
+// threaded between segments.
+struct GdnSegmentScratch {
+  GdnInputs segment;
+  GdnResult part;
+  MatF state;
+};
+// GatedDeltaSegmented into `out`, reusing `scratch` and out's buffers (the value form calls
+// this with fresh ones, so the two cannot differ).
+void GatedDeltaSegmentedInto(const MatF& state, const GdnInputs& inputs, int64_t real_len,
+                             const GdnParams& params, const std::vector<int64_t>& splits,
+                             GdnSegmentScratch& scratch, GdnResult& out);
 
 }  // namespace kvtwin

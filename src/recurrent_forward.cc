@@ -20,9 +20,7 @@ void RunRecurrentForward(RecurrentLayer& layer, const RecurrentForwardInputs& in
   const std::vector<int64_t> splits = layer.SnapshotSplits(in.real_len);
   CausalConv1DInto(*state.conv, in.conv_inputs, in.real_len, conv, splits, s.conv_scratch, s.conv);
   if (in.segmented) {
-    // The segmented form (a simulator option, not the serving path) has no Into variant;
-    // it replaces the scratch's buffers.
-    s.scan = GatedDeltaSegmented(*state.delta, in.scan, in.real_len, gdn, splits);
+    GatedDeltaSegmentedInto(*state.delta, in.scan, in.real_len, gdn, splits, s.segments, s.scan);
   } else {
     GatedDeltaInto(*state.delta, in.scan, in.real_len, gdn, splits, s.scan);
   }

@@ -26,6 +26,7 @@ struct RecurrentForwardScratch {
   ConvScratch conv_scratch;
   ConvResult conv;
   GdnResult scan;
+  GdnSegmentScratch segments;  // the segmented form's (RecurrentForwardInputs::segmented)
 };
 
 // REQUIRES: the inputs have L >= real_len >= 0 rows and the layer's widths; the weights

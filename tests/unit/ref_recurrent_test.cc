@@ -82,10 +82,11 @@ MatD FoldWithoutMemo(const RefGdnParams& params, const TokenLog& log, int64_t le
 }
 
 RefGdnFolder MakeFolder(const RefGdnParams& params, int64_t* calls = nullptr) {
-  return RefGdnFolder(params, [dims = params.dims, calls](int64_t p, const Token& t) {
-    if (calls != nullptr) ++*calls;
-    return Inputs(dims, p, t);
-  });
+  return RefGdnFolder(params,
+                      [dims = params.dims, calls](int64_t p, const Token& t, RefGdnToken& out) {
+                        if (calls != nullptr) ++*calls;
+                        out = Inputs(dims, p, t);
+                      });
 }
 
 const RefGdnDims kScalar{1, 1, 1, 1};
