@@ -134,12 +134,13 @@ Check RequestDriver::CheckWholeTrie() {
   return CheckTrieSoundness(trie, oracle_ptrs_, synth_.seed(), &soundness_memo_);
 }
 
-RequestDriver::Census RequestDriver::TakeCensus() const {
-  Census census;
-  census.start_by_end.reserve(static_cast<size_t>(manager_->trie().num_nodes()));
+void RequestDriver::TakeCensus(Census& census) {
+  census.start_by_end.clear();
+  census.active_key_path.clear();
   // Pre-order visits a node right after its ancestors, so the hashes at the ends of the
   // nodes on the current path are a stack: pop to the parent, then push the node.
-  std::vector<std::pair<const TrieNode*, uint64_t>> ends;
+  std::vector<std::pair<const TrieNode*, uint64_t>>& ends = census_ends_;
+  ends.clear();
   manager_->trie().Walk([&](TrieNode* n) {
     while (!ends.empty() && ends.back().first != n->parent()) ends.pop_back();
     KV_CHECK(n->is_root() || !ends.empty(), "pre-order reached a node before its parent");
@@ -150,18 +151,25 @@ RequestDriver::Census RequestDriver::TakeCensus() const {
   });
   std::sort(census.start_by_end.begin(), census.start_by_end.end());
   // Every position of the active key path, not only node ends: a node compaction folded
-  // into the path ended at what is now an interior position of the merged node.
-  const model::TokenLog path = PathLog(*manager_->active_path().back(), synth_.seed());
-  census.active_key_path.reserve(path.size());
-  for (const model::Token& t : path) census.active_key_path.push_back(t.h);
+  // into the path ended at what is now an interior position of the merged node. The path
+  // starts at the root, so hashing its edges in order gives PathLog's hashes.
+  uint64_t h = synth_.seed();
+  for (const TrieNode* n : manager_->active_path()) {
+    for (const TrieKey k : n->edge()) {
+      h = NextHash(h, static_cast<int32_t>(k));
+      census.active_key_path.push_back(h);
+    }
+  }
   std::sort(census.active_key_path.begin(), census.active_key_path.end());
-  return census;
 }
 
 void RequestDriver::UpdateCensus() {
-  Census now = TakeCensus();
-  if (census_) CountChanges(*census_, now);
-  census_ = std::move(now);
+  // Double-buffered: the previous census's vectors become the next one's, so a census
+  // allocates only while the trie grows.
+  TakeCensus(census_next_);
+  if (has_census_) CountChanges(census_, census_next_);
+  std::swap(census_, census_next_);
+  has_census_ = true;
 }
 
 void RequestDriver::CountChanges(const Census& before, const Census& after) {

@@ -175,7 +175,7 @@ class RequestDriver {
   // Structure and soundness of the whole trie (the first two of an audit's checks).
   Check CheckWholeTrie();
   std::vector<std::optional<model::RefCache>> Shadows() const;
-  Census TakeCensus() const;
+  void TakeCensus(Census& census);  // into `census`, reusing its buffers
   // After an audited call: counts the changes since the previous audited call's census
   // (splits and evictions, approximate: a node that came and went between two audits is
   // not seen) and keeps the new census.
@@ -208,7 +208,10 @@ class RequestDriver {
   RequestCoverage coverage_;
   std::string last_outcome_;
   BeginReport last_report_;
-  std::optional<Census> census_;  // at the last audited call
+  Census census_;       // at the last audited call, if has_census_
+  Census census_next_;  // UpdateCensus's scratch
+  bool has_census_ = false;
+  std::vector<std::pair<const TrieNode*, uint64_t>> census_ends_;  // TakeCensus's scratch
   int64_t audit_credit_ = 0;
   int64_t unaudited_calls_ = 0;   // since the last audited call (RequestDivergence)
   int64_t forwarded_tokens_ = 0;  // since the last call started (StartCall)

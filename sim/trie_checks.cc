@@ -121,11 +121,19 @@ Check CheckNodeSnapshots(const PrefixTrie& trie, const TrieNode& n,
 // Everything a node's soundness depends on: its key path (provenance hash at the end), its
 // range, and per layer the snapshot's kind, range and contents, gathered into `bytes` (the
 // caller's scratch) and hashed once: most pieces are a few dozen bytes, and a hash call per
-// piece cost more than the hashing itself (this runs on every snapshot of every audit).
+// piece cost more than the hashing itself (this runs on every snapshot of every audit). A
+// piece longer than kInlineBytes (a snapshot's elements) is hashed where it lies and only its
+// digest joins `bytes`: copying it cost more than the extra call.
 uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash, std::string& bytes) {
+  constexpr size_t kInlineBytes = 64;
   bytes.clear();
   auto fold = [&bytes](const void* data, size_t size) {
-    bytes.append(static_cast<const char*>(data), size);
+    if (size > kInlineBytes) {
+      const uint64_t digest = XXH3_64bits(data, size);
+      bytes.append(reinterpret_cast<const char*>(&digest), sizeof(digest));
+    } else {
+      bytes.append(static_cast<const char*>(data), size);
+    }
   };
   fold(&path_hash, sizeof(path_hash));
   auto fold_floats = [&fold](const MatF& m) {
@@ -285,7 +293,8 @@ Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> o
   memo->next.clear();
   // Provenance hash at each node's end, for the pre-order chain root -> current node
   // (CheckTrieStructure passed, so parent links and the walk agree).
-  std::vector<std::pair<const TrieNode*, uint64_t>> ends;
+  std::vector<std::pair<const TrieNode*, uint64_t>>& ends = memo->ends;
+  ends.clear();
   trie.Walk([&](TrieNode* n) {
     while (!ends.empty() && ends.back().first != n->parent()) ends.pop_back();
     KV_CHECK(n->is_root() || !ends.empty(), "pre-order reached a node before its parent");

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/ref_cache.h"
@@ -61,6 +62,7 @@ struct SoundnessMemo {
   std::vector<uint64_t> verified;  // sorted fingerprints
   std::vector<uint64_t> next;      // scratch: this check's fingerprints
   std::string bytes;               // scratch: one node's fingerprinted bytes
+  std::vector<std::pair<const TrieNode*, uint64_t>> ends;  // scratch: the walk's end hashes
 };
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo = nullptr);
