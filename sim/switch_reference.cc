@@ -1,6 +1,7 @@
 #include "sim/switch_reference.h"
 
 #include <algorithm>
+#include <span>
 
 #include "sim/trie_checks.h"
 #include "src/core/check.h"
@@ -54,10 +55,24 @@ int64_t MinOffset(const RefCaches& caches) {
 // Greedy page-in: node by node, cache by cache; the first refusal ends all of it.
 void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches& caches,
             uint64_t hash_seed) {
+  // When the parent links follow `path` (they do unless the trie is broken and unaudited),
+  // every node's PathLog is a prefix of the deepest node's: one log serves them all.
+  bool chained = true;
+  for (size_t i = 1; i < path.size(); ++i) chained = chained && path[i]->parent() == path[i - 1];
+  const model::TokenLog full = chained ? PathLog(*path.back(), hash_seed) : model::TokenLog{};
+  model::TokenLog own;
+  size_t keys = 0;  // along `path`, through the current node
   for (const TrieNode* node : path) {
+    keys += node->edge().size();
     if (!node->HasSnapshots()) continue;
     const int64_t target = std::min(node->end_offset(), matched);
-    const model::TokenLog node_path = PathLog(*node, hash_seed);
+    std::span<const model::Token> node_path;
+    if (chained) {
+      node_path = std::span<const model::Token>(full).first(keys);
+    } else {
+      own = PathLog(*node, hash_seed);
+      node_path = own;
+    }
     for (size_t j = 0; j < caches.size(); ++j) {
       const CacheSnapshot* s = node->snapshot(j);
       if (!caches[j] || s == nullptr || caches[j]->Offset() >= target) continue;

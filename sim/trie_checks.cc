@@ -181,13 +181,13 @@ std::string DescribeNode(const TrieNode& node) {
 }
 
 model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind,
-                                 const model::TokenLog& path) {
+                                 std::span<const model::Token> path) {
   const int64_t end = node.end_offset();
   if (kind == CacheKind::kFullKv) {
     return {model::RefKind::kKv, node.start_offset(), end,
             model::TokenLog(path.begin() + node.start_offset(), path.end())};
   }
-  return {ToRefKind(kind), 0, end, path};
+  return {ToRefKind(kind), 0, end, model::TokenLog(path.begin(), path.end())};
 }
 
 model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed) {

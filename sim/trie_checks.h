@@ -36,8 +36,9 @@ model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed);
 
 // The reference snapshot a node holds for a layer of `kind`, given its key path `path`
 // (PathLog): KV the tokens of its edge [start, end); whole-state kinds the tokens [0, end)
-// at to == end (`from` is informational for them).
-model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind, const model::TokenLog& path);
+// at to == end (`from` is informational for them). REQUIRES: path.size() == node's end.
+model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind,
+                                 std::span<const model::Token> path);
 
 // Spec §4.2 structure: the root is an empty edge at 0; parent / children links agree;
 // every non-root edge is non-empty with start == parent end and length == end - start; no
