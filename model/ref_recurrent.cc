@@ -95,12 +95,11 @@ RefGdnFolder::RefGdnFolder(RefGdnParams params, InputFn inputs)
   KV_CHECK(static_cast<bool>(inputs_), "the folder needs an input function");
 }
 
-const MatD& RefGdnFolder::Recall(size_t index) {
+void RefGdnFolder::Recall(size_t index, MatD& into) const {
   const auto n = static_cast<size_t>(rows_ * cols_);
   KV_CHECK((index + 1) * n <= arena_.size(), "a memo index past the arena");
-  result_.resize(rows_, cols_);
-  std::copy_n(arena_.data() + index * n, n, result_.data());
-  return result_;
+  into.resize(rows_, cols_);
+  std::copy_n(arena_.data() + index * n, n, into.data());
 }
 
 const MatD& RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
@@ -116,10 +115,12 @@ const MatD& RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
   int64_t folded = length;
   auto hit = memo_.end();
   while (folded > 0 && (hit = memo_.find(at(folded - 1).h)) == memo_.end()) --folded;
-  if (folded == length) return Recall(hit->second);
+  if (folded == length) {
+    Recall(hit->second, result_);
+    return result_;
+  }
   if (folded > 0) {
-    Recall(hit->second);
-    state_ = result_;
+    Recall(hit->second, state_);
   } else {
     state_ = ZeroState(params_.dims);
   }

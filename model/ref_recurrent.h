@@ -53,8 +53,8 @@ class RefGdnFolder {
   const MatD& StateAfter(const TokenLog& log, int64_t length);
 
  private:
-  // Copies memoized state `index` into result_ and returns it.
-  const MatD& Recall(size_t index);
+  // Copies memoized state `index` into `into`.
+  void Recall(size_t index, MatD& into) const;
 
   RefGdnParams params_;
   InputFn inputs_;

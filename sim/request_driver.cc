@@ -137,16 +137,7 @@ Check RequestDriver::CheckWholeTrie() {
 void RequestDriver::TakeCensus(Census& census) {
   census.start_by_end.clear();
   census.active_key_path.clear();
-  // Pre-order visits a node right after its ancestors, so the hashes at the ends of the
-  // nodes on the current path are a stack: pop to the parent, then push the node.
-  std::vector<std::pair<const TrieNode*, uint64_t>>& ends = census_ends_;
-  ends.clear();
-  manager_->trie().Walk([&](TrieNode* n) {
-    while (!ends.empty() && ends.back().first != n->parent()) ends.pop_back();
-    KV_CHECK(n->is_root() || !ends.empty(), "pre-order reached a node before its parent");
-    uint64_t h = n->is_root() ? synth_.seed() : ends.back().second;
-    for (const TrieKey k : n->edge()) h = NextHash(h, static_cast<int32_t>(k));
-    ends.emplace_back(n, h);
+  WalkEndHashes(manager_->trie(), synth_.seed(), census_ends_, [&](TrieNode* n, uint64_t h) {
     if (!n->is_root()) census.start_by_end.emplace_back(h, n->start_offset());
   });
   std::sort(census.start_by_end.begin(), census.start_by_end.end());
@@ -156,7 +147,7 @@ void RequestDriver::TakeCensus(Census& census) {
   uint64_t h = synth_.seed();
   for (const TrieNode* n : manager_->active_path()) {
     for (const TrieKey k : n->edge()) {
-      h = NextHash(h, static_cast<int32_t>(k));
+      h = NextHash(h, KeyToken(k));
       census.active_key_path.push_back(h);
     }
   }

@@ -211,7 +211,7 @@ class RequestDriver {
   Census census_;       // at the last audited call, if has_census_
   Census census_next_;  // UpdateCensus's scratch
   bool has_census_ = false;
-  std::vector<std::pair<const TrieNode*, uint64_t>> census_ends_;  // TakeCensus's scratch
+  EndHashStack census_ends_;  // TakeCensus's scratch
   int64_t audit_credit_ = 0;
   int64_t unaudited_calls_ = 0;   // since the last audited call (RequestDivergence)
   int64_t forwarded_tokens_ = 0;  // since the last call started (StartCall)

@@ -14,12 +14,6 @@ namespace {
 
 constexpr size_t kShownKeys = 4;
 
-// λ = 0 without media: a key is a token id read as uint32, so it converts back exactly.
-int32_t TokenOf(TrieKey key) {
-  KV_CHECK(key <= 0x7FFFFFFFu, "trie key " + std::to_string(key) + " is not a text token");
-  return static_cast<int32_t>(key);
-}
-
 Mismatch AtNode(const TrieNode& node, const std::string& what, std::string expected,
                 std::string actual) {
   return Mismatch{DescribeNode(node) + ": " + what, std::move(expected), std::move(actual)};
@@ -171,6 +165,11 @@ uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash, std::string& byt
 
 }  // namespace
 
+int32_t KeyToken(TrieKey key) {
+  KV_CHECK(key <= 0x7FFFFFFFu, "trie key " + std::to_string(key) + " is not a text token");
+  return static_cast<int32_t>(key);
+}
+
 std::string DescribeNode(const TrieNode& node) {
   if (node.is_root()) return "root";
   std::string s = fmt::format("node [{},{}) keys", node.start_offset(), node.end_offset());
@@ -206,7 +205,7 @@ model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed) {
   for (const TrieNode* n = &node; n != nullptr; n = n->parent()) chain.push_back(n);
   std::vector<int32_t> tokens;
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    for (const TrieKey k : (*it)->edge()) tokens.push_back(TokenOf(k));
+    for (const TrieKey k : (*it)->edge()) tokens.push_back(KeyToken(k));
   }
   return WithHashes(tokens, hash_seed);
 }
@@ -291,16 +290,8 @@ Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> o
     return found;
   }
   memo->next.clear();
-  // Provenance hash at each node's end, for the pre-order chain root -> current node
-  // (CheckTrieStructure passed, so parent links and the walk agree).
-  std::vector<std::pair<const TrieNode*, uint64_t>>& ends = memo->ends;
-  ends.clear();
-  trie.Walk([&](TrieNode* n) {
-    while (!ends.empty() && ends.back().first != n->parent()) ends.pop_back();
-    KV_CHECK(n->is_root() || !ends.empty(), "pre-order reached a node before its parent");
-    uint64_t h = n->is_root() ? hash_seed : ends.back().second;
-    for (const TrieKey k : n->edge()) h = NextHash(h, TokenOf(k));
-    ends.emplace_back(n, h);
+  // CheckTrieStructure passed, so parent links and the walk agree.
+  WalkEndHashes(trie, hash_seed, memo->ends, [&](TrieNode* n, uint64_t h) {
     if (found || !n->HasSnapshots()) return;
     const uint64_t key = NodeFingerprint(*n, h, memo->bytes);
     if (!std::binary_search(memo->verified.begin(), memo->verified.end(), key)) {

@@ -21,7 +21,9 @@
 
 #include "model/ref_cache.h"
 #include "sim/checks.h"
+#include "sim/synthetic.h"
 #include "src/cache.h"
+#include "src/core/check.h"
 #include "src/prefix_trie.h"
 
 namespace kvtwin::sim {
@@ -33,6 +35,28 @@ std::string DescribeNode(const TrieNode& node);
 model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed);
 // The key path root -> node as a token log with hashes.
 model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed);
+
+// A trie key as the text token it stands for (λ = 0 without media: keys are token ids).
+int32_t KeyToken(TrieKey key);
+
+// The hashes at the ends of the nodes on the walk's current path, root first.
+using EndHashStack = std::vector<std::pair<const TrieNode*, uint64_t>>;
+// Walks `trie` in pre-order calling fn(node, h), h the provenance hash at the node's end
+// (PathLog's last hash; hash_seed for the root), following parent links. Pre-order visits
+// a node right after its ancestors, so the ends of the current path are a stack: pop to
+// the parent, then push the node. `ends` is the caller's scratch.
+template <class Fn>
+void WalkEndHashes(const PrefixTrie& trie, uint64_t hash_seed, EndHashStack& ends, Fn&& fn) {
+  ends.clear();
+  trie.Walk([&](TrieNode* n) {
+    while (!ends.empty() && ends.back().first != n->parent()) ends.pop_back();
+    KV_CHECK(n->is_root() || !ends.empty(), "pre-order reached a node before its parent");
+    uint64_t h = n->is_root() ? hash_seed : ends.back().second;
+    for (const TrieKey k : n->edge()) h = NextHash(h, KeyToken(k));
+    ends.emplace_back(n, h);
+    fn(n, h);
+  });
+}
 
 // The reference snapshot a node holds for a layer of `kind`, given its key path `path`
 // (PathLog): KV the tokens of its edge [start, end); whole-state kinds the tokens [0, end)
@@ -63,7 +87,7 @@ struct SoundnessMemo {
   std::vector<uint64_t> verified;  // sorted fingerprints
   std::vector<uint64_t> next;      // scratch: this check's fingerprints
   std::string bytes;               // scratch: one node's fingerprinted bytes
-  std::vector<std::pair<const TrieNode*, uint64_t>> ends;  // scratch: the walk's end hashes
+  EndHashStack ends;               // scratch: WalkEndHashes's
 };
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo = nullptr);
