@@ -1,9 +1,9 @@
 // Goal: coverage-guided search for divergences between the production caches and the
 // reference, one executable per FuzzTarget (KVTWIN_FUZZ_TARGET names it). Method: the
-// bytes go through RunFuzzInput, the same decoder and lock-step drivers that
-// `kvtwin replay --fuzz-input` uses, and a divergence aborts with its report, so every
-// crash artifact replays outside the fuzzer. The custom mutator edits whole records and
-// aims value fields at window and snapshot boundaries (MutateFuzzInput). No logic here.
+// bytes go through a FuzzSession, the same decoder and lock-step drivers that
+// `kvtwin replay --fuzz-input` uses (RunFuzzInput), and a divergence aborts with its report, so
+// every crash artifact replays outside the fuzzer. The custom mutator edits whole records and aims
+// value fields at window and snapshot boundaries (MutateFuzzInput). No logic here.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,10 +26,17 @@ kvtwin::sim::FuzzTarget Target() {
   return target;
 }
 
+// One session for the process: its driver is Reset per execution, and the trace is not
+// recorded (a crash artifact is replayed, trace and all, by `kvtwin replay --fuzz-input`).
+kvtwin::sim::FuzzSession& Session() {
+  static kvtwin::sim::FuzzSession session(Target());
+  return session;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const kvtwin::sim::FuzzRun run = kvtwin::sim::RunFuzzInput(Target(), data, size);
+  const kvtwin::sim::FuzzRun run = Session().Run(data, size, /*record_trace=*/false);
   if (run.divergence) {
     std::fprintf(stderr, "%s\nreproduce: kvtwin replay --fuzz-input ARTIFACT --target %s\n",
                  run.divergence->c_str(), KVTWIN_FUZZ_TARGET);

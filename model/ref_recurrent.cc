@@ -95,6 +95,14 @@ RefGdnFolder::RefGdnFolder(RefGdnParams params, InputFn inputs)
   KV_CHECK(static_cast<bool>(inputs_), "the folder needs an input function");
 }
 
+void RefGdnFolder::Reset(RefGdnParams params) {
+  params_ = std::move(params);
+  rows_ = params_.dims.num_v_heads * params_.dims.head_v_dim;
+  cols_ = params_.dims.head_k_dim;
+  memo_.clear();
+  arena_.clear();
+}
+
 void RefGdnFolder::Recall(size_t index, MatD& into) const {
   const auto n = static_cast<size_t>(rows_ * cols_);
   KV_CHECK((index + 1) * n <= arena_.size(), "a memo index past the arena");

@@ -47,6 +47,9 @@ class RefGdnFolder {
   // holds the previous token's inputs: same sizes, so resizing is free).
   using InputFn = std::function<void(int64_t position, const Token& token, RefGdnToken& out)>;
   RefGdnFolder(RefGdnParams params, InputFn inputs);
+  // As if constructed with `params` (same input function): the memo is forgotten, its
+  // buffers kept.
+  void Reset(RefGdnParams params);
 
   // S_P for the first `length` tokens of `log` (zeros for length 0). The reference stays
   // valid until the next call (checkers compare it in place instead of copying a state).

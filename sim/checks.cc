@@ -146,6 +146,25 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
   visible_.ranges.reserve(kTypicalRanges);
 }
 
+void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
+  layer_ = layer;
+  spec_ = config.layers[static_cast<size_t>(layer)];
+  dims_ = config.recurrent;
+  folder_.Reset(RefParams(synth_.GdnParamsFor(layer, config.recurrent)));
+  // Memo rows depend on the seed and the layer: all are recomputed. The tensors are kept
+  // when their shape still fits (a new seed alone); every other member is scratch that a
+  // check writes before it reads.
+  if (dtype_ != config.dtype || cols_ != config.kv_cols()) {
+    memo_k_ = Tensor();
+    memo_v_ = Tensor();
+    memo_h_.clear();
+    memo_set_.clear();
+  }
+  dtype_ = config.dtype;
+  cols_ = config.kv_cols();
+  std::fill(memo_set_.begin(), memo_set_.end(), uint8_t{0});
+}
+
 void LayerOracle::FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token,
                           bool is_value) const {
   synth_.FillKvRow(out, row, layer_, p, token.h, is_value);

@@ -55,6 +55,9 @@ Status RotatingWindowSlotsInto(int64_t offset, int64_t idx, int64_t rows, int64_
 class LayerOracle {
  public:
   LayerOracle(const SyntheticForward& synth, const StackConfig& config, int32_t layer);
+  // As if constructed for `layer` of `config` over the same `synth` (whose seed may have
+  // changed): every memo is forgotten, scratch capacity is kept.
+  void Reset(const StackConfig& config, int32_t layer);
 
   // Live state after any step.
   Check CheckLive(const LayerCache& cache, const model::RefCache& ref);

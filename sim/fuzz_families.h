@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sim/fuzz_input.h"
+#include "sim/lockstep.h"
 
 namespace kvtwin::sim {
 
@@ -26,6 +27,13 @@ struct FuzzParts {
   std::vector<std::span<const uint8_t>> records;
 };
 FuzzParts SplitFuzzInput(const FuzzLayout& layout, const uint8_t* data, size_t size);
+// The same cut into `parts`, reusing its buffers.
+void SplitFuzzInputInto(const FuzzLayout& layout, const uint8_t* data, size_t size,
+                        FuzzParts& parts);
+
+// LayoutOf(target), built once: the layout is fixed per target, and the decoder and the
+// mutator run once per execution each.
+const FuzzLayout& CachedLayout(FuzzTarget target);
 
 // The N one-byte fields of a header or record, in field order: field k is byte N - 1 - k
 // (FuzzedDataProvider reads integers from the end), whatever the state, so a mutation of
@@ -39,13 +47,20 @@ std::array<uint8_t, N> ReadFields(std::span<const uint8_t> bytes) {
 }
 
 FuzzLayout LayerFuzzLayout(FuzzTarget target);  // kKv, kRotating, kRecurrent, kSpeculation
-FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts);
+// What the layer family keeps between the executions of a FuzzSession: the driver (Reset
+// per execution) and the op being applied when no trace is recorded.
+struct LayerFuzzState {
+  std::unique_ptr<LockstepDriver> driver;
+  Op op;
+};
+FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& state,
+                     bool record_trace);
 
 FuzzLayout PrefixFuzzLayout();
-FuzzRun RunPrefixFuzz(const FuzzParts& parts);
+FuzzRun RunPrefixFuzz(const FuzzParts& parts, bool record_trace);
 
 FuzzLayout HybridFuzzLayout();
-FuzzRun RunHybridFuzz(const FuzzParts& parts);
+FuzzRun RunHybridFuzz(const FuzzParts& parts, bool record_trace);
 
 FuzzRun RunTraceReaderFuzz(const uint8_t* data, size_t size);
 

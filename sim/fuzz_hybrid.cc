@@ -283,7 +283,7 @@ FuzzLayout HybridFuzzLayout() {
   return layout;
 }
 
-FuzzRun RunHybridFuzz(const FuzzParts& parts) {
+FuzzRun RunHybridFuzz(const FuzzParts& parts, bool record_trace) {
   const std::array<uint8_t, kHeaderBytes> h = ReadFields<kHeaderBytes>(parts.header);
   FuzzRun run;
   TraceHeader& header = run.trace.header;
@@ -299,7 +299,8 @@ FuzzRun RunHybridFuzz(const FuzzParts& parts) {
     const std::optional<MsOp> op =
         ResolveRecord(driver, decoder, ReadFields<kRecordBytes>(parts.records[i]));
     if (!op) continue;
-    run.trace.events.emplace_back(*op);
+    if (record_trace) run.trace.events.emplace_back(*op);
+    ++run.events;
     divergence = driver.Apply(*op);
   }
   if (divergence) {
@@ -307,7 +308,6 @@ FuzzRun RunHybridFuzz(const FuzzParts& parts) {
     run.divergence_kind = DivergenceKind(divergence->mismatch.what);
   }
   run.digest = driver.digest();
-  run.events = static_cast<int64_t>(run.trace.events.size());
   return run;
 }
 

@@ -73,12 +73,13 @@ int64_t ResolveValue(uint8_t mode, uint8_t arg, const ValueContext& c) {
   return c.anchor;
 }
 
-FuzzParts SplitFuzzInput(const FuzzLayout& layout, const uint8_t* data, size_t size) {
+void SplitFuzzInputInto(const FuzzLayout& layout, const uint8_t* data, size_t size,
+                        FuzzParts& parts) {
   KV_CHECK(layout.record_bytes > 0, "unstructured layouts have no records");
-  FuzzParts parts;
   parts.header.assign(layout.header_bytes, 0);
   std::copy_n(data, std::min(size, layout.header_bytes), parts.header.begin());
-  if (size <= layout.header_bytes) return parts;
+  parts.records.clear();
+  if (size <= layout.header_bytes) return;
   const size_t whole = (size - layout.header_bytes) / layout.record_bytes;
   const size_t n = std::min(whole, layout.max_records);
   parts.records.reserve(n);
@@ -86,6 +87,11 @@ FuzzParts SplitFuzzInput(const FuzzLayout& layout, const uint8_t* data, size_t s
     const uint8_t* r = data + layout.header_bytes + i * layout.record_bytes;
     parts.records.emplace_back(r, layout.record_bytes);
   }
+}
+
+FuzzParts SplitFuzzInput(const FuzzLayout& layout, const uint8_t* data, size_t size) {
+  FuzzParts parts;
+  SplitFuzzInputInto(layout, data, size, parts);
   return parts;
 }
 
@@ -106,33 +112,46 @@ FuzzLayout LayoutOf(FuzzTarget target) {
   return FuzzLayout{};
 }
 
-FuzzRun RunFuzzInput(FuzzTarget target, const uint8_t* data, size_t size) {
-  // The layout is fixed per target: built once, not per execution.
+const FuzzLayout& CachedLayout(FuzzTarget target) {
   static const std::array<FuzzLayout, kNames.size()> layouts = [] {
     std::array<FuzzLayout, kNames.size()> all;
     for (size_t i = 0; i < kNames.size(); ++i) all[i] = LayoutOf(kNames[i].first);
     return all;
   }();
-  const FuzzLayout& layout = layouts[static_cast<size_t>(target)];
-  FuzzRun run;
-  switch (target) {
+  return layouts[static_cast<size_t>(target)];
+}
+
+FuzzRun RunFuzzInput(FuzzTarget target, const uint8_t* data, size_t size) {
+  return FuzzSession(target).Run(data, size, /*record_trace=*/true);
+}
+
+FuzzSession::FuzzSession(FuzzTarget target)
+    : target_(target),
+      layers_(std::make_unique<LayerFuzzState>()),
+      parts_(std::make_unique<FuzzParts>()) {}
+
+FuzzSession::~FuzzSession() = default;
+
+FuzzRun FuzzSession::Run(const uint8_t* data, size_t size, bool record_trace) {
+  const auto parts = [&]() -> const FuzzParts& {
+    SplitFuzzInputInto(CachedLayout(target_), data, size, *parts_);
+    return *parts_;
+  };
+  switch (target_) {
     case FuzzTarget::kKv:
     case FuzzTarget::kRotating:
     case FuzzTarget::kRecurrent:
     case FuzzTarget::kSpeculation:
-      run = RunLayerFuzz(target, SplitFuzzInput(layout, data, size));
-      break;
+      return RunLayerFuzz(target_, parts(), *layers_, record_trace);
     case FuzzTarget::kPrefix:
-      run = RunPrefixFuzz(SplitFuzzInput(layout, data, size));
-      break;
+      return RunPrefixFuzz(parts(), record_trace);
     case FuzzTarget::kHybrid:
-      run = RunHybridFuzz(SplitFuzzInput(layout, data, size));
-      break;
+      return RunHybridFuzz(parts(), record_trace);
     case FuzzTarget::kTraceReader:
-      run = RunTraceReaderFuzz(data, size);
-      break;
+      return RunTraceReaderFuzz(data, size);
   }
-  return run;
+  KV_CHECK(false, "unknown fuzz target");
+  return {};
 }
 
 }  // namespace kvtwin::sim

@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -88,11 +89,37 @@ struct FuzzRun {
   int64_t events = 0;
 };
 
-// Decodes `data` for `target` and runs it in lock step. kTraceReader: `trace` is the parsed
+// Decodes `data` for `target` and runs it in lock step (a fresh FuzzSession's Run, trace
+// recorded). kTraceReader: `trace` is the parsed
 // trace when the text is a valid one (else empty) and `divergence` reports a broken
 // reader property (a write/read round trip that changes the trace, a replay that crashes
 // the checks rather than reporting an input error).
 FuzzRun RunFuzzInput(FuzzTarget target, const uint8_t* data, size_t size);
+
+struct FuzzParts;
+struct LayerFuzzState;
+
+// Runs inputs of one target like RunFuzzInput, keeping the lock-step driver and the input
+// buffers between runs (a fuzz target executes thousands of inputs a second, and under
+// ASan building them is a large share of each). Each run starts from a Reset driver, so its
+// verdict, report, digest and event count are RunFuzzInput's for the same bytes, whatever
+// ran before (tests/sim/fuzz_session_test.cc holds it to that). With `record_trace` false
+// the trace's events are not kept: the libFuzzer targets need only the verdict, and
+// `kvtwin replay --fuzz-input` rebuilds the trace from the artifact. Single-threaded.
+class FuzzSession {
+ public:
+  explicit FuzzSession(FuzzTarget target);
+  ~FuzzSession();
+  FuzzSession(const FuzzSession&) = delete;
+  FuzzSession& operator=(const FuzzSession&) = delete;
+
+  FuzzRun Run(const uint8_t* data, size_t size, bool record_trace);
+
+ private:
+  FuzzTarget target_;
+  std::unique_ptr<LayerFuzzState> layers_;
+  std::unique_ptr<FuzzParts> parts_;
+};
 
 // libFuzzer's byte-level mutator (LLVMFuzzerMutate), passed in so sim/ does not link
 // libFuzzer: mutates data[0, size) in place within max_size, returns the new size.

@@ -221,10 +221,10 @@ int64_t Accepted(const RawRecord& r, int64_t drafts, int64_t window) {
   return Value(r, 0, ValueContext{drafts, window, std::nullopt, std::nullopt});
 }
 
-// kWrite (length = count) or kSpeculate (count drafts after the current token).
-Op Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape& s,
-           int32_t layer) {
-  Op op;
+// kWrite (length = count) or kSpeculate (count drafts after the current token), into a
+// cleared `op`.
+void Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape& s,
+             int32_t layer, Op& op) {
   op.kind = kind;
   const int64_t drafts = LengthOf(r.count, s.window);
   const int64_t length = kind == OpKind::kSpeculate ? drafts + 1 : drafts;
@@ -248,35 +248,32 @@ Op Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape
     if (r.isolated % 6 == 1) op.abandon_after = (r.isolated / 6) % (s.layers + 1);
     op.value = Accepted(r, drafts, s.window);
   }
-  return op;
 }
 
 // Up to three offsets, each anchored 8 past the previous one (the first 8 past the layer's
 // offset), so kRelative gives mostly ascending schedules ahead of the cache and sometimes a
 // duplicate or one behind it; the other modes aim at the window or a snapshot end.
-std::vector<int64_t> PrepareOffsets(const RawRecord& r, ValueContext c) {
-  std::vector<int64_t> offsets;
+void PrepareOffsets(const RawRecord& r, ValueContext c, std::vector<int64_t>& offsets) {
   const size_t n = r.count % (kValueFields + 1);
   for (size_t i = 0; i < n; ++i) {
     c.anchor += 8;
     offsets.push_back(Value(r, i, c));
     c.anchor = offsets.back();
   }
-  return offsets;
 }
 
-// A one-layer op; nullopt when the record names nothing (a close with an empty pool).
-std::optional<Op> LayerOp(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape& s,
-                          int32_t layer) {
-  Op op;
+// A one-layer op into a cleared `op`; false when the record names nothing (a close with an
+// empty pool).
+bool LayerOp(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Shape& s,
+             int32_t layer, Op& op) {
   op.kind = kind;
   op.layer = layer;
   const int32_t pool = d.pool_size(layer);
   if (pool > kPoolCap) op.kind = OpKind::kClose;
   if (op.kind == OpKind::kClose) {
-    if (pool == 0) return std::nullopt;
+    if (pool == 0) return false;
     op.slot = r.slot % pool;
-    return op;
+    return true;
   }
   op.slot = SlotOf(r.slot, pool);
   const ValueContext c = LayerContext(d, s, layer, op.slot);
@@ -293,22 +290,37 @@ std::optional<Op> LayerOp(const RawRecord& r, OpKind kind, const LockstepDriver&
       op.slot2 = SlotOf(r.slot2, pool);
       break;
     case OpKind::kPrepare:
-      op.offsets = PrepareOffsets(r, c);
+      PrepareOffsets(r, c, op.offsets);
       op.slot = -1;
       break;
     default:  // kFree, kTake: nothing but the layer
       op.slot = -1;
       break;
   }
-  return op;
+  return true;
 }
 
-std::optional<Op> Resolve(FuzzTarget target, const RawRecord& r, const LockstepDriver& d,
-                          const Shape& s) {
+// `op` as a default Op, its vectors' capacity kept: one Op is reused for every record
+// when no trace is recorded.
+void Clear(Op& op) {
+  Op fresh;
+  fresh.tokens = std::move(op.tokens);
+  fresh.tokens.clear();
+  fresh.offsets = std::move(op.offsets);
+  fresh.offsets.clear();
+  op = std::move(fresh);
+}
+
+// The record's op into `op` (cleared first); false when it names nothing.
+bool Resolve(FuzzTarget target, const RawRecord& r, const LockstepDriver& d, const Shape& s,
+             Op& op) {
+  Clear(op);
   const OpKind kind = KindOf(target, r.kind);
   const int32_t layer = r.layer % d.num_layers();
-  if (kind == OpKind::kWrite || kind == OpKind::kSpeculate) return Forward(r, kind, d, s, layer);
-  return LayerOp(r, kind, d, s, layer);
+  if (kind != OpKind::kWrite && kind != OpKind::kSpeculate)
+    return LayerOp(r, kind, d, s, layer, op);
+  Forward(r, kind, d, s, layer, op);
+  return true;
 }
 
 TraceHeader HeaderFor(FuzzTarget target, const Shape& s) {
@@ -337,7 +349,8 @@ FuzzLayout LayerFuzzLayout(FuzzTarget target) {
   return layout;
 }
 
-FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts) {
+FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& state,
+                     bool record_trace) {
   const Shape shape = ReadHeader(target, parts.header);
   Result<StackConfig> config =
       StackFromPreset(shape.preset, shape.layers, shape.window, shape.dtype);
@@ -345,12 +358,19 @@ FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts) {
   FuzzRun run;
   run.trace.header = HeaderFor(target, shape);
   // The replay's value seed, so ReplayTrace(run.trace) reaches this run's digest.
-  LockstepDriver driver(std::move(*config), TraceValueSeed(run.trace.header));
-  run.trace.events.reserve(parts.records.size());
+  const uint64_t seed = TraceValueSeed(run.trace.header);
+  if (state.driver) {
+    state.driver->Reset(std::move(*config), seed);
+  } else {
+    state.driver = std::make_unique<LockstepDriver>(std::move(*config), seed);
+  }
+  LockstepDriver& driver = *state.driver;
+  if (record_trace) run.trace.events.reserve(parts.records.size());
   for (const std::span<const uint8_t> bytes : parts.records) {
-    std::optional<Op> op = Resolve(target, ReadRecord(bytes), driver, shape);
-    if (!op || !driver.Valid(*op)) continue;
-    const Op& applied = std::get<Op>(run.trace.events.emplace_back(std::move(*op)));
+    Op& op = state.op;
+    if (!Resolve(target, ReadRecord(bytes), driver, shape, op) || !driver.Valid(op)) continue;
+    const Op& applied =
+        record_trace ? std::get<Op>(run.trace.events.emplace_back(std::move(op))) : op;
     ++run.events;
     if (std::optional<Divergence> div = driver.Apply(applied)) {
       run.divergence = div->ToString();

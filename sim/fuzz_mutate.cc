@@ -6,37 +6,34 @@
 // an offset's mode byte is, so "aim" can set it to a boundary mode that the decoder
 // resolves against the live state. Everything else falls back to libFuzzer's own byte
 // mutator on one record or the header.
+// Records are fixed-size, so every edit works in place on `data` (a memmove for insert and
+// delete): the mutator runs once per execution and, under ASan, a copy of the records per
+// call cost more than the edit.
 #include <algorithm>
-#include <utility>
+#include <array>
+#include <cstring>
 
 #include "sim/fuzz_families.h"
+#include "src/core/check.h"
 #include "src/core/rng.h"
 
 namespace kvtwin::sim {
 namespace {
 
-using Record = std::vector<uint8_t>;
-
-// Byte-mutates `part` in place with libFuzzer's mutator, keeping its length.
-void MutateBytes(Record& part, ByteMutator bytes) {
-  if (part.empty()) return;
-  const size_t n = bytes(part.data(), part.size(), part.size());
-  std::fill(part.begin() + static_cast<std::ptrdiff_t>(std::min(n, part.size())), part.end(), 0);
+// Byte-mutates [part, part + n) in place with libFuzzer's mutator, keeping its length.
+void MutateBytes(uint8_t* part, size_t n, ByteMutator bytes) {
+  if (n == 0) return;
+  const size_t kept = std::min(bytes(part, n, n), n);
+  std::fill(part + kept, part + n, 0);
 }
 
-Record FreshRecord(size_t size, Rng& rng) {
-  Record r(size);
-  for (uint8_t& b : r) b = static_cast<uint8_t>(rng.Below(256));
-  return r;
-}
-
-// Sets one value field of `r` to a boundary mode: W - 1 .. W + 1, just behind the window,
-// a snapshot end, or the anchor itself (kRelative with argument 8).
-void Aim(Record& r, size_t field, Rng& rng) {
+// Sets one value field of the record at `r` to a boundary mode: W - 1 .. W + 1, just behind
+// the window, a snapshot end, or the anchor itself (kRelative with argument 8).
+void Aim(uint8_t* r, size_t record_bytes, size_t field, Rng& rng) {
   static constexpr ValueMode kModes[] = {ValueMode::kWindow, ValueMode::kBehindWindow,
                                          ValueMode::kSnapshotEnd, ValueMode::kRelative};
   const ValueMode mode = kModes[rng.Below(std::size(kModes))];
-  const size_t mode_at = r.size() - 1 - field;
+  const size_t mode_at = record_bytes - 1 - field;
   const size_t arg_at = mode_at - 1;  // the argument is the next field
   r[mode_at] = static_cast<uint8_t>(mode);
   r[arg_at] = mode == ValueMode::kRelative ? uint8_t{8} : static_cast<uint8_t>(rng.Below(6));
@@ -61,54 +58,65 @@ Edit Choose(size_t n, size_t capacity, bool aimable, Rng& rng) {
 
 size_t MutateFuzzInput(FuzzTarget target, uint8_t* data, size_t size, size_t max_size,
                        uint32_t seed, ByteMutator bytes) {
-  const FuzzLayout layout = LayoutOf(target);
+  const FuzzLayout& layout = CachedLayout(target);
   if (layout.record_bytes == 0 || max_size < layout.header_bytes)
     return bytes(data, size, max_size);
+  const size_t hb = layout.header_bytes;
+  const size_t rb = layout.record_bytes;
+  // The header is read as if zero-padded (SplitFuzzInput); the mutant carries it whole.
+  if (size < hb) std::fill(data + size, data + hb, 0);
+  const size_t capacity = std::min(layout.max_records, (max_size - hb) / rb);
+  const size_t n = std::min(size > hb ? (size - hb) / rb : 0, capacity);
+  uint8_t* records = data + hb;
+  const auto at = [&](size_t i) { return records + i * rb; };
   Rng rng(seed);
-  FuzzParts parts = SplitFuzzInput(layout, data, size);
-  std::vector<Record> records;  // owned: the edits below write into `data`
-  for (const std::span<const uint8_t> r : parts.records) records.emplace_back(r.begin(), r.end());
-  const size_t capacity =
-      std::min(layout.max_records, (max_size - layout.header_bytes) / layout.record_bytes);
-  if (records.size() > capacity) records.resize(capacity);
-  const size_t n = records.size();
-  const auto pick = [&rng](size_t bound) { return static_cast<std::ptrdiff_t>(rng.Below(bound)); };
+  const auto pick = [&rng](size_t bound) { return static_cast<size_t>(rng.Below(bound)); };
+  size_t out_records = n;
   switch (Choose(n, capacity, !layout.value_fields.empty(), rng)) {
     case Edit::kBytes:
       if (n == 0) {
-        MutateBytes(parts.header, bytes);
+        MutateBytes(data, hb, bytes);
       } else {
-        MutateBytes(records[static_cast<size_t>(pick(n))], bytes);
+        MutateBytes(at(pick(n)), rb, bytes);
       }
       break;
     case Edit::kHeader:
-      MutateBytes(parts.header, bytes);
+      MutateBytes(data, hb, bytes);
       break;
     case Edit::kInsert: {
-      Record r = n > 0 && rng.Chance(1, 2) ? records[static_cast<size_t>(pick(n))]
-                                           : FreshRecord(layout.record_bytes, rng);
-      records.insert(records.begin() + pick(n + 1), std::move(r));
+      // The new record is decided before its place, as a copy of a record or fresh bytes.
+      std::array<uint8_t, 256> fresh{};
+      KV_CHECK(rb <= fresh.size(), "a record fits the insert buffer");
+      if (n > 0 && rng.Chance(1, 2)) {
+        std::memcpy(fresh.data(), at(pick(n)), rb);
+      } else {
+        for (size_t i = 0; i < rb; ++i) fresh[i] = static_cast<uint8_t>(rng.Below(256));
+      }
+      const size_t where = pick(n + 1);
+      std::memmove(at(where + 1), at(where), (n - where) * rb);
+      std::memcpy(at(where), fresh.data(), rb);
+      out_records = n + 1;
       break;
     }
-    case Edit::kDelete:
-      records.erase(records.begin() + pick(n));
+    case Edit::kDelete: {
+      const size_t where = pick(n);
+      std::memmove(at(where), at(where + 1), (n - where - 1) * rb);
+      out_records = n - 1;
       break;
-    case Edit::kSwap:
-      std::swap(records[static_cast<size_t>(pick(n))], records[static_cast<size_t>(pick(n))]);
+    }
+    case Edit::kSwap: {
+      const size_t a = pick(n);
+      const size_t b = pick(n);
+      std::swap_ranges(at(a), at(a) + rb, at(b));
       break;
-    case Edit::kAim:
-      Aim(records[static_cast<size_t>(pick(n))],
-          layout.value_fields[rng.Below(layout.value_fields.size())], rng);
+    }
+    case Edit::kAim: {
+      uint8_t* r = at(pick(n));
+      Aim(r, rb, layout.value_fields[rng.Below(layout.value_fields.size())], rng);
       break;
+    }
   }
-  size_t out = 0;
-  std::copy(parts.header.begin(), parts.header.end(), data);
-  out += parts.header.size();
-  for (const Record& r : records) {
-    std::copy(r.begin(), r.end(), data + out);
-    out += r.size();
-  }
-  return out;
+  return hb + out_records * rb;
 }
 
 }  // namespace kvtwin::sim

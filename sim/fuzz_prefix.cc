@@ -291,7 +291,8 @@ FuzzLayout PrefixFuzzLayout() {
 namespace {
 
 // The records of `parts`, at most `max_records` of them (all with -1).
-FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t max_records) {
+FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t max_records,
+                          bool record_trace) {
   FuzzRun run;
   run.trace.header = ReadHeader(parts.header);
   const TraceHeader& h = run.trace.header;
@@ -305,7 +306,7 @@ FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t
     if (max_records >= 0 && run.events >= max_records) break;
     RequestPlan plan = decoder.Next(ReadFields<kFields>(bytes), run.events);
     divergence = driver.Run(plan);
-    run.trace.events.emplace_back(std::move(plan));
+    if (record_trace) run.trace.events.emplace_back(std::move(plan));
     ++run.events;
     if (divergence) break;  // the driver must not be used after a divergence
   }
@@ -317,7 +318,8 @@ FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t
   if (!audit_every_call && divergence->unaudited_calls > 0) {
     // Localized as the replay localizes (sim/replay.cc), so both report the same. The trace
     // stays this run's: its amortized replay must fail too, to localize the same way.
-    const FuzzRun first = RunPrefixFuzzOnce(parts, /*audit_every_call=*/true, run.events);
+    const FuzzRun first = RunPrefixFuzzOnce(parts, /*audit_every_call=*/true, run.events,
+                                            /*record_trace=*/false);
     KV_CHECK(first.divergence.has_value(),
              "a run auditing every call passed the request at which the amortized one failed");
     run.divergence = *first.divergence + "\n  " +
@@ -329,8 +331,8 @@ FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t
 
 }  // namespace
 
-FuzzRun RunPrefixFuzz(const FuzzParts& parts) {
-  return RunPrefixFuzzOnce(parts, /*audit_every_call=*/false, -1);
+FuzzRun RunPrefixFuzz(const FuzzParts& parts, bool record_trace) {
+  return RunPrefixFuzzOnce(parts, /*audit_every_call=*/false, -1, record_trace);
 }
 
 }  // namespace kvtwin::sim

@@ -15,25 +15,40 @@ std::string Divergence::ToString() const {
                      step, op, layer, mismatch.what, mismatch.expected, mismatch.actual);
 }
 
-LockstepDriver::LockstepDriver(StackConfig config, uint64_t seed)
-    : config_(std::move(config)), synth_(seed) {
+LockstepDriver::LockstepDriver(StackConfig config, uint64_t seed) : synth_(seed) {
+  Reset(std::move(config), seed);
+}
+
+void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
+  config_ = std::move(config);
   const Status valid = config_.Validate();
   KV_CHECK(valid.ok(), valid.ToString());
+  synth_ = SyntheticForward(seed);
+  steps_ = 0;
+  digest_ = 0;
+  divergence_.reset();
   auto caches = BuildCaches(config_);
-  layers_.reserve(caches.size());
+  layers_.resize(caches.size());
   for (size_t i = 0; i < caches.size(); ++i) {
     const LayerSpec& spec = config_.layers[i];
-    model::RefCache ref = spec.kind == CacheKind::kFullKv ? model::RefCache::Kv()
-                          : spec.kind == CacheKind::kRotating
-                              ? model::RefCache::Rotating(spec.window)
-                              : model::RefCache::Recurrent();
-    auto oracle = std::make_unique<LayerOracle>(synth_, config_, static_cast<int32_t>(i));
-    Layer layer{std::move(caches[i]), std::move(ref), std::move(oracle), {}, {}, {}};
-    if (spec.kind == CacheKind::kRecurrent) {
-      layer.conv_weights = synth_.ConvParams(static_cast<int32_t>(i), config_.recurrent);
-      layer.gdn_params = synth_.GdnParamsFor(static_cast<int32_t>(i), config_.recurrent);
+    const auto index = static_cast<int32_t>(i);
+    Layer& layer = layers_[i];
+    layer.cache = std::move(caches[i]);
+    layer.ref = spec.kind == CacheKind::kFullKv     ? model::RefCache::Kv()
+                : spec.kind == CacheKind::kRotating ? model::RefCache::Rotating(spec.window)
+                                                    : model::RefCache::Recurrent();
+    if (layer.oracle) {
+      layer.oracle->Reset(config_, index);
+    } else {
+      layer.oracle = std::make_unique<LayerOracle>(synth_, config_, index);
     }
-    layers_.push_back(std::move(layer));
+    layer.pool.clear();
+    layer.conv_weights = {};
+    layer.gdn_params = {};
+    if (spec.kind == CacheKind::kRecurrent) {
+      layer.conv_weights = synth_.ConvParams(index, config_.recurrent);
+      layer.gdn_params = synth_.GdnParamsFor(index, config_.recurrent);
+    }
   }
 }
 

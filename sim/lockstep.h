@@ -36,6 +36,16 @@ class LockstepDriver {
  public:
   // REQUIRES: config.Validate().ok().
   LockstepDriver(StackConfig config, uint64_t seed);
+  // Not movable: every layer's oracle refers to synth_.
+  LockstepDriver(const LockstepDriver&) = delete;
+  LockstepDriver& operator=(const LockstepDriver&) = delete;
+
+  // Makes this driver what LockstepDriver(config, seed) would be: fresh caches, references
+  // and pools, no steps, no divergence, zero digest. Only buffer capacity carries over (the
+  // fuzz targets reuse one driver for every execution, whose cost under ASan is mostly
+  // allocation). The constructor is this on an empty driver, so both share one path.
+  // REQUIRES: config.Validate().ok().
+  void Reset(StackConfig config, uint64_t seed);
 
   // Applies `op`; returns the first divergence (also kept in divergence()).
   // REQUIRES: no divergence yet; op.layer and op slots are valid (see Valid()).
@@ -62,7 +72,7 @@ class LockstepDriver {
   };
   struct Layer {
     std::unique_ptr<LayerCache> cache;
-    model::RefCache ref;
+    model::RefCache ref = model::RefCache::Kv();  // Reset sets the layer's kind
     std::unique_ptr<LayerOracle> oracle;
     std::vector<PoolEntry> pool;
     // Recurrent layers: the synthetic kernel parameters, fixed for the run.

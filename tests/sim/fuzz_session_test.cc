@@ -1,0 +1,100 @@
+// Goal: a FuzzSession's run of an input is exactly RunFuzzInput's, whatever the session ran
+// before: the driver that the libFuzzer targets Reset between executions keeps nothing but
+// buffer capacity, so a crash found by the fuzzer replays with `kvtwin replay --fuzz-input`.
+// Method: for every structured target, a sequence of inputs (seed-corpus entries, and
+// mutants of them whose headers change the stack shape, window, dtype and seed from one run
+// to the next) through one session, alternating whether the trace is recorded, each compared
+// with a fresh RunFuzzInput of the same bytes: report, divergence kind, digest, event count,
+// and the recorded trace event by event.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "sim/fuzz_input.h"
+#include "sim/trace.h"
+#include "src/core/rng.h"
+
+namespace kvtwin::sim {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+Bytes ReadBytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Up to `n` corpus entries of the target, in name order (the directory's order is not fixed).
+std::vector<Bytes> CorpusEntries(FuzzTarget target, size_t n) {
+  std::vector<std::filesystem::path> paths;
+  const std::filesystem::path dir = std::filesystem::path("fuzz/corpus") / FuzzTargetName(target);
+  for (const auto& e : std::filesystem::directory_iterator(dir)) paths.push_back(e.path());
+  std::sort(paths.begin(), paths.end());
+  if (paths.size() > n) paths.resize(n);
+  std::vector<Bytes> out;
+  for (const auto& p : paths) out.push_back(ReadBytes(p));
+  return out;
+}
+
+// The entries interleaved with copies whose header bytes are random, so consecutive runs
+// differ in shape and seed and each copy's records run on a state another header built.
+std::vector<Bytes> Sequence(FuzzTarget target, Rng& rng) {
+  const FuzzLayout layout = LayoutOf(target);
+  std::vector<Bytes> out;
+  for (const Bytes& entry : CorpusEntries(target, 24)) {
+    out.push_back(entry);
+    Bytes copy = entry;
+    for (size_t i = 0; i < std::min(copy.size(), layout.header_bytes); ++i)
+      copy[i] = static_cast<uint8_t>(rng.Below(256));
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+void ExpectSameRun(const FuzzRun& fresh, const FuzzRun& reused, bool recorded,
+                   const std::string& where) {
+  EXPECT_EQ(reused.divergence, fresh.divergence) << where;
+  EXPECT_EQ(reused.divergence_kind, fresh.divergence_kind) << where;
+  EXPECT_EQ(reused.digest, fresh.digest) << where;
+  EXPECT_EQ(reused.events, fresh.events) << where;
+  if (!recorded) {
+    EXPECT_TRUE(reused.trace.events.empty()) << where << ": events kept without recording";
+    return;
+  }
+  EXPECT_EQ(HeaderToJson(reused.trace.header), HeaderToJson(fresh.trace.header)) << where;
+  ASSERT_EQ(reused.trace.events.size(), fresh.trace.events.size()) << where;
+  for (size_t i = 0; i < fresh.trace.events.size(); ++i) {
+    ASSERT_EQ(EventToJson(reused.trace.events[i]), EventToJson(fresh.trace.events[i]))
+        << where << ", event " << i;
+  }
+}
+
+TEST(FuzzSession, EveryRunIsAFreshRun) {
+  Rng rng(11);
+  for (const FuzzTarget target : AllFuzzTargets()) {
+    if (target == FuzzTarget::kTraceReader) continue;
+    FuzzSession session(target);
+    const std::vector<Bytes> inputs = Sequence(target, rng);
+    ASSERT_GE(inputs.size(), 8u) << FuzzTargetName(target) << ": too few corpus entries";
+    int64_t events = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Bytes& in = inputs[i];
+      const bool record = i % 2 == 0;
+      const FuzzRun fresh = RunFuzzInput(target, in.data(), in.size());
+      const FuzzRun reused = session.Run(in.data(), in.size(), record);
+      ExpectSameRun(fresh, reused, record,
+                    std::string(FuzzTargetName(target)) + " input " + std::to_string(i));
+      events += fresh.events;
+    }
+    // The comparison means something only if the runs did apply ops.
+    EXPECT_GT(events, static_cast<int64_t>(inputs.size())) << FuzzTargetName(target);
+  }
+}
+
+}  // namespace
+}  // namespace kvtwin::sim
