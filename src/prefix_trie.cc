@@ -88,10 +88,15 @@ PrefixTrie::Match PrefixTrie::FindBestMatch(TrieNode* from, std::span<const Trie
     bool best_full = false;
     // Under the sibling invariant at most one child qualifies, found through the index;
     // the tie-breaks (whole edge, then longer prefix, then earlier child) keep a broken
-    // trie deterministic (spec §3.2), so the list is scanned when a key has several.
-    const auto [lo, hi] = children_by_key_.equal_range({node, rest.front()});
-    if (lo == hi) break;
-    if (std::next(lo) == hi) {
+    // trie deterministic (spec §3.2), so the list is scanned when a key has several. A
+    // node with few children is scanned directly: the scan reads the children the match
+    // reads anyway, where the index costs a hash-table probe (most nodes on a path have
+    // one or two children).
+    const bool scan = node->children_.size() <= kScanChildren;
+    const auto [lo, hi] = scan ? std::pair{children_by_key_.end(), children_by_key_.end()}
+                               : children_by_key_.equal_range({node, rest.front()});
+    if (!scan && lo == hi) break;
+    if (!scan && std::next(lo) == hi) {
       TrieNode* c = lo->second;
       const size_t len = CommonPrefix(c->edge_, rest);
       match.path.push_back(c);

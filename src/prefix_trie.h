@@ -136,6 +136,8 @@ class PrefixTrie {
   struct ChildKeyHash {
     size_t operator()(const ChildKey& k) const;
   };
+  // FindBestMatch scans a node with at most this many children instead of probing the index.
+  static constexpr size_t kScanChildren = 4;
   void IndexChild(TrieNode* child);
   void UnindexChild(const TrieNode* parent, TrieKey first, const TrieNode* child);
 

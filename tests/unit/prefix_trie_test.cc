@@ -125,6 +125,38 @@ TEST(PrefixTrie, FindBestMatchPrefersLongerPartial) {
   EXPECT_EQ(e.Match(Keys{1, 2, 3, 7}), (Found{3, {e.root(), longer}}));
 }
 
+// FindBestMatch scans a node with few children and probes its child index otherwise: the
+// same tie-breaks must hold on both paths, so the broken tries above are rebuilt under a
+// node with more children than the scan takes.
+TEST(PrefixTrie, FindBestMatchTieBreaksHoldOnAWideNode) {
+  // Both insertion orders: the index keeps equal keys in an order of its own.
+  for (const bool reversed : {false, true}) {
+    KvEnv e;
+    TrieNode* p = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+    for (TrieKey k = 50; k < 56; ++k) e.trie.AppendChild(p, Keys{k, k}, 5);
+    TrieNode* shorter = nullptr;
+    TrieNode* longer = nullptr;
+    if (!reversed) {
+      e.trie.AppendChild(p, Seq(10, 14), 8);
+      shorter = e.trie.AppendChild(p, Seq(10, 12), 6);
+      e.trie.AppendChild(p, Keys{20, 21, 29}, 6);
+      longer = e.trie.AppendChild(p, Seq(20, 24), 8);
+    } else {
+      shorter = e.trie.AppendChild(p, Seq(10, 12), 6);
+      e.trie.AppendChild(p, Seq(10, 14), 8);
+      longer = e.trie.AppendChild(p, Seq(20, 24), 8);
+      e.trie.AppendChild(p, Keys{20, 21, 29}, 6);
+    }
+    ASSERT_GT(p->num_children(), 4);
+    EXPECT_EQ(e.Match(Keys{1, 2, 3, 10, 11, 12, 99}), (Found{6, {e.root(), p, shorter}}))
+        << "reversed " << reversed;
+    EXPECT_EQ(e.Match(Keys{1, 2, 3, 20, 21, 22, 7}), (Found{6, {e.root(), p, longer}}))
+        << "reversed " << reversed;
+    EXPECT_EQ(e.Match(Keys{1, 2, 3, 53, 53, 9}), (Found{5, {e.root(), p, p->child(3)}}));
+    EXPECT_EQ(e.Match(Keys{1, 2, 3, 99}), (Found{3, {e.root(), p}}));
+  }
+}
+
 TEST(PrefixTrie, SplitNodeWithSnapshots) {
   KvEnv e;
   TrieNode* left = e.trie.AppendChild(e.root(), Keys{7}, 1);
