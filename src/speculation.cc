@@ -59,6 +59,21 @@ Result<Wrappers> Wrap(std::span<LayerCache* const> layers, bool isolated) {
   return wrappers;
 }
 
+// `out` = the newest `keep` rows of [base ; acc], copied straight from both (no
+// concatenation first); `out` keeps its buffer when its shape already fits.
+void NewestRows(const Tensor& base, const Tensor& acc, int64_t keep, Tensor& out) {
+  const int64_t total = base.rows() + acc.rows();
+  KV_CHECK(0 <= keep && keep <= total, "history keeps more rows than were written");
+  const Tensor& like = base.rows() > 0 ? base : acc;
+  out.EnsureShape(like.dtype(), keep, like.cols());
+  const int64_t first = total - keep;
+  const int64_t from_base = std::max<int64_t>(0, base.rows() - first);
+  if (from_base > 0) out.CopyRows(0, base, first, from_base);
+  if (keep > from_base) {
+    out.CopyRows(from_base, acc, std::max<int64_t>(0, first - base.rows()), keep - from_base);
+  }
+}
+
 }  // namespace
 
 Result<Speculation> BeginSpeculation(std::span<LayerCache* const> layers) {
@@ -139,12 +154,8 @@ History AccumulatingAttention::View() const {
 }
 
 History AccumulatingAttention::MakeHistory(int64_t keep, int64_t query_len) const {
-  hist_k_ = base_k_;
-  hist_v_ = base_v_;
-  hist_k_.AppendRows(acc_k_);
-  hist_v_.AppendRows(acc_v_);
-  hist_k_.DropFrontRows(hist_k_.rows() - keep);
-  hist_v_.DropFrontRows(hist_v_.rows() - keep);
+  NewestRows(base_k_, acc_k_, keep, hist_k_);
+  NewestRows(base_v_, acc_v_, keep, hist_v_);
   History h;
   h.k = &hist_k_;
   h.v = &hist_v_;
