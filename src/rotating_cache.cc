@@ -126,8 +126,8 @@ History RotatingCache::View() const {
   const int64_t rows = has_buffer_ ? std::min(offset_, k_.rows()) : 0;
   if (rows <= window_) return BufferHistory(rows, 1);
   // Oversize (R3): the window is the trailing W rows, already in logical order.
-  view_k_ = k_.Rows(rows - window_, window_);
-  view_v_ = v_.Rows(rows - window_, window_);
+  view_k_.AssignRows(k_, rows - window_, window_);
+  view_v_.AssignRows(v_, rows - window_, window_);
   History h;
   h.k = &view_k_;
   h.v = &view_v_;

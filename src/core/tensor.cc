@@ -87,6 +87,12 @@ Tensor Tensor::Rows(int64_t begin, int64_t count) const {
   return t;
 }
 
+void Tensor::AssignRows(const Tensor& src, int64_t begin, int64_t count) {
+  KV_CHECK(this != &src, "AssignRows from itself");
+  EnsureShape(src.dtype_, count, src.cols());
+  CopyRows(0, src, begin, count);
+}
+
 void Tensor::CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64_t count) {
   KV_CHECK(dtype_ == src.dtype_, "CopyRows across dtypes");
   KV_CHECK(cols() == src.cols(), "CopyRows across column counts");

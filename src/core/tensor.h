@@ -52,6 +52,9 @@ class Tensor {
 
   // Copy of rows [begin, begin + count). REQUIRES: the range is inside the tensor.
   Tensor Rows(int64_t begin, int64_t count) const;
+  // *this = src.Rows(begin, count), reusing this tensor's buffer when the shape already
+  // fits (views rebuilt on every call).
+  void AssignRows(const Tensor& src, int64_t begin, int64_t count);
   // Copies `count` rows of `src` starting at `src_row` into rows starting at `dst_row`.
   // REQUIRES: same dtype and column count; both ranges inside their tensors.
   void CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64_t count);
