@@ -7,7 +7,8 @@
 // resolved against the reference state of the LockstepDriver (slots modulo the pool,
 // positions as value fields relative to the layer's offset, the window or a snapshot end).
 // Records that resolve to an op the driver would not accept are skipped; the applied ops
-// are recorded as an ops trace that ReplayTrace runs to the same digest and verdict.
+// are recorded (when asked) as an ops trace that ReplayTrace runs to the same digest and
+// verdict. A FuzzSession's driver and op buffer are reused across runs (LayerFuzzState).
 //
 // Header (field k = header byte 3 - k):
 //   0 layers   kKv, kRotating: 1 + b % 2; kRecurrent: 1 + b % 3; kSpeculation: 3 + b % 2
