@@ -107,7 +107,7 @@ size_t MutateFuzzInput(FuzzTarget target, uint8_t* data, size_t size, size_t max
     case Edit::kSwap: {
       const size_t a = pick(n);
       const size_t b = pick(n);
-      std::swap_ranges(at(a), at(a) + rb, at(b));
+      if (a != b) std::swap_ranges(at(a), at(a) + rb, at(b));  // the ranges must not overlap
       break;
     }
     case Edit::kAim: {

@@ -45,6 +45,21 @@ bool SameMultiset(const std::vector<std::vector<uint8_t>>& a,
   return std::is_permutation(a.begin(), a.end(), b.begin(), b.end());
 }
 
+// Whether `small` is `big` with exactly one record taken out (the others in their order).
+bool OneRecordRemoved(const std::vector<std::vector<uint8_t>>& big,
+                      const std::vector<std::vector<uint8_t>>& small) {
+  if (small.size() + 1 != big.size()) return false;
+  for (size_t skip = 0; skip < big.size(); ++skip) {
+    bool same = true;
+    for (size_t i = 0, j = 0; i < big.size() && same; ++i) {
+      if (i == skip) continue;
+      same = big[i] == small[j++];
+    }
+    if (same) return true;
+  }
+  return false;
+}
+
 // A FuzzParts' records copied out of the input they view.
 std::vector<std::vector<uint8_t>> Owned(const FuzzParts& parts) {
   std::vector<std::vector<uint8_t>> out;
@@ -108,8 +123,18 @@ TEST(FuzzMutate, ReachesEveryEdit) {
       std::vector<uint8_t> buf = WithRoom(in, layout.record_bytes);
       const size_t out = MutateFuzzInput(t, buf.data(), in.size(), buf.size(), seed, &FlipOne);
       const FuzzParts after = SplitFuzzInput(layout, buf.data(), out);
-      if (after.records.size() == n + 1) seen.insert("insert");
-      if (after.records.size() + 1 == n) seen.insert("delete");
+      // An insert adds one record and keeps every other in order; a delete takes exactly
+      // one out; the header is untouched by both.
+      if (after.records.size() == n + 1) {
+        EXPECT_TRUE(OneRecordRemoved(Owned(after), Owned(before)) && after.header == before.header)
+            << FuzzTargetName(t) << " seed " << seed << ": not an insert";
+        seen.insert("insert");
+      }
+      if (after.records.size() + 1 == n) {
+        EXPECT_TRUE(OneRecordRemoved(Owned(before), Owned(after)) && after.header == before.header)
+            << FuzzTargetName(t) << " seed " << seed << ": not a delete";
+        seen.insert("delete");
+      }
       if (after.records.size() != n || after.header != before.header) continue;
       if (SameMultiset(Owned(before), Owned(after)) && Owned(after) != Owned(before))
         seen.insert("swap");
