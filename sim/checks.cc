@@ -49,6 +49,14 @@ model::RefGdnParams RefParams(const GdnParams& p) {
   return out;
 }
 
+// The gated-delta parameters the folder needs, for a recurrent layer only: no other kind
+// folds a state, and deriving them is allocations per layer per fuzz execution (Reset).
+model::RefGdnParams FolderParams(const SyntheticForward& synth, const StackConfig& config,
+                                 int32_t layer) {
+  if (config.layers[static_cast<size_t>(layer)].kind != CacheKind::kRecurrent) return {};
+  return RefParams(synth.GdnParamsFor(layer, config.recurrent));
+}
+
 std::string DescribeRow(const Tensor& t, int64_t row) { return DecodeRow(t, row).ToString(); }
 
 std::string ExpectedTag(int64_t p, uint64_t h, int32_t layer, bool is_value) {
@@ -130,7 +138,7 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
       dtype_(config.dtype),
       cols_(config.kv_cols()),
       dims_(config.recurrent),
-      folder_(RefParams(synth.GdnParamsFor(layer, config.recurrent)),
+      folder_(FolderParams(synth, config, layer),
               [this](int64_t p, const model::Token& t, model::RefGdnToken& out) {
                 GdnToken(synth_, dtype_, layer_, dims_, p, t, gdn_qkv_, gdn_ba_, out);
               }) {
@@ -150,7 +158,7 @@ void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
   layer_ = layer;
   spec_ = config.layers[static_cast<size_t>(layer)];
   dims_ = config.recurrent;
-  folder_.Reset(RefParams(synth_.GdnParamsFor(layer, config.recurrent)));
+  folder_.Reset(FolderParams(synth_, config, layer));
   // Memo rows depend on the seed and the layer: all are recomputed. The tensors are kept
   // when their shape still fits (a new seed alone); every other member is scratch that a
   // check writes before it reads.
@@ -380,6 +388,11 @@ Check LayerOracle::CheckRotatingContent(const RotatingCache& cache, const model:
 Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
                                        const model::TokenLog& log, int64_t length,
                                        const char* where) {
+  // The dispatch follows the production object's kind: a recurrent state on another kind of
+  // layer is a production bug (and this layer's folder has no parameters).
+  if (spec_.kind != CacheKind::kRecurrent) {
+    return Mismatch{std::string(where) + " kind", CacheKindName(spec_.kind), "a recurrent state"};
+  }
   if (conv.dtype() != dtype_ || conv.rows() != dims_.conv_tail || conv.cols() != dims_.conv_dim()) {
     return Mismatch{std::string(where) + " conv shape",
                     fmt::format("{}[{}x{}]", DTypeName(dtype_), dims_.conv_tail, dims_.conv_dim()),

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "sim/checks.h"
+#include "sim/forward.h"
 #include "sim/run.h"
 #include "sim/synthetic.h"
 #include "src/kernels.h"
@@ -127,6 +128,27 @@ TEST(LayerOracle, ReportsARowFromAnotherBranchWithItsProvenance) {
   ASSERT_TRUE(c.has_value());
   EXPECT_NE(c->what.find("slot 1"), std::string::npos) << c->what;
   EXPECT_NE(c->actual.find("pos 1"), std::string::npos) << c->actual;
+}
+
+// The oracle dispatches on the production object's kind, so a recurrent state where the
+// layer is another kind must be reported, not folded with a recurrent layer's parameters.
+TEST(LayerOracle, ReportsARecurrentStateOnANonRecurrentLayer) {
+  SyntheticForward synth(5);
+  const StackConfig recurrent = OneLayer(CacheKind::kRecurrent);
+  RecurrentCache cache(recurrent.recurrent);
+  const model::TokenLog log = Tokens(synth, {1, 2, 3}, synth.seed());
+  const ConvWeights conv = synth.ConvParams(0, recurrent.recurrent);
+  const GdnParams gdn = synth.GdnParamsFor(0, recurrent.recurrent);
+  (void)ForwardSynthetic(cache, recurrent, synth, 0, 0, log, &conv, &gdn);
+  LayerOracle right(synth, recurrent, 0);
+  const Check ok = right.CheckLiveContent(cache, log);
+  EXPECT_FALSE(ok.has_value()) << ok->what;
+  for (const CacheKind kind : {CacheKind::kFullKv, CacheKind::kRotating}) {
+    LayerOracle wrong(synth, OneLayer(kind), 0);
+    const Check c = wrong.CheckLiveContent(cache, log);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->what, "live kind") << c->what;
+  }
 }
 
 // Live rows are compared a whole run at a time; one wrong element anywhere in a long buffer
