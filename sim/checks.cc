@@ -57,6 +57,13 @@ model::RefGdnParams FolderParams(const SyntheticForward& synth, const StackConfi
   return RefParams(synth.GdnParamsFor(layer, config.recurrent));
 }
 
+// Every check below dispatches on the production object's kind, so an object of another kind
+// than the layer's (a cache or a snapshot from the wrong constructor) is reported first.
+Check CheckKind(const char* what, CacheKind layer, CacheKind actual) {
+  if (actual == layer) return std::nullopt;
+  return Mismatch{what, CacheKindName(layer), CacheKindName(actual)};
+}
+
 std::string DescribeRow(const Tensor& t, int64_t row) { return DecodeRow(t, row).ToString(); }
 
 std::string ExpectedTag(int64_t p, uint64_t h, int32_t layer, bool is_value) {
@@ -299,6 +306,7 @@ Check LayerOracle::CheckKvRows(const Tensor& k, const Tensor& v, std::span<const
 }
 
 Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref) {
+  if (Check c = CheckKind("live cache kind", spec_.kind, cache.kind())) return c;
   if (cache.Offset() != ref.Offset()) {
     return Mismatch{"offset", std::to_string(ref.Offset()), std::to_string(cache.Offset())};
   }
@@ -325,6 +333,7 @@ Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref
 }
 
 Check LayerOracle::CheckLiveContent(const LayerCache& cache, const model::TokenLog& log) {
+  if (Check c = CheckKind("live cache kind", spec_.kind, cache.kind())) return c;
   const auto offset = static_cast<int64_t>(log.size());
   if (cache.Offset() != offset) {
     return Mismatch{"offset", std::to_string(offset), std::to_string(cache.Offset())};
@@ -388,11 +397,8 @@ Check LayerOracle::CheckRotatingContent(const RotatingCache& cache, const model:
 Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
                                        const model::TokenLog& log, int64_t length,
                                        const char* where) {
-  // The dispatch follows the production object's kind: a recurrent state on another kind of
-  // layer is a production bug (and this layer's folder has no parameters).
-  if (spec_.kind != CacheKind::kRecurrent) {
-    return Mismatch{std::string(where) + " kind", CacheKindName(spec_.kind), "a recurrent state"};
-  }
+  // Callers checked the kind (CheckKind): only a recurrent layer's folder has parameters.
+  KV_CHECK(spec_.kind == CacheKind::kRecurrent, "a recurrent state checked on another layer");
   if (conv.dtype() != dtype_ || conv.rows() != dims_.conv_tail || conv.cols() != dims_.conv_dim()) {
     return Mismatch{std::string(where) + " conv shape",
                     fmt::format("{}[{}x{}]", DTypeName(dtype_), dims_.conv_tail, dims_.conv_dim()),
@@ -450,6 +456,7 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
     return Mismatch{"snapshot presence", ref ? "a snapshot" : "null", prod ? "a snapshot" : "null"};
   }
   if (prod == nullptr) return std::nullopt;
+  if (Check c = CheckKind("snapshot kind", spec_.kind, prod->kind())) return c;
   if (prod->to() != ref->to || (spec_.kind == CacheKind::kFullKv && prod->from() != ref->from)) {
     return Mismatch{"snapshot range", fmt::format("[{}, {})", ref->from, ref->to),
                     fmt::format("[{}, {})", prod->from(), prod->to())};

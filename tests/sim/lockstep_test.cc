@@ -130,9 +130,9 @@ TEST(LayerOracle, ReportsARowFromAnotherBranchWithItsProvenance) {
   EXPECT_NE(c->actual.find("pos 1"), std::string::npos) << c->actual;
 }
 
-// The oracle dispatches on the production object's kind, so a recurrent state where the
-// layer is another kind must be reported, not folded with a recurrent layer's parameters.
-TEST(LayerOracle, ReportsARecurrentStateOnANonRecurrentLayer) {
+// The oracle dispatches on the production object's kind, so a cache or snapshot of another
+// kind than the layer's must be reported, not checked as what it claims to be.
+TEST(LayerOracle, ReportsACacheOrSnapshotOfAnotherKindThanTheLayer) {
   SyntheticForward synth(5);
   const StackConfig recurrent = OneLayer(CacheKind::kRecurrent);
   RecurrentCache cache(recurrent.recurrent);
@@ -143,11 +143,24 @@ TEST(LayerOracle, ReportsARecurrentStateOnANonRecurrentLayer) {
   LayerOracle right(synth, recurrent, 0);
   const Check ok = right.CheckLiveContent(cache, log);
   EXPECT_FALSE(ok.has_value()) << ok->what;
+  model::RefCache ref = model::RefCache::Recurrent();
+  ref.Write(log);
+  EXPECT_FALSE(right.CheckLive(cache, ref).has_value());
+  const SnapshotPtr snap = cache.Snapshot(0);
+  ASSERT_NE(snap, nullptr);
+  const model::RefSnap ref_snap = ref.Snapshot(0);
+  EXPECT_FALSE(right.CheckSnapshot(snap.get(), ref_snap).has_value());
   for (const CacheKind kind : {CacheKind::kFullKv, CacheKind::kRotating}) {
     LayerOracle wrong(synth, OneLayer(kind), 0);
-    const Check c = wrong.CheckLiveContent(cache, log);
-    ASSERT_TRUE(c.has_value());
-    EXPECT_EQ(c->what, "live kind") << c->what;
+    const Check content = wrong.CheckLiveContent(cache, log);
+    ASSERT_TRUE(content.has_value());
+    EXPECT_EQ(content->what, "live cache kind");
+    const Check live = wrong.CheckLive(cache, ref);
+    ASSERT_TRUE(live.has_value());
+    EXPECT_EQ(live->what, "live cache kind");
+    const Check snapshot = wrong.CheckSnapshot(snap.get(), ref_snap);
+    ASSERT_TRUE(snapshot.has_value());
+    EXPECT_EQ(snapshot->what, "snapshot kind");
   }
 }
 
