@@ -380,6 +380,7 @@ FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& 
     }
   }
   run.digest = driver.digest();
+  driver.Clear();  // this execution frees what it built (LockstepDriver::Clear)
   return run;
 }
 

@@ -28,7 +28,22 @@ void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
   digest_ = 0;
   divergence_.reset();
   auto caches = BuildCaches(config_);
-  layers_.resize(caches.size());
+  // A smaller stack parks its surplus layers and a larger one takes them back, so a reused
+  // driver keeps their oracles and buffers: a fuzz input's layer count changes often, and a
+  // layer built anew is allocations its execution does not free.
+  while (layers_.size() > caches.size()) {
+    ClearLayer(layers_.back());
+    spare_layers_.push_back(std::move(layers_.back()));
+    layers_.pop_back();
+  }
+  while (layers_.size() < caches.size()) {
+    if (spare_layers_.empty()) {
+      layers_.emplace_back();
+    } else {
+      layers_.push_back(std::move(spare_layers_.back()));
+      spare_layers_.pop_back();
+    }
+  }
   for (size_t i = 0; i < caches.size(); ++i) {
     const LayerSpec& spec = config_.layers[i];
     const auto index = static_cast<int32_t>(i);
@@ -50,6 +65,19 @@ void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
       layer.gdn_params = synth_.GdnParamsFor(index, config_.recurrent);
     }
   }
+}
+
+void LockstepDriver::ClearLayer(Layer& layer) {
+  layer.cache.reset();
+  layer.ref = model::RefCache::Kv();
+  layer.pool.clear();
+  layer.conv_weights = {};
+  layer.gdn_params = {};
+}
+
+void LockstepDriver::Clear() {
+  for (Layer& layer : layers_) ClearLayer(layer);
+  divergence_.reset();
 }
 
 int32_t LockstepDriver::pool_size(int32_t layer) const {

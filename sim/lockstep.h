@@ -46,6 +46,13 @@ class LockstepDriver {
   // allocation). The constructor is this on an empty driver, so both share one path.
   // REQUIRES: config.Validate().ok().
   void Reset(StackConfig config, uint64_t seed);
+  // Frees what the run built (caches, references, pools, kernel parameters, the divergence)
+  // and keeps what Reset reuses. A fuzz target clears its driver after each input, so every
+  // execution frees what it allocated: libFuzzer's per-input leak check compares mallocs and
+  // frees within an execution, and state held until the next Reset made about half of all
+  // executions look leaky (each then ran twice, and a real leak went unattributed).
+  // REQUIRES: Reset before any other use.
+  void Clear();
 
   // Applies `op`; returns the first divergence (also kept in divergence()).
   // REQUIRES: no divergence yet; op.layer and op slots are valid (see Valid()).
@@ -80,6 +87,8 @@ class LockstepDriver {
     GdnParams gdn_params;
   };
 
+  // Frees the layer's run state (cache, reference, pool, kernel parameters); keeps its oracle.
+  static void ClearLayer(Layer& layer);
   Check ApplyToLayer(const Op& op, Layer& layer, int32_t index);
   Check Write(const Op& op, Layer& layer, int32_t index);
   // The op's tokens with their provenance hashes, continuing the layer's reference log.
@@ -99,6 +108,7 @@ class LockstepDriver {
   StackConfig config_;
   SyntheticForward synth_;
   std::vector<Layer> layers_;
+  std::vector<Layer> spare_layers_;  // parked by a smaller stack, cleared (Reset)
   int64_t steps_ = 0;
   uint64_t digest_ = 0;
   std::optional<Divergence> divergence_;
