@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "sim/fuzz_input.h"
+#include "tests/sim/fuzz_corpus.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define KVTWIN_COUNTS_MALLOC 0
@@ -77,22 +78,6 @@ extern "C" void free(void* p) {
 
 namespace kvtwin::sim {
 namespace {
-
-using Bytes = std::vector<uint8_t>;
-
-std::vector<Bytes> CorpusEntries(FuzzTarget target, size_t n) {
-  std::vector<std::filesystem::path> paths;
-  const std::filesystem::path dir = std::filesystem::path("fuzz/corpus") / FuzzTargetName(target);
-  for (const auto& e : std::filesystem::directory_iterator(dir)) paths.push_back(e.path());
-  std::sort(paths.begin(), paths.end());
-  if (paths.size() > n) paths.resize(n);
-  std::vector<Bytes> out;
-  for (const auto& p : paths) {
-    std::ifstream in(p, std::ios::binary);
-    out.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return out;
-}
 
 // Counts one execution the way libFuzzer's MallocFreeTracer does.
 struct Counts {

@@ -18,28 +18,10 @@
 #include "sim/fuzz_input.h"
 #include "sim/trace.h"
 #include "src/core/rng.h"
+#include "tests/sim/fuzz_corpus.h"
 
 namespace kvtwin::sim {
 namespace {
-
-using Bytes = std::vector<uint8_t>;
-
-Bytes ReadBytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// Up to `n` corpus entries of the target, in name order (the directory's order is not fixed).
-std::vector<Bytes> CorpusEntries(FuzzTarget target, size_t n) {
-  std::vector<std::filesystem::path> paths;
-  const std::filesystem::path dir = std::filesystem::path("fuzz/corpus") / FuzzTargetName(target);
-  for (const auto& e : std::filesystem::directory_iterator(dir)) paths.push_back(e.path());
-  std::sort(paths.begin(), paths.end());
-  if (paths.size() > n) paths.resize(n);
-  std::vector<Bytes> out;
-  for (const auto& p : paths) out.push_back(ReadBytes(p));
-  return out;
-}
 
 // The entries interleaved with copies whose header bytes are random, so consecutive runs
 // differ in shape and seed and each copy's records run on a state another header built.
