@@ -40,12 +40,11 @@ void CaptureSchedule::Reset() {
   base_ = 0;
 }
 
-std::vector<int64_t> CaptureSchedule::ScheduledIn(int64_t start, int64_t end) const {
-  std::vector<int64_t> out;
-  if (!active_) return out;
-  auto lo = std::lower_bound(offsets_.begin(), offsets_.end(), start);
-  for (auto it = lo; it != offsets_.end() && *it <= end; ++it) out.push_back(*it);
-  return out;
+std::span<const int64_t> CaptureSchedule::ScheduledIn(int64_t start, int64_t end) const {
+  if (!active_) return {};
+  const auto lo = std::lower_bound(offsets_.begin(), offsets_.end(), start);
+  const auto hi = std::upper_bound(lo, offsets_.end(), end);
+  return {lo, hi};
 }
 
 int64_t CaptureSchedule::IndexOf(int64_t offset) const {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "src/cache.h"
@@ -30,8 +31,10 @@ class CaptureSchedule {
   int64_t base() const { return base_; }
   const std::vector<int64_t>& offsets() const { return offsets_; }
 
-  // Scheduled offsets o with start <= o <= end, ascending.
-  std::vector<int64_t> ScheduledIn(int64_t start, int64_t end) const;
+  // Scheduled offsets o with start <= o <= end, ascending: a view of offsets(), valid until
+  // the next Prepare, Take or Reset (CaptureReached leaves it valid). A view and not a copy:
+  // every write of a cache with an active schedule asks.
+  std::span<const int64_t> ScheduledIn(int64_t start, int64_t end) const;
   // If `reached` is scheduled and its slot is still empty: slot := make(base), then
   // base := reached (even when make returns null). `make` is called with the current base.
   template <typename MakeSnapshot>

@@ -92,9 +92,9 @@ PrefixTrie::Match PrefixTrie::FindBestMatch(TrieNode* from, std::span<const Trie
     // node with few children is scanned directly: the scan reads the children the match
     // reads anyway, where the index costs a hash-table probe (most nodes on a path have
     // one or two children).
-    const bool scan = node->children_.size() <= kScanChildren;
-    const auto [lo, hi] = scan ? std::pair{children_by_key_.end(), children_by_key_.end()}
-                               : children_by_key_.equal_range({node, rest.front()});
+    const bool scan = node->index_ == nullptr;
+    const auto [lo, hi] = scan ? std::pair<Index::iterator, Index::iterator>{}
+                               : node->index_->equal_range(rest.front());
     if (!scan && lo == hi) break;
     if (!scan && std::next(lo) == hi) {
       TrieNode* c = lo->second;
@@ -227,11 +227,8 @@ void PrefixTrie::MergeWithChild(TrieNode* node) {
   node->edge_.insert(node->edge_.end(), child->edge_.begin(), child->edge_.end());
   node->end_offset_ = child->end_offset_;
   node->children_ = std::move(child->children_);
-  for (std::unique_ptr<TrieNode>& c : node->children_) {
-    UnindexChild(child.get(), c->edge_.front(), c.get());
-    c->parent_ = node;
-    IndexChild(c.get());
-  }
+  node->index_ = std::move(child->index_);  // keyed by first keys, which do not change
+  for (std::unique_ptr<TrieNode>& c : node->children_) c->parent_ = node;
   node->user_ = child->user_;  // the child's flag wins, even over a user parent
   node->last_used_ = std::max(node->last_used_, child->last_used_);
   // `child` (now childless, its snapshots consumed) is destroyed here.
@@ -244,24 +241,25 @@ void PrefixTrie::SetSnapshots(TrieNode* node, std::vector<SnapshotPtr> snapshots
   // `old` is closed on return.
 }
 
-size_t PrefixTrie::ChildKeyHash::operator()(const ChildKey& k) const {
-  const size_t a = std::hash<const TrieNode*>()(k.parent);
-  return a ^ (std::hash<TrieKey>()(k.first) + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
-}
-
 void PrefixTrie::IndexChild(TrieNode* child) {
-  children_by_key_.emplace(ChildKey{child->parent_, child->edge_.front()}, child);
-}
-
-void PrefixTrie::UnindexChild(const TrieNode* parent, TrieKey first, const TrieNode* child) {
-  auto [lo, hi] = children_by_key_.equal_range({parent, first});
-  for (auto it = lo; it != hi; ++it) {
-    if (it->second == child) {
-      children_by_key_.erase(it);
-      return;
+  TrieNode* parent = child->parent_;
+  if (parent->index_ != nullptr) {
+    parent->index_->emplace(child->edge_.front(), child);
+  } else if (parent->children_.size() > kScanChildren) {
+    parent->index_ = std::make_unique<Index>();
+    for (const std::unique_ptr<TrieNode>& c : parent->children_) {
+      parent->index_->emplace(c->edge_.front(), c.get());
     }
   }
-  KV_CHECK(false, "trie child index misses a child");
+}
+
+void PrefixTrie::UnindexChild(TrieNode* parent, TrieKey first, const TrieNode* child) {
+  if (parent->index_ == nullptr) return;
+  auto [lo, hi] = parent->index_->equal_range(first);
+  auto it = std::find_if(lo, hi, [child](const auto& entry) { return entry.second == child; });
+  KV_CHECK(it != hi, "trie child index misses a child");
+  parent->index_->erase(it);
+  if (parent->children_.size() <= kScanChildren) parent->index_.reset();
 }
 
 std::vector<SnapshotPtr> PrefixTrie::Detach(TrieNode* node) {

@@ -48,6 +48,9 @@ class TrieNode {
   int64_t end_offset_ = 0;
   TrieNode* parent_ = nullptr;
   std::vector<std::unique_ptr<TrieNode>> children_;
+  // First key of a child's edge -> that child; present exactly while the node has more
+  // than PrefixTrie::kScanChildren children (see PrefixTrie::IndexChild).
+  std::unique_ptr<std::unordered_multimap<TrieKey, TrieNode*>> index_;
   Tick last_used_{0};
   bool user_ = false;
   std::vector<SnapshotPtr> snapshots_;
@@ -123,29 +126,24 @@ class PrefixTrie {
   // Installs a set on a node without snapshots and adds it to the byte counter.
   void Attach(TrieNode* node, std::vector<SnapshotPtr> snapshots);
 
-  // (parent, first key of the child's edge) -> child, so FindBestMatch costs O(depth) and
-  // not O(siblings): a shared system prompt has one child per distinct next token, tens of
-  // thousands under load. A multimap, so a broken trie with two siblings on one first key
-  // still matches exactly as the spec's scan (the scan decides whenever a key has more
-  // than one entry).
-  struct ChildKey {
-    const TrieNode* parent;
-    TrieKey first;
-    bool operator==(const ChildKey&) const = default;
-  };
-  struct ChildKeyHash {
-    size_t operator()(const ChildKey& k) const;
-  };
-  // FindBestMatch scans a node with at most this many children instead of probing the index.
+  // Each node with more than kScanChildren children keeps its own index (first key of a
+  // child's edge -> child), so FindBestMatch costs O(depth) and not O(siblings): a shared
+  // system prompt has one child per distinct next token, tens of thousands under load.
+  // Nodes with fewer children, most of them, are scanned and keep no index: maintaining one
+  // index of every edge in the trie cost more than every match it served. A multimap, so a
+  // broken trie with two siblings on one first key still matches exactly as the spec's
+  // scan (the scan decides whenever a key has more than one entry).
   static constexpr size_t kScanChildren = 4;
+  using Index = std::unordered_multimap<TrieKey, TrieNode*>;
+  // Call after `child` joined its parent's children list.
   void IndexChild(TrieNode* child);
-  void UnindexChild(const TrieNode* parent, TrieKey first, const TrieNode* child);
+  // Call after the child left `parent`'s children list (or was replaced in its slot).
+  void UnindexChild(TrieNode* parent, TrieKey first, const TrieNode* child);
 
   std::vector<LayerCache*> caches_;
   std::unique_ptr<TrieNode> root_;
   int64_t paged_out_bytes_ = 0;
   int64_t num_nodes_ = 1;
-  std::unordered_multimap<ChildKey, TrieNode*, ChildKeyHash> children_by_key_;
 };
 
 }  // namespace kvtwin

@@ -131,8 +131,10 @@ RecurrentCache::StateView RecurrentCache::Get(DType activation) {
 std::vector<int64_t> RecurrentCache::SnapshotSplits(int64_t forward_len) const {
   // Strictly inside: the start was captured before (Prepare or the previous Put) and the
   // end is captured from the live state by Put itself.
-  std::vector<int64_t> splits = schedule_.ScheduledIn(offset_ + 1, offset_ + forward_len - 1);
-  for (int64_t& s : splits) s -= offset_;
+  std::vector<int64_t> splits;
+  for (const int64_t o : schedule_.ScheduledIn(offset_ + 1, offset_ + forward_len - 1)) {
+    splits.push_back(o - offset_);
+  }
   return splits;
 }
 
