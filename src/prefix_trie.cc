@@ -93,6 +93,9 @@ PrefixTrie::Match PrefixTrie::FindBestMatch(TrieNode* from, std::span<const Trie
     // reads anyway, where the index costs a hash-table probe (most nodes on a path have
     // one or two children).
     const bool scan = node->index_ == nullptr;
+    KV_CHECK(scan == (node->children_.size() <= kScanChildren),
+             "trie node with " + std::to_string(node->children_.size()) + " children " +
+                 (scan ? "lacks" : "keeps") + " a child index");
     const auto [lo, hi] = scan ? std::pair<Index::iterator, Index::iterator>{}
                                : node->index_->equal_range(rest.front());
     if (!scan && lo == hi) break;

@@ -249,6 +249,29 @@ TEST(MergeWithChild, Basic) {
   EXPECT_TRUE(HoldsKv(a, 0, 5));
 }
 
+// A wide child's index moves to the node that absorbs it, and a node whose children drop
+// to the scan limit drops its index: FindBestMatch checks that a node keeps an index exactly
+// while it has more children than it scans, and finds each child by its key either way.
+TEST(MergeWithChild, AWideChildKeepsItsChildrenFindable) {
+  KvEnv e;
+  TrieNode* a = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+  TrieNode* b = e.trie.AppendChild(a, Seq(4, 5), 5);
+  Nodes leaves;
+  for (TrieKey k = 10; k < 16; ++k) leaves.push_back(e.trie.AppendChild(b, Keys{k, k}, 7));
+  e.trie.MergeWithChild(a);
+  for (TrieKey k = 10; k < 16; ++k) {
+    EXPECT_EQ(e.Match(Keys{1, 2, 3, 4, 5, k, k}),
+              (Found{7, {e.root(), a, leaves[static_cast<size_t>(k - 10)]}}));
+  }
+  e.trie.RemoveNode(leaves[0]);
+  e.trie.RemoveNode(leaves[5]);  // down to four: scanned from here on
+  EXPECT_EQ(e.Match(Keys{1, 2, 3, 4, 5, 12, 12}), (Found{7, {e.root(), a, leaves[2]}}));
+  EXPECT_EQ(e.Match(Keys{1, 2, 3, 4, 5, 10, 10}), (Found{5, {e.root(), a}}));
+  e.trie.AppendChild(a, Keys{20}, 6);  // five again: indexed
+  EXPECT_EQ(e.Match(Keys{1, 2, 3, 4, 5, 20}).first, 6);
+  EXPECT_EQ(e.Match(Keys{1, 2, 3, 4, 5, 13, 13}), (Found{7, {e.root(), a, leaves[3]}}));
+}
+
 TEST(MergeWithChild, UserFlag) {
   // The child's flag wins both ways: a user parent merged into a plain child is plain.
   for (const bool child_user : {true, false}) {
