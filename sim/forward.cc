@@ -1,5 +1,6 @@
 #include "sim/forward.h"
 
+#include <optional>
 #include <type_traits>
 
 #include "src/recurrent_forward.h"
@@ -45,8 +46,9 @@ History ForwardSynthetic(LayerCache& target, const StackConfig& config,
                          std::span<const model::Token> tokens, const ConvWeights* conv,
                          const GdnParams* gdn, int64_t pad, bool segmented,
                          ForwardScratch* scratch) {
-  ForwardScratch local;
-  ForwardScratch& s = scratch != nullptr ? *scratch : local;
+  // Built only without a caller's scratch: an empty one still costs a dozen destructors.
+  std::optional<ForwardScratch> local;
+  ForwardScratch& s = scratch != nullptr ? *scratch : local.emplace();
   const auto real = static_cast<int64_t>(tokens.size());
   if (target.kind() != CacheKind::kRecurrent) {
     s.k.EnsureShape(config.dtype, real, config.kv_cols());  // FillKvRow rewrites every row

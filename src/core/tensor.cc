@@ -46,14 +46,6 @@ Tensor Tensor::FromFloat(DType dtype, const MatF& values) {
   return t;
 }
 
-int64_t Tensor::rows() const {
-  return std::visit([](const auto& m) { return static_cast<int64_t>(m.rows()); }, data_);
-}
-
-int64_t Tensor::cols() const {
-  return std::visit([](const auto& m) { return static_cast<int64_t>(m.cols()); }, data_);
-}
-
 float Tensor::At(int64_t row, int64_t col) const {
   KV_CHECK(row >= 0 && row < rows() && col >= 0 && col < cols(), "tensor index out of range");
   return std::visit([&](const auto& m) { return static_cast<float>(m(row, col)); }, data_);
@@ -98,15 +90,18 @@ void Tensor::CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64
   KV_CHECK(cols() == src.cols(), "CopyRows across column counts");
   KV_CHECK(count >= 0 && dst_row >= 0 && dst_row + count <= rows(), "CopyRows target range");
   KV_CHECK(src_row >= 0 && src_row + count <= src.rows(), "CopyRows source range");
+  // Row-major storage with equal column counts: the rows are one contiguous range on each
+  // side, so one memmove copies them bit-exactly (and handles a self-copy that overlaps).
+  if (count == 0) return;
   std::visit(
       [&](auto& m) {
         using M = std::decay_t<decltype(m)>;
         const M& s = std::get<M>(src.data_);
-        if (&m == &s) {
-          m.middleRows(dst_row, count) = M(s.middleRows(src_row, count));  // may overlap
-        } else {
-          m.middleRows(dst_row, count) = s.middleRows(src_row, count);
-        }
+        const auto cols = static_cast<size_t>(m.cols());
+        static_assert(M::IsRowMajor, "rows are contiguous only in row-major storage");
+        std::memmove(static_cast<void*>(m.data() + static_cast<size_t>(dst_row) * cols),
+                     static_cast<const void*>(s.data() + static_cast<size_t>(src_row) * cols),
+                     static_cast<size_t>(count) * cols * sizeof(typename M::Scalar));
       },
       data_);
 }

@@ -39,8 +39,13 @@ class Tensor {
   static Tensor FromFloat(DType dtype, const MatF& values);
 
   DType dtype() const { return dtype_; }
-  int64_t rows() const;
-  int64_t cols() const;
+  // Inline: the checks and the caches ask for the shape on every row they touch.
+  int64_t rows() const {
+    return data_.index() == 0 ? std::get<0>(data_).rows() : std::get<1>(data_).rows();
+  }
+  int64_t cols() const {
+    return data_.index() == 0 ? std::get<0>(data_).cols() : std::get<1>(data_).cols();
+  }
   bool empty() const { return rows() == 0; }
   // Bytes the elements occupy: rows * cols * ElementBytes(dtype).
   int64_t Bytes() const { return rows() * cols() * ElementBytes(dtype_); }

@@ -1,11 +1,16 @@
 // Goal: Tensor::EnsureShape, the reuse rule of every buffer kept across calls (the forward
 // and kernel scratch): the same shape keeps the tensor untouched, any other dtype, row or
 // column count gives a zero-filled tensor of the new shape. AssignRows, built on it, equals
-// Rows() whatever the target held before.
-// Method: mark a tensor, ask for each shape, and look at the marks and the shape.
+// Rows() whatever the target held before. CopyRows moves whole rows bit-exactly, also within
+// one tensor when the ranges overlap.
+// Method: mark a tensor, ask for each shape, and look at the marks and the shape; copy row
+// ranges and compare every element with the rows read one by one before the copy.
 #include "src/core/tensor.h"
 
 #include <gtest/gtest.h>
+
+#include <limits>
+#include <tuple>
 
 namespace kvtwin {
 namespace {
@@ -49,6 +54,39 @@ TEST(Tensor, AssignRowsEqualsRowsWhateverTheTargetHeld) {
   for (const auto& [begin, count] : {std::pair{1, 3}, {2, 3}, {0, 6}, {5, 1}, {4, 0}}) {
     target.AssignRows(src, begin, count);
     EXPECT_TRUE(target.Equals(src.Rows(begin, count))) << begin << "+" << count;
+  }
+}
+
+// Rows r of `t` filled with 100 r + c, and a NaN and a -0 whose bits a conversion could lose.
+Tensor Numbered(DType dtype, int64_t rows, int64_t cols) {
+  Tensor t(dtype, rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t.Set(r, c, static_cast<float>(100 * r + c));
+  t.Set(1, 0, std::numeric_limits<float>::quiet_NaN());
+  t.Set(2, cols - 1, -0.0f);
+  return t;
+}
+
+TEST(Tensor, CopyRowsMovesWholeRowsBitExactlyAlsoOverlappingWithinOneTensor) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    // {dst_row, src_row, count}: forward and backward overlaps, disjoint, empty, whole.
+    for (const auto& [dst, src, count] :
+         {std::tuple{0, 2, 4}, {2, 0, 4}, {1, 2, 3}, {3, 2, 3}, {0, 4, 2}, {5, 1, 0}, {0, 0, 6}}) {
+      Tensor self = Numbered(dtype, 6, 3);
+      Tensor want = self;
+      const Tensor moved = self.Rows(src, count);  // the rows as they were before the copy
+      for (int64_t r = 0; r < count; ++r) want.CopyRows(dst + r, moved, r, 1);
+      self.CopyRows(dst, self, src, count);
+      EXPECT_TRUE(self.Equals(want))
+          << DTypeName(dtype) << " " << dst << "<-" << src << "+" << count;
+
+      Tensor other(dtype, 7, 3);
+      other.CopyRows(dst + 1, Numbered(dtype, 6, 3), src, count);
+      EXPECT_TRUE(other.Rows(dst + 1, count).Equals(moved)) << DTypeName(dtype);
+      EXPECT_TRUE(other.Rows(0, dst + 1).Equals(Tensor(dtype, dst + 1, 3))) << "rows before";
+      EXPECT_EQ(other.rows(), 7);
+      EXPECT_EQ(other.cols(), 3);
+    }
   }
 }
 
