@@ -60,8 +60,9 @@ std::unique_ptr<RefNode> MergeIntoOnlyChild(RefNode& node) {
   node.end = child->end;
   node.user = child->user;
   node.last_used = std::max(node.last_used, child->last_used);
-  node.children = std::move(child->children);
-  for (auto& grandchild : node.children) grandchild->parent = &node;
+  node.children.clear();
+  node.child_keys.clear();
+  TakeRefChildren(node, *child);
   child->parent = nullptr;
   return child;
 }
@@ -69,14 +70,7 @@ std::unique_ptr<RefNode> MergeIntoOnlyChild(RefNode& node) {
 // removeNode(leaf): unlink it, keeping its siblings' order. Returns the detached leaf.
 std::unique_ptr<RefNode> RemoveLeaf(RefNode& leaf) {
   KV_CHECK(!leaf.is_root() && leaf.children.empty(), "only a non-root leaf can be removed");
-  auto& siblings = leaf.parent->children;
-  auto it = std::find_if(siblings.begin(), siblings.end(),
-                         [&](const std::unique_ptr<RefNode>& c) { return c.get() == &leaf; });
-  KV_CHECK(it != siblings.end(), "a node is missing from its parent's children");
-  std::unique_ptr<RefNode> detached = std::move(*it);
-  siblings.erase(it);
-  detached->parent = nullptr;
-  return detached;
+  return DetachRefChild(&leaf);
 }
 
 // The victim per the tie-breaks (oldest, deeper, larger, first in pre-order), or null.

@@ -66,8 +66,9 @@ Match FindBestMatch(RefNode* from, const Keys& keys) {
   while (pos < keys.size()) {
     RefNode* best = nullptr;
     size_t best_len = 0;
-    for (const auto& child : node->children) {
-      if (child->edge.front() != keys[pos]) continue;
+    for (size_t c = 0; c < node->children.size(); ++c) {
+      if (node->child_keys[c] != keys[pos]) continue;
+      RefNode* child = node->children[c].get();
       size_t j = 0;
       while (j < child->edge.size() && pos + j < keys.size() && child->edge[j] == keys[pos + j]) {
         ++j;
@@ -75,7 +76,7 @@ Match FindBestMatch(RefNode* from, const Keys& keys) {
       const bool full = j == child->edge.size();
       const bool best_full = best != nullptr && best_len == best->edge.size();
       if (best == nullptr || (full && !best_full) || (full == best_full && j > best_len)) {
-        best = child.get();
+        best = child;
         best_len = j;
       }
     }
@@ -112,15 +113,9 @@ RefNode* SplitNode(RefNode* node, int64_t at, const Caches& caches) {
     p->snaps = std::move(heads);
     p->bytes.assign(caches.size(), 0);
   }
-  auto& siblings = node->parent->children;
-  auto it = std::find_if(siblings.begin(), siblings.end(),
-                         [&](const std::unique_ptr<RefNode>& c) { return c.get() == node; });
-  KV_CHECK(it != siblings.end(), "a node is missing from its parent's children");
-  std::unique_ptr<RefNode> owned = std::move(*it);
-  *it = std::move(p);
-  RefNode* parent = it->get();
-  owned->parent = parent;
-  parent->children.push_back(std::move(owned));
+  RefNode* parent = p.get();
+  std::unique_ptr<RefNode> owned = ReplaceRefChild(node, std::move(p));
+  AdoptRefChild(*parent, std::move(owned));
   return parent;
 }
 
@@ -141,8 +136,9 @@ void MergeWithChild(RefNode* node, const Caches& caches) {
   node->end = child->end;
   node->user = child->user;
   node->last_used = std::max(node->last_used, child->last_used);
-  node->children = std::move(child->children);
-  for (auto& grandchild : node->children) grandchild->parent = node;
+  node->children.clear();
+  node->child_keys.clear();
+  TakeRefChildren(*node, *child);
 }
 
 // advancePath (§3.4): follow `keys` below F, split a partially matched last node, append

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "src/core/check.h"
 
@@ -82,9 +83,67 @@ RefNode* AppendRefChild(RefNode* parent, std::vector<int32_t> edge, int64_t end)
   child->edge = std::move(edge);
   child->end = end;
   child->last_used = parent->last_used;
-  child->parent = parent;
-  parent->children.push_back(std::move(child));
-  return parent->children.back().get();
+  return AdoptRefChild(*parent, std::move(child));
+}
+
+RefNode* AdoptRefChild(RefNode& parent, std::unique_ptr<RefNode> child) {
+  KV_CHECK(child != nullptr && !child->edge.empty(), "a child has a non-empty edge");
+  child->parent = &parent;
+  parent.child_keys.push_back(child->edge.front());
+  parent.children.push_back(std::move(child));
+  return parent.children.back().get();
+}
+
+void TakeRefChildren(RefNode& node, RefNode& from) {
+  node.children = std::move(from.children);
+  node.child_keys = std::move(from.child_keys);
+  from.children.clear();
+  from.child_keys.clear();
+  for (auto& child : node.children) child->parent = &node;
+}
+
+namespace {
+
+size_t IndexAmongSiblings(const RefNode* child) {
+  KV_CHECK(child != nullptr && child->parent != nullptr, "the root has no siblings");
+  const auto& siblings = child->parent->children;
+  auto it = std::find_if(siblings.begin(), siblings.end(),
+                         [&](const std::unique_ptr<RefNode>& c) { return c.get() == child; });
+  KV_CHECK(it != siblings.end(), "a node is missing from its parent's children");
+  return static_cast<size_t>(it - siblings.begin());
+}
+
+}  // namespace
+
+std::unique_ptr<RefNode> ReplaceRefChild(RefNode* child, std::unique_ptr<RefNode> replacement) {
+  RefNode* parent = child->parent;
+  const size_t i = IndexAmongSiblings(child);
+  KV_CHECK(replacement != nullptr && !replacement->edge.empty() &&
+               replacement->edge.front() == parent->child_keys[i],
+           "a replacement child keeps the first key of the child it replaces");
+  replacement->parent = parent;
+  std::unique_ptr<RefNode> detached = std::exchange(parent->children[i], std::move(replacement));
+  detached->parent = nullptr;
+  return detached;
+}
+
+std::unique_ptr<RefNode> DetachRefChild(RefNode* child) {
+  RefNode* parent = child->parent;
+  const size_t i = IndexAmongSiblings(child);
+  std::unique_ptr<RefNode> detached = std::move(parent->children[i]);
+  parent->children.erase(parent->children.begin() + static_cast<std::ptrdiff_t>(i));
+  parent->child_keys.erase(parent->child_keys.begin() + static_cast<std::ptrdiff_t>(i));
+  detached->parent = nullptr;
+  return detached;
+}
+
+bool ChildKeysConsistent(const RefNode& node) {
+  if (node.child_keys.size() != node.children.size()) return false;
+  for (size_t i = 0; i < node.children.size(); ++i) {
+    const RefNode& c = *node.children[i];
+    if (c.edge.empty() || c.edge.front() != node.child_keys[i]) return false;
+  }
+  return true;
 }
 
 std::vector<RefNode*> RefPreOrder(RefNode& root) {

@@ -28,7 +28,14 @@ struct RefNode {
   // production trie fills them from SizeBytes for the eviction pass.
   std::vector<int64_t> bytes;
   RefNode* parent = nullptr;
+  // Read freely; change only through the functions below, which keep `child_keys` with it.
   std::vector<std::unique_ptr<RefNode>> children;
+  // children[i]->edge.front() for every i: findBestMatch's scan of a wide node (the root
+  // holds one child per conversation) reads these contiguous keys instead of following two
+  // pointers per child. A cache of the children's first keys, nothing more: no operation
+  // of the spec changes a child's first key (a split's new parent keeps the node's, a merge
+  // extends the edge at its end), so only adding and removing children touch it.
+  std::vector<int32_t> child_keys;
 
   int64_t start() const { return end - static_cast<int64_t>(edge.size()); }
   bool is_root() const { return parent == nullptr; }
@@ -39,6 +46,18 @@ struct RefNode {
 // Appends a child with `edge` and `end` at the end of `parent`'s children; the child
 // inherits parent->last_used and has no snapshots. Returns it.
 RefNode* AppendRefChild(RefNode* parent, std::vector<int32_t> edge, int64_t end);
+// Appends `child` (non-empty edge) to `parent`'s children and sets its parent link.
+RefNode* AdoptRefChild(RefNode& parent, std::unique_ptr<RefNode> child);
+// `node` takes over all of `from`'s children (the end of a merge); `from` keeps none.
+void TakeRefChildren(RefNode& node, RefNode& from);
+// Puts `replacement` in `child`'s place among its parent's children (same first key: a
+// split's new parent) and returns `child`, detached.
+std::unique_ptr<RefNode> ReplaceRefChild(RefNode* child, std::unique_ptr<RefNode> replacement);
+// Unlinks `child` from its parent, keeping its siblings' order; returns it, detached.
+std::unique_ptr<RefNode> DetachRefChild(RefNode* child);
+// Whether `node`'s child_keys are its children's first keys (audited with every trie
+// comparison, so a mutation that bypasses the functions above cannot go unnoticed).
+bool ChildKeysConsistent(const RefNode& node);
 
 // Depth-first pre-order, children in list order (the spec's walk).
 std::vector<RefNode*> RefPreOrder(RefNode& root);

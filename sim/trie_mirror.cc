@@ -36,11 +36,9 @@ TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_
       KV_CHECK(!chain.empty(), "pre-order reached a node before its parent");
       model::RefNode* parent = chain.back().second;
       auto child = std::make_unique<model::RefNode>();
-      child->parent = parent;
-      node = child.get();
-      parent->children.push_back(std::move(child));
-      node->edge.reserve(n->edge().size());
-      for (const TrieKey k : n->edge()) node->edge.push_back(static_cast<int32_t>(k));
+      child->edge.reserve(n->edge().size());
+      for (const TrieKey k : n->edge()) child->edge.push_back(static_cast<int32_t>(k));
+      node = model::AdoptRefChild(*parent, std::move(child));
     }
     node->end = n->end_offset();
     node->user = n->user();
@@ -101,14 +99,24 @@ bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes) 
 }  // namespace
 
 bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes) {
-  std::vector<std::pair<const TrieNode*, const model::RefNode*>> stack = {{trie.root(), &want}};
+  struct Pair {
+    const TrieNode* got;
+    const model::RefNode* want;
+    int32_t first_key;  // want's first key as its parent's child_keys lists it (not the root)
+  };
+  std::vector<Pair> stack = {{trie.root(), &want, 0}};
   while (!stack.empty()) {  // pre-order; children pushed in reverse
-    const auto [g, w] = stack.back();
+    const auto [g, w, first_key] = stack.back();
     stack.pop_back();
+    // The reference's cached first keys, audited here where each edge is read anyway.
+    KV_CHECK(w->is_root() || (!w->edge.empty() && w->edge.front() == first_key),
+             "a reference node's child keys went stale");
+    KV_CHECK(w->child_keys.size() == w->children.size(),
+             "a reference node's child keys went stale");
     if (!SameNode(*g, *w, with_bytes)) return false;
     if (static_cast<int64_t>(g->last_used()) != w->last_used) return false;
     for (size_t i = w->children.size(); i-- > 0;)
-      stack.emplace_back(g->child(i), w->children[i].get());
+      stack.push_back({g->child(i), w->children[i].get(), w->child_keys[i]});
   }
   return true;
 }

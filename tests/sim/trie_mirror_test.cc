@@ -47,14 +47,20 @@ std::vector<model::RefNode*> Nodes(model::RefNode& root) { return model::RefPreO
 // One field of one node of `m` changed (which one: `kind`); false if `m` offers nothing of
 // that kind (no non-root node, no snapshot, ...).
 bool Mutate(model::RefNode& root, int kind, Rng& rng) {
-  std::vector<model::RefNode*> all = Nodes(root);
-  std::vector<model::RefNode*> inner(all.begin() + 1, all.end());
-  if (inner.empty()) return false;
-  model::RefNode* n = inner[rng.Below(inner.size())];
+  const std::vector<model::RefNode*> all = Nodes(root);  // all[0] is the root
+  if (all.size() < 2) return false;
+  model::RefNode* n = all[1 + rng.Below(all.size() - 1)];
   switch (kind) {
-    case 0:
-      n->edge[rng.Below(n->edge.size())] += 1;
+    case 0: {
+      const size_t k = rng.Below(n->edge.size());
+      n->edge[k] += 1;
+      // Another trie, not a stale key cache: the parent's list of first keys follows.
+      model::RefNode* p = n->parent;
+      for (size_t i = 0; i < p->children.size(); ++i) {
+        if (p->children[i].get() == n) p->child_keys[i] = n->edge.front();
+      }
       return true;
+    }
     case 1:
       n->end += 1;
       return true;
@@ -86,16 +92,14 @@ bool Mutate(model::RefNode& root, int kind, Rng& rng) {
       model::AppendRefChild(n, {999}, n->end + 1);
       return true;
     case 8: {
-      model::RefNode* p = n->parent;
-      for (size_t i = 0; i < p->children.size(); ++i) {
-        if (p->children[i].get() == n) p->children.erase(p->children.begin() + i);
-      }
+      model::DetachRefChild(n);
       return true;
     }
     case 9: {
       model::RefNode* p = n->parent;
       if (p->children.size() < 2) return false;
       std::swap(p->children.front(), p->children.back());
+      std::swap(p->child_keys.front(), p->child_keys.back());
       return true;
     }
   }

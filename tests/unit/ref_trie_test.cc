@@ -1,0 +1,94 @@
+// Goal: the reference trie's list of child first keys (RefNode::child_keys), which the
+// reference findBestMatch scans instead of the children, stays equal to the children's
+// first keys through every way the reference adds, replaces, takes over and removes
+// children, and ChildKeysConsistent notices when it does not.
+// Method: grow a small trie with the helpers, checking every node after each step; then
+// plant stale entries by hand and expect them reported.
+#include "model/ref_trie.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace kvtwin::model {
+namespace {
+
+bool AllConsistent(RefNode& root) {
+  for (const RefNode* n : RefPreOrder(root)) {
+    if (!ChildKeysConsistent(*n)) return false;
+  }
+  return true;
+}
+
+std::unique_ptr<RefNode> Node(std::vector<int32_t> edge, int64_t end) {
+  auto n = std::make_unique<RefNode>();
+  n->edge = std::move(edge);
+  n->end = end;
+  return n;
+}
+
+TEST(RefTrie, ChildKeysFollowEveryChangeOfTheChildren) {
+  RefNode root;
+  RefNode* a = AppendRefChild(&root, {1, 2, 3}, 3);
+  RefNode* b = AppendRefChild(&root, {5}, 1);
+  AppendRefChild(a, {7, 8}, 5);
+  AppendRefChild(a, {9}, 4);
+  EXPECT_EQ(root.child_keys, (std::vector<int32_t>{1, 5}));
+  EXPECT_EQ(a->child_keys, (std::vector<int32_t>{7, 9}));
+  ASSERT_TRUE(AllConsistent(root));
+
+  // A split: the new parent [1] takes a's place (same first key), a keeps [2, 3] below it.
+  RefNode* p = Node({1}, 1).release();
+  a->edge.erase(a->edge.begin());
+  std::unique_ptr<RefNode> old = ReplaceRefChild(a, std::unique_ptr<RefNode>(p));
+  EXPECT_EQ(old.get(), a);
+  EXPECT_EQ(a->parent, nullptr);
+  AdoptRefChild(*p, std::move(old));
+  EXPECT_EQ(root.children[0].get(), p);
+  EXPECT_EQ(p->child_keys, (std::vector<int32_t>{2}));
+  EXPECT_EQ(a->parent, p);
+  ASSERT_TRUE(AllConsistent(root));
+
+  // A merge: p absorbs its only child a and takes over a's children.
+  std::unique_ptr<RefNode> child = std::move(p->children.front());
+  p->children.clear();
+  p->child_keys.clear();
+  TakeRefChildren(*p, *child);
+  EXPECT_EQ(p->child_keys, (std::vector<int32_t>{7, 9}));
+  EXPECT_TRUE(child->children.empty() && child->child_keys.empty());
+  for (const auto& c : p->children) EXPECT_EQ(c->parent, p);
+  ASSERT_TRUE(AllConsistent(root));
+
+  // A removal keeps the siblings' order.
+  RefNode* first = p->children[0].get();
+  std::unique_ptr<RefNode> removed = DetachRefChild(first);
+  EXPECT_EQ(removed.get(), first);
+  EXPECT_EQ(p->child_keys, (std::vector<int32_t>{9}));
+  DetachRefChild(b);
+  EXPECT_EQ(root.child_keys, (std::vector<int32_t>{1}));
+  EXPECT_TRUE(AllConsistent(root));
+}
+
+TEST(RefTrie, ChildKeysConsistentReportsAStaleOrMissingKey) {
+  RefNode root;
+  RefNode* a = AppendRefChild(&root, {1, 2}, 2);
+  AppendRefChild(&root, {3}, 1);
+  ASSERT_TRUE(ChildKeysConsistent(root));
+  a->edge.front() = 4;  // a first key changed behind the list's back
+  EXPECT_FALSE(ChildKeysConsistent(root));
+  root.child_keys[0] = 4;
+  EXPECT_TRUE(ChildKeysConsistent(root));
+  root.children.push_back(Node({6}, 1));  // a child added behind the list's back
+  EXPECT_FALSE(ChildKeysConsistent(root));
+}
+
+TEST(RefTrie, AReplacementMustKeepTheFirstKey) {
+  RefNode root;
+  RefNode* a = AppendRefChild(&root, {1, 2}, 2);
+  EXPECT_DEATH(ReplaceRefChild(a, Node({2}, 1)), "keeps the first key");
+}
+
+}  // namespace
+}  // namespace kvtwin::model
