@@ -60,8 +60,6 @@ std::unique_ptr<RefNode> MergeIntoOnlyChild(RefNode& node) {
   node.end = child->end;
   node.user = child->user;
   node.last_used = std::max(node.last_used, child->last_used);
-  node.children.clear();
-  node.child_keys.clear();
   TakeRefChildren(node, *child);
   child->parent = nullptr;
   return child;

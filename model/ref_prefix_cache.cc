@@ -136,8 +136,6 @@ void MergeWithChild(RefNode* node, const Caches& caches) {
   node->end = child->end;
   node->user = child->user;
   node->last_used = std::max(node->last_used, child->last_used);
-  node->children.clear();
-  node->child_keys.clear();
   TakeRefChildren(*node, *child);
 }
 

@@ -48,7 +48,8 @@ struct RefNode {
 RefNode* AppendRefChild(RefNode* parent, std::vector<int32_t> edge, int64_t end);
 // Appends `child` (non-empty edge) to `parent`'s children and sets its parent link.
 RefNode* AdoptRefChild(RefNode& parent, std::unique_ptr<RefNode> child);
-// `node` takes over all of `from`'s children (the end of a merge); `from` keeps none.
+// `node`'s children (and their keys) become `from`'s (the end of a merge: `from` is the
+// absorbed only child); `from` keeps none.
 void TakeRefChildren(RefNode& node, RefNode& from);
 // Puts `replacement` in `child`'s place among its parent's children (same first key: a
 // split's new parent) and returns `child`, detached.
