@@ -39,18 +39,20 @@ WorkloadOptions WorkloadOptions::Swarm(Rng& rng, int32_t conversations) {
   o.conversations = conversations;
   // Small on purpose: different branches often hold equal tokens at equal positions, which
   // is what makes a snapshot from the wrong branch look plausible.
-  o.vocab = static_cast<int32_t>(pick({3, 5, 8}));
+  o.vocab = static_cast<int32_t>(pick({3, 5, 8, 16}));
   o.user_pct = pick({0, 25, 50});
   o.unscheduled_pct = pick({0, 10, 50});
   o.cancel_pct = pick({0, 12, 33});
   o.speculate_pct = pick({0, 33, 67});
   o.pressure_pct = pick({0, 25, 50});
+  o.restart_pct = pick({0, 25, 50});
   return o;
 }
 
 std::string WorkloadOptions::ToString() const {
-  return fmt::format("vocab {}, user {}%, unscheduled {}%, cancel {}%, speculate {}%, pressure {}%",
-                     vocab, user_pct, unscheduled_pct, cancel_pct, speculate_pct, pressure_pct);
+  return fmt::format(
+      "vocab {}, user {}%, unscheduled {}%, cancel {}%, speculate {}%, pressure {}%, restart {}%",
+      vocab, user_pct, unscheduled_pct, cancel_pct, speculate_pct, pressure_pct, restart_pct);
 }
 
 std::string RequestPlan::ToString() const {
@@ -111,6 +113,7 @@ RequestKind RequestWorkload::ChooseKind(const Conversation& c) {
   if (c.cancelled && rng_.Chance(3, 4)) return RequestKind::kRetry;
   const int64_t history = static_cast<int64_t>(c.inputs.size() + c.outputs.size());
   if (history + kUserTurnMax + kOutputsMax > options_.max_prompt_tokens) return RequestKind::kNew;
+  if (options_.restart_pct > 0 && rng_.Chance(options_.restart_pct, 100)) return RequestKind::kNew;
   const uint64_t roll = rng_.Below(100);
   if (roll < 50) return RequestKind::kExtend;
   if (roll < 72) return RequestKind::kDiverge;
@@ -123,6 +126,13 @@ void RequestWorkload::FillInputs(RequestPlan& plan, const Conversation& c) {
   switch (plan.kind) {
     case RequestKind::kNew:
       plan.inputs = system_;
+      // A variant system prompt that shares only a preamble with the others (templates
+      // that differ after a common head): the shared prompt's node splits inside, and its
+      // head becomes a one-child parent above the node where every conversation branches,
+      // the widest of the trie, once the variants are evicted.
+      if (rng_.Chance(1, 4)) {
+        plan.inputs.resize(static_cast<size_t>(rng_.Range(1, std::ssize(system_) - 1)));
+      }
       break;
     case RequestKind::kExtend: {
       const auto n = static_cast<int64_t>(c.outputs.size());

@@ -77,9 +77,13 @@ struct WorkloadOptions {
   uint32_t cancel_pct = 12;         // close after part of the prefill
   uint32_t speculate_pct = 33;      // speculative decode (one step, or two with room)
   uint32_t pressure_pct = 0;        // a budget other than the run's for one request
+  // Conversations restarted on top of the usual mix: every restart adds a branch where the
+  // system prompt ends, so the trie grows nodes with many children (the production trie's
+  // wide-node path) and evictions that merge their one-child parents into them.
+  uint32_t restart_pct = 0;
   // A mix drawn from `rng` (the conversation count is kept).
   static WorkloadOptions Swarm(Rng& rng, int32_t conversations);
-  // "vocab 5, user 25%, unscheduled 10%, cancel 12%, speculate 33%, pressure 0%"
+  // "vocab 5, user 25%, unscheduled 10%, cancel 12%, speculate 33%, pressure 0%, restart 0%"
   std::string ToString() const;
 };
 

@@ -85,8 +85,10 @@ head -1 "$tmp/t.dot" | grep -q '^digraph trie {$' || say "explain --dot did not 
 expect 2 'has only'                  -- explain "$tmp/req.jsonl" --at 100000
 expect 2 'does not diverge'          -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl"
 [ -e "$tmp/min.jsonl" ] && say "shrink wrote a file for a passing trace"
-# Ctrl-C: a valid partial summary and exit 130 (the replay is long enough to be caught).
-{ head -1 "$tmp/req.jsonl"; for _ in $(seq 500); do tail -n +2 "$tmp/req.jsonl"; done; } >"$tmp/long.jsonl"
+# Ctrl-C: a valid partial summary and exit 130. The replay must outlast the 1 s sleep on any
+# machine: 500 copies of the trace took 1.0 s here once the reference got faster, 3,000
+# take about 6 s (interrupted after 1 s, so the test does not wait for them).
+{ head -1 "$tmp/req.jsonl"; for _ in $(seq 3000); do tail -n +2 "$tmp/req.jsonl"; done; } >"$tmp/long.jsonl"
 "$kvtwin" replay "$tmp/long.jsonl" --json "$tmp/partial.json" >"$tmp/int.out" 2>&1 &
 pid=$!
 sleep 1
