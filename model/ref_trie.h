@@ -56,8 +56,9 @@ void TakeRefChildren(RefNode& node, RefNode& from);
 std::unique_ptr<RefNode> ReplaceRefChild(RefNode* child, std::unique_ptr<RefNode> replacement);
 // Unlinks `child` from its parent, keeping its siblings' order; returns it, detached.
 std::unique_ptr<RefNode> DetachRefChild(RefNode* child);
-// Whether `node`'s child_keys are its children's first keys (audited with every trie
-// comparison, so a mutation that bypasses the functions above cannot go unnoticed).
+// Whether `node`'s child_keys are its children's first keys. (The simulator's SameTrie
+// checks the same, node by node, as it compares the edges: a change that bypasses the
+// functions above aborts the next trie comparison.)
 bool ChildKeysConsistent(const RefNode& node);
 
 // Depth-first pre-order, children in list order (the spec's walk).
