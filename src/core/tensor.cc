@@ -8,11 +8,20 @@
 namespace kvtwin {
 namespace {
 
+// Zero bits are 0.0 in float32 and in bfloat16, so one memset zero-fills either.
+template <typename Mat>
+void ZeroRows(Mat& m, int64_t begin, int64_t count) {
+  static_assert(Mat::IsRowMajor, "rows are contiguous only in row-major storage");
+  if (count <= 0 || m.cols() == 0) return;
+  std::memset(static_cast<void*>(m.data() + begin * m.cols()), 0,
+              static_cast<size_t>(count * m.cols()) * sizeof(typename Mat::Scalar));
+}
+
 template <typename Mat>
 void ResizeKeep(Mat& m, int64_t new_rows) {
   const int64_t old_rows = m.rows();
   m.conservativeResize(new_rows, m.cols());
-  if (new_rows > old_rows) m.bottomRows(new_rows - old_rows).setZero();
+  if (new_rows > old_rows) ZeroRows(m, old_rows, new_rows - old_rows);
 }
 
 }  // namespace
@@ -29,9 +38,9 @@ float RoundTo(DType dtype, float value) {
 Tensor::Tensor(DType dtype, int64_t rows, int64_t cols) : dtype_(dtype) {
   KV_CHECK(rows >= 0 && cols >= 0, "negative tensor shape");
   if (dtype == DType::kFloat32) {
-    data_ = MatF(MatF::Zero(rows, cols));
+    ZeroRows(data_.emplace<MatF>(rows, cols), 0, rows);
   } else {
-    data_ = MatBf16(MatBf16::Constant(rows, cols, Eigen::bfloat16(0.0f)));
+    ZeroRows(data_.emplace<MatBf16>(rows, cols), 0, rows);
   }
 }
 

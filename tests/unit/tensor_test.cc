@@ -90,5 +90,22 @@ TEST(Tensor, CopyRowsMovesWholeRowsBitExactlyAlsoOverlappingWithinOneTensor) {
   }
 }
 
+TEST(Tensor, NewTensorsAndGrownRowsAreZero) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    // Freed memory of a numbered tensor is likely to come back for the next allocations.
+    { const Tensor garbage = Numbered(dtype, 64, 5); }
+    Tensor t(dtype, 64, 5);
+    for (int64_t r = 0; r < 64; ++r)
+      for (int64_t c = 0; c < 5; ++c) ASSERT_EQ(t.At(r, c), 0.0f) << DTypeName(dtype);
+    Tensor grown = Numbered(dtype, 6, 5);
+    grown.ResizeRows(40);
+    EXPECT_TRUE(grown.Rows(0, 6).Equals(Numbered(dtype, 6, 5)));
+    for (int64_t r = 6; r < 40; ++r)
+      for (int64_t c = 0; c < 5; ++c) ASSERT_EQ(grown.At(r, c), 0.0f) << r;
+    EXPECT_EQ(Tensor(dtype, 0, 5).rows(), 0);
+    EXPECT_EQ(Tensor(dtype, 3, 0).cols(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace kvtwin
