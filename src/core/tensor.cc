@@ -101,7 +101,7 @@ void Tensor::CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64
   KV_CHECK(src_row >= 0 && src_row + count <= src.rows(), "CopyRows source range");
   // Row-major storage with equal column counts: the rows are one contiguous range on each
   // side, so one memmove copies them bit-exactly (and handles a self-copy that overlaps).
-  if (count == 0) return;
+  if (count == 0 || cols() == 0) return;  // no bytes (and maybe no buffer) to move
   std::visit(
       [&](auto& m) {
         using M = std::decay_t<decltype(m)>;

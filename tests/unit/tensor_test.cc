@@ -103,7 +103,11 @@ TEST(Tensor, NewTensorsAndGrownRowsAreZero) {
     for (int64_t r = 6; r < 40; ++r)
       for (int64_t c = 0; c < 5; ++c) ASSERT_EQ(grown.At(r, c), 0.0f) << r;
     EXPECT_EQ(Tensor(dtype, 0, 5).rows(), 0);
-    EXPECT_EQ(Tensor(dtype, 3, 0).cols(), 0);
+    Tensor no_cols(dtype, 3, 0);  // rows without bytes: copies move nothing
+    no_cols.CopyRows(0, Tensor(dtype, 3, 0), 1, 2);
+    no_cols.ResizeRows(5);
+    EXPECT_EQ(no_cols.rows(), 5);
+    EXPECT_EQ(no_cols.cols(), 0);
   }
 }
 
