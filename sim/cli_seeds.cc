@@ -51,7 +51,26 @@ void PrintRequestFailure(const sim::RequestResult& r) {
   fmt::print("  trie:\n{}reproduce: {}\n", r.trie_dump, r.reproduce);
 }
 
-// The request-level part of the bundled job: every preset, unlimited and tight budgets.
+// Runs `count` request seeds from `first` with `options`; false after printing a failure.
+bool RunRequestSeeds(sim::RequestOptions options, uint64_t first, int64_t count, uint64_t& runs,
+                     uint64_t& requests) {
+  for (int64_t i = 0; i < count; ++i) {
+    options.seed = first + static_cast<uint64_t>(i);
+    ArmAbortReproduce(sim::RequestsReproduceCommand(options));
+    const sim::RequestResult r = sim::RunRequests(options);
+    ++runs;
+    requests += static_cast<uint64_t>(r.requests);
+    if (r.divergence) {
+      PrintRequestFailure(r);
+      return false;
+    }
+  }
+  return true;
+}
+
+// The request-level part of the bundled job: every preset, unlimited and tight budgets,
+// then swarm seeds, each drawing its stack, budget and workload mix (restarts that grow
+// wide nodes, template variants, memory pressure): about a second for 40 per config.
 bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& runs,
                         uint64_t& requests) {
   for (const std::string& preset : sim::PresetNames()) {
@@ -59,22 +78,18 @@ bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& 
       sim::RequestOptions options;
       options.preset = preset;
       options.budget_bytes = budget;
-      for (int64_t i = 0; i < seeds_per_config; ++i) {
-        options.seed = root_seed + static_cast<uint64_t>(i);
-        ArmAbortReproduce(sim::RequestsReproduceCommand(options));
-        const sim::RequestResult r = sim::RunRequests(options);
-        ++runs;
-        requests += static_cast<uint64_t>(r.requests);
-        if (r.divergence) {
-          PrintRequestFailure(r);
-          return false;
-        }
-      }
+      if (!RunRequestSeeds(options, root_seed, seeds_per_config, runs, requests)) return false;
       fmt::print("  requests {:<9} budget {:<5} {} seeds x {} requests: pass\n", preset, budget,
                  seeds_per_config, options.requests);
       std::fflush(stdout);
     }
   }
+  sim::RequestOptions swarm;
+  swarm.swarm = true;
+  const int64_t swarm_seeds = 40 * seeds_per_config;
+  if (!RunRequestSeeds(swarm, root_seed, swarm_seeds, runs, requests)) return false;
+  fmt::print("  requests swarm {} seeds x {} requests: pass\n", swarm_seeds, swarm.requests);
+  std::fflush(stdout);
   return true;
 }
 
