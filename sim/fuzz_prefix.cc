@@ -9,8 +9,9 @@
 // history (extend it exactly or with a dropped tail, diverge inside it, start over from the
 // shared system prompt, repeat or retry it), the new tokens, the outputs and the
 // decorations (user points, no captures, a cancel, one speculative step, memory pressure).
-// Tokens come from 1..4 so branches hold equal tokens at equal positions (partial edge
-// matches, splits, look-alike snapshots). The plans run are recorded as a kind-"requests"
+// Tokens come mostly from 1..4 so branches hold equal tokens at equal positions (partial
+// edge matches, splits, look-alike snapshots); one token byte in 16 is a rare token 5..8,
+// so a node can grow past four children. The plans run are recorded as a kind-"requests"
 // trace whose header rebuilds the same driver, so ReplayTrace reaches the same digest.
 //
 // Header (10 bytes, one FuzzedDataProvider; byte 9 first):
@@ -96,7 +97,12 @@ using Record = std::array<uint8_t, kFields>;
 enum class Action : uint8_t { kExtend, kExtendDropped, kDiverge, kNew, kRepeat, kRetry };
 constexpr uint8_t kActions = 6;
 
-int32_t TokenOf(uint8_t byte) { return 1 + byte % kVocab; }
+// Bytes 240..255 are the rare tokens kVocab + 1 .. kVocab + 4: with four tokens no node
+// could have more than four children (siblings start with distinct keys), and the
+// production trie takes its indexed path only past four.
+int32_t TokenOf(uint8_t byte) {
+  return byte < 240 ? 1 + byte % kVocab : kVocab + 1 + (byte - 240) % 4;
+}
 
 TraceHeader ReadHeader(std::span<const uint8_t> bytes) {
   FuzzedDataProvider fdp(bytes.data(), bytes.size());

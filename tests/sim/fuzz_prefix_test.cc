@@ -27,7 +27,7 @@ namespace kvtwin::sim {
 namespace {
 
 constexpr int kInputs = 300;
-constexpr int32_t kVocab = 4;
+constexpr int32_t kVocab = 8;  // 1..4, and the rare tokens 5..8 (bytes 240..255)
 constexpr size_t kConversations = 4;
 constexpr size_t kPromptMax = 60;
 
@@ -128,19 +128,23 @@ TEST(PrefixFuzz, RecordedTracesRoundTripThroughAFile) {
 
 TEST(PrefixFuzz, RandomInputsReachEvictionsSplitsCancelsSpeculationAndPageIns) {
   RequestCoverage c;
-  int64_t page_ins = 0, unlimited = 0;
+  int64_t page_ins = 0, unlimited = 0, rare_tokens = 0;
   for (const Bytes& bytes : RandomInputs(1, kInputs)) {
     const FuzzRun run = RunPrefix(bytes);
     c += ReplayTrace(run.trace).coverage;
     page_ins += CountPageIns(run.trace);
     unlimited += run.trace.header.budget_bytes == 0;
+    for (size_t i = 0; i < run.trace.events.size(); ++i) {
+      for (const int32_t t : PlanAt(run.trace, i).inputs) rare_tokens += t > 4;
+    }
   }
-  SCOPED_TRACE(fmt::format("{}; page-ins {}", c.ToString(), page_ins));
+  SCOPED_TRACE(fmt::format("{}; page-ins {}; rare tokens {}", c.ToString(), page_ins, rare_tokens));
   for (const int64_t counter :
        {c.evictions,         c.eviction_passes, c.splits,        c.cancelled,     c.speculative,
         c.cache_hits,        c.completed,       c.extensions,    c.dropped_tails, c.divergent,
         c.new_conversations, c.repeats,         c.retries,       c.user_offsets,  c.unscheduled,
-        c.continuations,     c.resumed_exactly, c.branch_points, page_ins,        unlimited}) {
+        c.continuations,     c.resumed_exactly, c.branch_points, page_ins,        unlimited,
+        rare_tokens}) {
     EXPECT_GT(counter, 0);
   }
 }
