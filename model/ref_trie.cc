@@ -137,15 +137,6 @@ std::unique_ptr<RefNode> DetachRefChild(RefNode* child) {
   return detached;
 }
 
-bool ChildKeysConsistent(const RefNode& node) {
-  if (node.child_keys.size() != node.children.size()) return false;
-  for (size_t i = 0; i < node.children.size(); ++i) {
-    const RefNode& c = *node.children[i];
-    if (c.edge.empty() || c.edge.front() != node.child_keys[i]) return false;
-  }
-  return true;
-}
-
 std::vector<RefNode*> RefPreOrder(RefNode& root) {
   std::vector<RefNode*> out;
   PreOrderInto<RefNode>(root, out);

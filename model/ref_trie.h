@@ -56,10 +56,8 @@ void TakeRefChildren(RefNode& node, RefNode& from);
 std::unique_ptr<RefNode> ReplaceRefChild(RefNode* child, std::unique_ptr<RefNode> replacement);
 // Unlinks `child` from its parent, keeping its siblings' order; returns it, detached.
 std::unique_ptr<RefNode> DetachRefChild(RefNode* child);
-// Whether `node`'s child_keys are its children's first keys. (The simulator's SameTrie
-// checks the same, node by node, as it compares the edges: a change that bypasses the
-// functions above aborts the next trie comparison.)
-bool ChildKeysConsistent(const RefNode& node);
+// (The simulator's SameTrie checks child_keys against every edge it compares: a change
+// that bypasses these functions aborts the next trie comparison.)
 
 // Depth-first pre-order, children in list order (the spec's walk).
 std::vector<RefNode*> RefPreOrder(RefNode& root);

@@ -146,5 +146,30 @@ TEST(SameTrie, AgreesWithRenderingEqualityUnderSingleFieldMutations) {
   EXPECT_GT(same_after_mutation, 50);
 }
 
+// The reference's list of child first keys is a cache: SameTrie, which reads every edge,
+// aborts when the list disagrees with them (a key changed or a child added behind the
+// list's back) instead of letting the reference match on stale keys.
+TEST(SameTrie, AbortsOnStaleReferenceChildKeys) {
+  KvCache kv;
+  PrefixTrie trie({&kv, nullptr}, Tick{0});
+  Insert(trie, Keys{1, 2});
+  Insert(trie, Keys{2});
+  ASSERT_TRUE(SameTrie(trie, *MirrorTrie(trie, {}).root, false));
+  EXPECT_DEATH(
+      {
+        TrieMirror m = MirrorTrie(trie, {});
+        m.root->child_keys.back() = 7;
+        (void)SameTrie(trie, *m.root, false);
+      },
+      "child keys went stale");
+  EXPECT_DEATH(
+      {
+        TrieMirror m = MirrorTrie(trie, {});
+        m.root->child_keys.pop_back();
+        (void)SameTrie(trie, *m.root, false);
+      },
+      "child keys went stale");
+}
+
 }  // namespace
 }  // namespace kvtwin::sim
