@@ -1,8 +1,9 @@
 // Goal: the trie's human views say what the trie holds: ranges, keys (abbreviated when
 // long), ticks, bytes, per-layer snapshots, user points and the active path; the DOT
 // export is a graph Graphviz accepts.
-// Method: a small hand-built trie over [kv, null hole] with real KV snapshots; the dump
-// is compared line by line, the DOT text is rendered with `dot -Tsvg` when Graphviz is
+// Method: a small hand-built trie over [kv, null hole] with real KV snapshots, and one over
+// [kv, rotating, recurrent, hole] for the whole-state snapshots; the dump is compared line
+// by line, the DOT text is rendered with `dot -Tsvg` when Graphviz is
 // installed (scripts/setup.sh installs it).
 #include "src/trie_export.h"
 
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "src/kv_cache.h"
+#include "src/recurrent_cache.h"
+#include "src/rotating_cache.h"
 #include "unit/tagged_rows.h"
 
 namespace kvtwin {
@@ -66,6 +69,41 @@ TEST(TrieExport, DumpShowsEveryNodeIndentedWithItsState) {
       "    [3,4) keys=99 last=1 bytes=0 snaps=none",
   };
   EXPECT_EQ(Lines(DumpTrie(f.trie, active)), want);
+}
+
+// A rotating snapshot restores to its to(); its from() is only the window's first position,
+// so the dump must name to() (a recurrent snapshot's from() and to() are equal).
+TEST(TrieExport, DumpNamesWholeStateSnapshotsByTheOffsetTheyRestoreTo) {
+  KvCache kv;
+  RotatingCache rot(4);
+  RecurrentCache rec(RecurrentDims{});
+  PrefixTrie trie{{&kv, &rot, &rec, nullptr}, Tick{1}};
+  const std::vector<float> tags = tagged::Positions(0, 12);
+  kv.Update(tagged::Keys(tags), tagged::Values(tags));
+  rot.Update(tagged::Keys(tags), tagged::Values(tags));
+  const RecurrentDims& d = rec.dims();
+  rec.Get(DType::kFloat32);
+  rec.Put(12, {Tensor::FromFloat(DType::kFloat32, MatF::Constant(d.conv_tail, d.conv_dim(), 1))},
+          {MatF::Constant(d.delta_rows(), d.head_k_dim, 1)});
+  std::vector<TrieKey> edge;
+  for (TrieKey k = 1; k <= 12; ++k) edge.push_back(k);
+  TrieNode* a = trie.AppendChild(trie.root(), edge, 12);
+  std::vector<SnapshotPtr> snaps;
+  snaps.push_back(kv.Snapshot(0));
+  snaps.push_back(rot.Snapshot(0));
+  snaps.push_back(rec.Snapshot(0));
+  snaps.push_back(nullptr);
+  // The case that tells to() from from(): a window that kept only the last positions.
+  ASSERT_NE(snaps[1], nullptr);
+  ASSERT_NE(snaps[1]->from(), snaps[1]->to());
+  trie.SetSnapshots(a, std::move(snaps));
+  const std::vector<TrieNode*> active = {trie.root(), a};
+  const std::vector<std::string> lines = Lines(DumpTrie(trie, active));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_NE(lines[2].find(" snaps=[kv:[0,12) rot:@12 rec:@12 -] "), std::string::npos)
+      << lines[2];
+  const std::string dot = TrieToDot(trie, active);
+  EXPECT_NE(dot.find("rot:@12 rec:@12"), std::string::npos) << dot;
 }
 
 TEST(TrieExport, DotMarksActivePathAndUserPointsAndRenders) {
