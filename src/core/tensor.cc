@@ -83,7 +83,18 @@ Tensor Tensor::Rows(int64_t begin, int64_t count) const {
   Tensor t;
   t.dtype_ = dtype_;
   std::visit(
-      [&](const auto& m) { t.data_ = std::decay_t<decltype(m)>(m.middleRows(begin, count)); },
+      [&](const auto& m) {
+        // The new matrix is left uninitialized and filled by one memcpy (rows are contiguous
+        // in row-major storage): every KV capture and split copies through here.
+        using M = std::decay_t<decltype(m)>;
+        M& out = t.data_.template emplace<M>(count, m.cols());
+        const auto cols = static_cast<size_t>(m.cols());
+        if (count > 0 && cols > 0) {
+          std::memcpy(static_cast<void*>(out.data()),
+                      static_cast<const void*>(m.data() + static_cast<size_t>(begin) * cols),
+                      static_cast<size_t>(count) * cols * sizeof(typename M::Scalar));
+        }
+      },
       data_);
   return t;
 }

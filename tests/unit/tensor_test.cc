@@ -1,7 +1,7 @@
 // Goal: Tensor::EnsureShape, the reuse rule of every buffer kept across calls (the forward
 // and kernel scratch): the same shape keeps the tensor untouched, any other dtype, row or
 // column count gives a zero-filled tensor of the new shape. AssignRows, built on it, equals
-// Rows() whatever the target held before. CopyRows moves whole rows bit-exactly, also within
+// Rows() whatever the target held before; Rows() itself copies its range bit for bit. CopyRows moves whole rows bit-exactly, also within
 // one tensor when the ranges overlap.
 // Method: mark a tensor, ask for each shape, and look at the marks and the shape; copy row
 // ranges and compare every element with the rows read one by one before the copy.
@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <limits>
 #include <tuple>
 
@@ -65,6 +66,29 @@ Tensor Numbered(DType dtype, int64_t rows, int64_t cols) {
   t.Set(1, 0, std::numeric_limits<float>::quiet_NaN());
   t.Set(2, cols - 1, -0.0f);
   return t;
+}
+
+// Rows is checked against the elements read one by one (not against another bulk copy):
+// the range's own rows, bit for bit, in the source's dtype and column count.
+TEST(Tensor, RowsCopiesExactlyTheRangeBitForBit) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const Tensor src = Numbered(dtype, 6, 3);
+    for (const auto& [begin, count] :
+         {std::pair{0, 6}, {1, 3}, {2, 1}, {5, 1}, {4, 0}, {6, 0}, {0, 2}}) {
+      const Tensor got = src.Rows(begin, count);
+      ASSERT_EQ(got.dtype(), dtype);
+      ASSERT_EQ(got.rows(), count);
+      ASSERT_EQ(got.cols(), 3);
+      for (int64_t r = 0; r < count; ++r) {
+        for (int64_t c = 0; c < 3; ++c) {
+          const float want = src.At(begin + r, c);
+          const float have = got.At(r, c);
+          EXPECT_EQ(std::memcmp(&want, &have, sizeof(float)), 0)
+              << DTypeName(dtype) << " row " << begin + r << " col " << c;
+        }
+      }
+    }
+  }
 }
 
 TEST(Tensor, CopyRowsMovesWholeRowsBitExactlyAlsoOverlappingWithinOneTensor) {
