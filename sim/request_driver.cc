@@ -79,7 +79,13 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
   LayerKernels kernels = DeriveLayerKernels(synth_, config_);
   conv_weights_ = std::move(kernels.conv);
   gdn_params_ = std::move(kernels.gdn);
-  manager_ = std::make_unique<PrefixCache>(Caches());
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    logged_.push_back(caches_[i] == nullptr ? nullptr
+                                            : std::make_unique<LoggedCache>(
+                                                  caches_[i].get(), static_cast<int32_t>(i),
+                                                  &manager_calls_));
+  }
+  manager_ = std::make_unique<PrefixCache>(ManagerCaches());
   // 0 = unlimited: the counter can never exceed the largest int64.
   manager_->set_max_paged_out_bytes(
       options_.budget_bytes > 0 ? options_.budget_bytes : std::numeric_limits<int64_t>::max());
@@ -99,6 +105,12 @@ RequestDriver::~RequestDriver() {
 std::vector<LayerCache*> RequestDriver::Caches() const {
   std::vector<LayerCache*> out;
   for (const auto& c : caches_) out.push_back(c.get());
+  return out;
+}
+
+std::vector<LayerCache*> RequestDriver::ManagerCaches() const {
+  std::vector<LayerCache*> out;
+  for (const auto& c : logged_) out.push_back(c.get());
   return out;
 }
 

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "model/ref_cache.h"
+#include "sim/cache_calls.h"
 #include "sim/checks.h"
 #include "sim/eviction_reference.h"
 #include "sim/forward.h"
@@ -171,6 +172,9 @@ class RequestDriver {
   bool StartCall();
 
   std::vector<LayerCache*> Caches() const;
+  // What the manager is given: the caches behind LoggedCaches that log into manager_calls_
+  // (null holes stay null).
+  std::vector<LayerCache*> ManagerCaches() const;
   int64_t MinCacheOffset() const;  // the least offset of the stateful caches (-1: none)
   // Structure and soundness of the whole trie (the first two of an audit's checks).
   Check CheckWholeTrie();
@@ -190,6 +194,8 @@ class RequestDriver {
   RequestDriverOptions options_;
   SyntheticForward synth_;
   std::vector<std::unique_ptr<LayerCache>> caches_;
+  std::vector<CacheCall> manager_calls_;  // the manager's Restore and Free calls since Begin
+  std::vector<std::unique_ptr<LoggedCache>> logged_;  // one per cache (null for a hole)
   std::vector<std::unique_ptr<LayerOracle>> oracles_;
   std::vector<LayerOracle*> oracle_ptrs_;
   std::vector<ConvWeights> conv_weights_;

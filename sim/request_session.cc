@@ -67,6 +67,7 @@ class RequestDriver::Session {
     const bool audit = d_.StartCall();
     d_.last_outcome_ = "(no Begin report)";
     ++d_.steps_;
+    d_.manager_calls_.clear();
     Result<BeginReport> begun = d_.manager_->Begin(plan_.inputs);
     if (!begun.ok()) return StatusIsOk(begun.status(), "Begin");
     report_ = *begun;
@@ -79,6 +80,10 @@ class RequestDriver::Session {
     if (Check c = CheckReport()) return c;
     if (Check c = AfterEvictionPoint(audit)) return c;
     if (Check c = CheckExpectation(want, want_path)) return c;
+    if (d_.manager_calls_ != want.calls) {
+      return Mismatch{"Begin cache calls (rewind, page-in, align; spec §3.4)",
+                      DescribeCalls(want.calls), DescribeCalls(d_.manager_calls_)};
+    }
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
     if (Check c = CheckContinuation(want)) return c;

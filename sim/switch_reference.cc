@@ -54,7 +54,7 @@ int64_t MinOffset(const RefCaches& caches) {
 
 // Greedy page-in: node by node, cache by cache; the first refusal ends all of it.
 void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches& caches,
-            uint64_t hash_seed) {
+            uint64_t hash_seed, std::vector<CacheCall>& calls) {
   // When the parent links follow `path` (they do unless the trie is broken and unaudited),
   // every node's PathLog is a prefix of the deepest node's: one log serves them all.
   bool chained = true;
@@ -77,7 +77,9 @@ void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches
       const CacheSnapshot* s = node->snapshot(j);
       if (!caches[j] || s == nullptr || caches[j]->Offset() >= target) continue;
       const model::RefSnapshot ref = NodeReference(*node, s->kind(), node_path);
-      if (!caches[j]->Restore(&ref, target)) return;
+      const bool ok = caches[j]->Restore(&ref, target);
+      calls.push_back(CacheCall::Restore(static_cast<int32_t>(j), s, target, ok));
+      if (!ok) return;
     }
   }
 }
@@ -110,14 +112,27 @@ BeginExpectation ExpectBegin(const PrefixTrie& trie, std::span<TrieNode* const> 
   }
   const int64_t ancestor = common > 0 ? active_path[common - 1]->end_offset() : 0;
   const int64_t rewind_target = std::min(ancestor, m.matched);
-  for (auto& c : caches) {
-    if (c && !c->Restore(nullptr, rewind_target)) c->Free();
+  for (size_t j = 0; j < caches.size(); ++j) {
+    if (!caches[j]) continue;
+    const auto index = static_cast<int32_t>(j);
+    const bool ok = caches[j]->Restore(nullptr, rewind_target);
+    out.calls.push_back(CacheCall::Restore(index, nullptr, rewind_target, ok));
+    if (ok) continue;
+    caches[j]->Free();
+    out.calls.push_back(CacheCall::Free(index));
   }
-  PageIn(m.path, m.matched, caches, hash_seed);
+  PageIn(m.path, m.matched, caches, hash_seed, out.calls);
   const int64_t min_off = MinOffset(caches);
-  for (auto& c : caches) {
-    if (!c || c->Offset() == min_off || c->Restore(nullptr, min_off)) continue;
+  for (size_t j = 0; j < caches.size(); ++j) {
+    if (!caches[j] || caches[j]->Offset() == min_off) continue;
+    const bool ok = caches[j]->Restore(nullptr, min_off);
+    out.calls.push_back(CacheCall::Restore(static_cast<int32_t>(j), nullptr, min_off, ok));
+    if (ok) continue;
     out.free_all = true;
+    // The manager then frees every stateful cache, in order.
+    for (size_t f = 0; f < caches.size(); ++f) {
+      if (caches[f]) out.calls.push_back(CacheCall::Free(static_cast<int32_t>(f)));
+    }
     break;
   }
   out.active_path = m.path;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/ref_cache.h"
+#include "sim/cache_calls.h"
 #include "src/prefix_trie.h"
 
 namespace kvtwin::sim {
@@ -28,6 +29,9 @@ struct BeginExpectation {
   // Every non-root node of the matched path holds a snapshot in every full KV layer (the
   // scenario's coverage invariant, spec §4.2): then no page-in can stop on a KV layer.
   bool kv_chain = true;
+  // Every Restore and Free the switch makes, in the spec's order (rewind, page-in, align),
+  // with the pre-Begin trie's snapshots (compared by identity, never dereferenced later).
+  std::vector<CacheCall> calls;
 };
 
 // `caches`: one reference cache per manager cache holding what it holds now (nullopt for

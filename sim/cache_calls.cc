@@ -1,0 +1,69 @@
+#include "sim/cache_calls.h"
+
+#include <fmt/format.h>
+
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+
+CacheCall CacheCall::Restore(int32_t cache, const CacheSnapshot* snap, int64_t target, bool ok) {
+  CacheCall c;
+  c.op = Op::kRestore;
+  c.cache = cache;
+  c.snap = snap;
+  if (snap != nullptr) {
+    c.kind = snap->kind();
+    c.from = snap->from();
+    c.to = snap->to();
+  }
+  c.target = target;
+  c.ok = ok;
+  return c;
+}
+
+CacheCall CacheCall::Free(int32_t cache) {
+  CacheCall c;
+  c.op = Op::kFree;
+  c.cache = cache;
+  return c;
+}
+
+std::string DescribeCalls(std::span<const CacheCall> calls) {
+  if (calls.empty()) return "none";
+  std::string out;
+  for (const CacheCall& c : calls) {
+    if (!out.empty()) out += ", ";
+    if (c.op == CacheCall::Op::kFree) {
+      out += fmt::format("c{} free", c.cache);
+      continue;
+    }
+    std::string snap = "-";
+    if (c.snap != nullptr) {
+      // KV snapshots are edge-local ranges; whole-state snapshots are named by their end.
+      snap = c.kind == CacheKind::kFullKv ? fmt::format("kv[{},{})", c.from, c.to)
+                                          : fmt::format("{}@{}", CacheKindName(c.kind), c.to);
+    }
+    out += fmt::format("c{} restore({},{}) {}", c.cache, snap, c.target, c.ok ? "ok" : "refused");
+  }
+  return out;
+}
+
+LoggedCache::LoggedCache(LayerCache* inner, int32_t index, std::vector<CacheCall>* log)
+    : inner_(inner), index_(index), log_(log) {
+  KV_CHECK(inner_ != nullptr && log_ != nullptr, "a logged cache wraps a cache and a log");
+}
+
+void LoggedCache::Free() {
+  inner_->Free();
+  log_->push_back(CacheCall::Free(index_));
+}
+
+bool LoggedCache::Restore(const CacheSnapshot* snap, int64_t target) {
+  // Recorded before the call: the snapshot's range is read while it is surely alive.
+  CacheCall call = CacheCall::Restore(index_, snap, target, false);
+  call.ok = inner_->Restore(snap, target);
+  log_->push_back(call);
+  return call.ok;
+}
+
+}  // namespace kvtwin::sim

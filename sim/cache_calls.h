@@ -1,0 +1,71 @@
+// CacheCall and LoggedCache: the state-moving calls a PrefixCache makes on its caches
+// outside a write (Restore and Free), in the order it makes them. Why: spec §3.4 fixes that
+// order (rewind every cache, page in node by node and cache by cache until the first
+// refusal, align), and a call that the spec does not make can leave every state equal —
+// a restore into a cache already at its target rewrites identical rows — so comparing
+// states alone misses it (mutant 97). The request driver hands the manager LoggedCaches
+// around its real caches and compares Begin's log with the calls ExpectBegin made.
+// Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/cache.h"
+
+namespace kvtwin::sim {
+
+struct CacheCall {
+  enum class Op : uint8_t { kRestore, kFree };
+  Op op = Op::kRestore;
+  int32_t cache = 0;  // index in the manager's cache list
+  // Restore only: the snapshot handed over (null = a live rewind), compared by identity and
+  // never dereferenced after the call; its kind and range as they were at the call.
+  const CacheSnapshot* snap = nullptr;
+  CacheKind kind = CacheKind::kFullKv;
+  int64_t from = 0, to = 0;
+  int64_t target = 0;
+  bool ok = true;  // what Restore returned (Free: true)
+
+  static CacheCall Restore(int32_t cache, const CacheSnapshot* snap, int64_t target, bool ok);
+  static CacheCall Free(int32_t cache);
+  bool operator==(const CacheCall&) const = default;
+};
+
+// "c0 restore(-,5) ok, c1 restore(kv[0,9),5) refused, c2 free" ("none" for no call).
+std::string DescribeCalls(std::span<const CacheCall> calls);
+
+// Forwards every call to `inner` and appends each Restore and Free to `log`.
+class LoggedCache final : public LayerCache {
+ public:
+  // REQUIRES: inner and log non-null and outliving this.
+  LoggedCache(LayerCache* inner, int32_t index, std::vector<CacheCall>* log);
+
+  CacheKind kind() const override { return inner_->kind(); }
+  int64_t Offset() const override { return inner_->Offset(); }
+  int64_t LiveBytes() const override { return inner_->LiveBytes(); }
+  void Free() override;
+  SnapshotPtr Snapshot(int64_t from) override { return inner_->Snapshot(from); }
+  Status PrepareSnapshots(const std::vector<int64_t>& offsets) override {
+    return inner_->PrepareSnapshots(offsets);
+  }
+  std::vector<SnapshotPtr> TakeSnapshots() override { return inner_->TakeSnapshots(); }
+  bool ScheduleActive() const override { return inner_->ScheduleActive(); }
+  [[nodiscard]] bool Restore(const CacheSnapshot* snap, int64_t target) override;
+  SnapshotPtr Merge(SnapshotPtr parent, SnapshotPtr child) override {
+    return inner_->Merge(std::move(parent), std::move(child));
+  }
+  std::pair<SnapshotPtr, SnapshotPtr> Split(SnapshotPtr snap, int64_t at) override {
+    return inner_->Split(std::move(snap), at);
+  }
+
+ private:
+  LayerCache* inner_;
+  int32_t index_;
+  std::vector<CacheCall>* log_;
+};
+
+}  // namespace kvtwin::sim

@@ -1,0 +1,74 @@
+// Goal: LoggedCache is transparent and its log is exact. The request driver hands the
+// manager LoggedCaches and compares Begin's Restore and Free calls with the reference's
+// (spec §3.4 order), so a wrapper that changed an outcome, dropped or reordered a call, or
+// named the wrong snapshot would make that check lie. Method: drive a KvCache through the
+// wrapper and directly side by side; compare offsets, outcomes and the log entry by entry.
+// The driver-level check itself is exercised by every request test and shown to fail by
+// mutant 97 (an extra page-in restore into a cache already at its target).
+#include "sim/cache_calls.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "src/kv_cache.h"
+#include "unit/tagged_rows.h"
+
+namespace kvtwin::sim {
+namespace {
+
+void Write(LayerCache& c, int64_t n) {
+  const std::vector<float> tags = tagged::Positions(c.Offset(), n);
+  static_cast<AttentionCache&>(c).Update(tagged::Keys(tags), tagged::Values(tags));
+}
+
+TEST(CacheCalls, LoggedCacheForwardsAndLogsRestoreAndFreeInOrder) {
+  KvCache inner;
+  std::vector<CacheCall> log;
+  LoggedCache logged(&inner, 3, &log);
+  Write(inner, 8);
+  EXPECT_EQ(logged.kind(), CacheKind::kFullKv);
+  EXPECT_EQ(logged.Offset(), 8);
+  const SnapshotPtr snap = logged.Snapshot(4);  // [4, 8): not a Restore, not logged
+  ASSERT_NE(snap, nullptr);
+  EXPECT_TRUE(log.empty());
+
+  EXPECT_TRUE(logged.Restore(nullptr, 4));   // rewind
+  EXPECT_FALSE(logged.Restore(nullptr, 6));  // past the live offset: refused, unchanged
+  EXPECT_EQ(inner.Offset(), 4);
+  EXPECT_TRUE(logged.Restore(snap.get(), 7));  // refill [4, 8), then rewind to 7
+  EXPECT_EQ(inner.Offset(), 7);
+  logged.Free();
+  EXPECT_EQ(inner.Offset(), 0);
+
+  const std::vector<CacheCall> want = {
+      CacheCall::Restore(3, nullptr, 4, true),
+      CacheCall::Restore(3, nullptr, 6, false),
+      CacheCall::Restore(3, snap.get(), 7, true),
+      CacheCall::Free(3),
+  };
+  EXPECT_EQ(log, want);
+  EXPECT_EQ(log[2].from, 4);
+  EXPECT_EQ(log[2].to, 8);
+  EXPECT_EQ(DescribeCalls(log),
+            "c3 restore(-,4) ok, c3 restore(-,6) refused, c3 restore(kv[4,8),7) ok, c3 free");
+  EXPECT_EQ(DescribeCalls({}), "none");
+}
+
+TEST(CacheCalls, CallsDifferInEveryField) {
+  KvCache inner;
+  Write(inner, 4);
+  const SnapshotPtr a = inner.Snapshot(0);
+  const SnapshotPtr b = inner.Snapshot(0);  // same range, another snapshot
+  const CacheCall base = CacheCall::Restore(1, a.get(), 2, true);
+  EXPECT_EQ(base, CacheCall::Restore(1, a.get(), 2, true));
+  EXPECT_NE(base, CacheCall::Restore(1, b.get(), 2, true));  // identity, not contents
+  EXPECT_NE(base, CacheCall::Restore(0, a.get(), 2, true));
+  EXPECT_NE(base, CacheCall::Restore(1, a.get(), 3, true));
+  EXPECT_NE(base, CacheCall::Restore(1, a.get(), 2, false));
+  EXPECT_NE(base, CacheCall::Restore(1, nullptr, 2, true));
+  EXPECT_NE(CacheCall::Free(1), CacheCall::Restore(1, nullptr, 0, true));
+}
+
+}  // namespace
+}  // namespace kvtwin::sim
