@@ -504,7 +504,8 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
 }
 
 Check LayerOracle::CheckHistory(const History& history, const model::TokenLog& log_after,
-                                int64_t start, int64_t query_len, const Op& write) {
+                                int64_t start, int64_t query_len, const Op& write,
+                                int64_t trusted_rows) {
   const model::RefKind kind = ToRefKind(spec_.kind);
   const model::PositionRange expected =
       model::ExpectedHistoryRange(kind, spec_.window, start, query_len);
@@ -525,9 +526,17 @@ Check LayerOracle::CheckHistory(const History& history, const model::TokenLog& l
     const int64_t j = ring ? (((s - history.applier.ring_idx) % k_len) + k_len) % k_len : s;
     row_positions[static_cast<size_t>(s)] = expected.first + j;
   }
+  // A full KV history maps row s to position s; only there may a prefix be trusted.
+  const int64_t skip = spec_.kind == CacheKind::kFullKv && expected.first == 0
+                           ? std::clamp<int64_t>(trusted_rows, 0, k_len)
+                           : 0;
+  const auto rows = Identity(k_len).subspan(static_cast<size_t>(skip));
   bool is_value = false;
-  const auto s = static_cast<int64_t>(FirstMismatch(*history.k, *history.v, Identity(k_len),
-                                                    row_positions, log_after, 0, &is_value));
+  const auto s =
+      skip + static_cast<int64_t>(FirstMismatch(
+                 *history.k, *history.v, rows,
+                 std::span<const int64_t>(row_positions).subspan(static_cast<size_t>(skip)),
+                 log_after, 0, &is_value));
   if (s < k_len) {
     const int64_t p = row_positions[static_cast<size_t>(s)];
     const model::Token& t = log_after[static_cast<size_t>(p)];

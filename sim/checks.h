@@ -72,8 +72,11 @@ class LayerOracle {
   // The history a forward returned: rows, order, and which positions each query attends.
   // `log_after` is the log through the forward (a speculative forward is not in the
   // reference log yet, and may never be).
+  // `trusted_rows` (full KV layers only, else ignored): history rows [0, trusted_rows)
+  // are not compared, because the caller verified them at an earlier check and amortizes
+  // re-reading them (RequestDriver::TrustedHistoryRows); their visibility still is.
   Check CheckHistory(const History& history, const model::TokenLog& log_after, int64_t start,
-                     int64_t query_len, const Op& write);
+                     int64_t query_len, const Op& write, int64_t trusted_rows = 0);
 
   // What View() returned with `log` (its size is the offset) in the cache: the history a
   // decode query at the last position would see, i.e. all of it (full KV) or the newest

@@ -28,7 +28,7 @@ std::string RequestDivergence::ToString() const {
 std::string LocalizedNote(int64_t found_at, int64_t unaudited_calls) {
   return fmt::format(
       "(localized: the amortized audit first failed at request #{} after {} unaudited session "
-      "call(s); this is the first failure with every call audited)",
+      "call(s) or forward(s); this is the first failure with every call audited)",
       found_at, unaudited_calls);
 }
 
@@ -37,10 +37,12 @@ std::string RequestCoverage::ToString() const {
       "completed {}, cancelled {}, cache hits {}, extensions {} (dropped tails {}), "
       "continuations {} (resumed exactly {}), divergent {}, new {}, repeats {}, retries {}, "
       "user offsets {}, unscheduled {}, speculative {}, branch points {}, splits {}, "
-      "evictions {} (checked passes {}), free-all {}, kv gaps {}, audited calls {}/{}",
+      "evictions {} (checked passes {}), free-all {}, kv gaps {}, audited calls {}/{}, "
+      "forwards reading every history row {}/{}",
       completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
       divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
-      branch_points, splits, evictions, eviction_passes, free_all, kv_gaps, audited_calls, calls);
+      branch_points, splits, evictions, eviction_passes, free_all, kv_gaps, audited_calls, calls,
+      forwards - trusting_forwards, forwards);
 }
 
 namespace {
@@ -48,12 +50,13 @@ namespace {
 // Every counter of a coverage record (const or not), in one list.
 template <typename Coverage>
 auto Counters(Coverage& c) {
-  return std::array{&c.completed,     &c.cancelled,       &c.cache_hits,        &c.extensions,
-                    &c.dropped_tails, &c.divergent,       &c.new_conversations, &c.repeats,
-                    &c.retries,       &c.user_offsets,    &c.unscheduled,       &c.speculative,
-                    &c.continuations, &c.resumed_exactly, &c.branch_points,     &c.free_all,
-                    &c.kv_gaps,       &c.splits,          &c.evictions,         &c.eviction_passes,
-                    &c.calls,         &c.audited_calls};
+  return std::array{
+      &c.completed,     &c.cancelled,       &c.cache_hits,        &c.extensions,
+      &c.dropped_tails, &c.divergent,       &c.new_conversations, &c.repeats,
+      &c.retries,       &c.user_offsets,    &c.unscheduled,       &c.speculative,
+      &c.continuations, &c.resumed_exactly, &c.branch_points,     &c.free_all,
+      &c.kv_gaps,       &c.splits,          &c.evictions,         &c.eviction_passes,
+      &c.calls,         &c.audited_calls,   &c.forwards,          &c.trusting_forwards};
 }
 
 }  // namespace
@@ -80,10 +83,10 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
   conv_weights_ = std::move(kernels.conv);
   gdn_params_ = std::move(kernels.gdn);
   for (size_t i = 0; i < caches_.size(); ++i) {
-    logged_.push_back(caches_[i] == nullptr ? nullptr
-                                            : std::make_unique<LoggedCache>(
-                                                  caches_[i].get(), static_cast<int32_t>(i),
-                                                  &manager_calls_));
+    logged_.push_back(caches_[i] == nullptr
+                          ? nullptr
+                          : std::make_unique<LoggedCache>(caches_[i].get(), static_cast<int32_t>(i),
+                                                          &manager_calls_));
   }
   manager_ = std::make_unique<PrefixCache>(ManagerCaches());
   // 0 = unlimited: the counter can never exceed the largest int64.
@@ -212,6 +215,21 @@ bool RequestDriver::StartCall() {
   coverage_.audited_calls += audit_;
   if (eviction_ref_) eviction_ref_->set_enabled(audit_);
   return audit_;
+}
+
+int64_t RequestDriver::TrustedHistoryRows(int64_t start, int64_t n) {
+  const int64_t rows = start + n;  // a full KV layer's history after the forward
+  if (options_.audit_every_call || rows <= kHistoryAlwaysRows) return 0;
+  // Capped like the audit credit: a long decode after a long prefill is not followed by a
+  // burst of full checks.
+  history_credit_ = std::min(history_credit_ + kHistoryRowsPerToken * n, 2 * rows);
+  if (history_credit_ >= rows) {
+    history_credit_ -= rows;
+    return 0;
+  }
+  ++history_skips_;
+  ++coverage_.trusting_forwards;
+  return start;
 }
 
 RequestDriver::TrieDumps RequestDriver::DumpTries(bool diverged) const {

@@ -28,7 +28,13 @@
 // calls carries their number, and the callers (replay, requests, the prefix fuzz target)
 // re-run with audit_every_call to report the first call at which an audit fails: the run
 // is deterministic and the checks only read production state, so this costs time only on
-// a failure. The report, live soundness and history checks run on every call.
+// a failure. The report and live soundness checks run on every call, and every forward's
+// history is checked. A forward's history rows before the write were verified when they were
+// written and by every later full check, so on a full KV layer past kHistoryAlwaysRows they
+// are re-read on the same kind of credit (kHistoryRowsPerToken per forwarded token), the new
+// rows and every row's visibility always; each live check at a session call reads every row
+// again. Forwards that trusted rows count as unaudited until the next full check passes, so
+// a divergence after them is localized the same way (audit_every_call checks every row).
 // At an unlimited budget the reference manager (sim/manager_reference.h) runs in lock step
 // and every session call must leave exactly its trie, active path and pending offsets.
 // Under a budget every eviction pass that evicts must give exactly the reference pass's
@@ -100,6 +106,8 @@ struct RequestCoverage {
   int64_t eviction_passes = 0;
   // Session calls, and those that ran the whole-trie checks (all while the trie is small).
   int64_t calls = 0, audited_calls = 0;
+  // Forwards, and those that left history rows to the amortized schedule (long contexts).
+  int64_t forwards = 0, trusting_forwards = 0;
   std::string ToString() const;
   RequestCoverage& operator+=(const RequestCoverage& o);
 };
@@ -165,11 +173,16 @@ class RequestDriver {
     std::vector<uint64_t> active_key_path;                   // sorted
   };
 
+  static constexpr int64_t kHistoryAlwaysRows = 1024;
+  static constexpr int64_t kHistoryRowsPerToken = 32;
   static constexpr int64_t kAuditAlwaysNodes = 128;
   static constexpr int64_t kAuditNodesPerCall = 2;
   static constexpr int64_t kAuditNodesPerToken = 1;
   // Starts a session call; returns (and remembers) whether it is audited.
   bool StartCall();
+  // How many leading history rows a forward of `n` tokens at offset `start` may leave
+  // unread (0: read them all); counts a forward that trusts any as unaudited.
+  int64_t TrustedHistoryRows(int64_t start, int64_t n);
 
   std::vector<LayerCache*> Caches() const;
   // What the manager is given: the caches behind LoggedCaches that log into manager_calls_
@@ -204,7 +217,6 @@ class RequestDriver {
   std::unique_ptr<ManagerReference> reference_;      // unlimited budget only
   std::unique_ptr<EvictionReference> eviction_ref_;  // under a budget only
   model::TokenLog live_;            // what every cache holds: positions [0, offset)
-  model::TokenLog forward_log_;     // the log through the forward under way (Session::Forward)
   ForwardScratch forward_scratch_;  // every forward's input buffers
   // The previous session: the tokens it stored and the offset it closed at.
   std::vector<int32_t> previous_stored_;
@@ -219,6 +231,8 @@ class RequestDriver {
   bool has_census_ = false;
   EndHashStack census_ends_;  // TakeCensus's scratch
   int64_t audit_credit_ = 0;
+  int64_t history_credit_ = 0;    // rows a full history check may read (TrustedHistoryRows)
+  int64_t history_skips_ = 0;     // forwards that trusted rows since the last full check
   int64_t unaudited_calls_ = 0;   // since the last audited call (RequestDivergence)
   int64_t forwarded_tokens_ = 0;  // since the last call started (StartCall)
   int64_t last_request_ = -1;     // the index of the last plan run (FinalAudit)

@@ -45,8 +45,10 @@ class RequestDriver::Session {
     if (!c) c = Close();
     if (!c && budget_bytes_ > 0) c = Squeeze();
     if (!c) return std::nullopt;
-    return RequestDivergence{d_.steps_, plan_.index,         phase_, plan_.ToString(),
-                             *c,        d_.unaudited_calls_, ""};
+    return RequestDivergence{d_.steps_, plan_.index,
+                             phase_,    plan_.ToString(),
+                             *c,        d_.unaudited_calls_ + d_.history_skips_,
+                             ""};
   }
 
  private:
@@ -85,7 +87,7 @@ class RequestDriver::Session {
                       DescribeCalls(want.calls), DescribeCalls(d_.manager_calls_)};
     }
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
-    if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
+    if (Check c = CheckLive()) return c;
     if (Check c = CheckContinuation(want)) return c;
     if (d_.reference_) {
       const model::TokenLog inputs(stored_.begin(), stored_.begin() + len());
@@ -231,7 +233,7 @@ class RequestDriver::Session {
         if (Check c = d_.reference_->CheckTrie(pc(), "AttachPrefillSnapshots")) return c;
       }
     }
-    if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
+    if (Check c = CheckLive()) return c;
     if (audit) d_.UpdateCensus();
     return std::nullopt;
   }
@@ -273,7 +275,7 @@ class RequestDriver::Session {
 
   Check Close() {
     phase_ = "before Close";
-    if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
+    if (Check c = CheckLive()) return c;
     const bool audit = d_.StartCall();
     phase_ = "Close";
     ++d_.steps_;
@@ -381,6 +383,14 @@ class RequestDriver::Session {
     return std::nullopt;
   }
 
+  // Every live row of every cache against the log; a pass also covers the history rows
+  // that forwards since the last full check trusted.
+  Check CheckLive() {
+    if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
+    d_.history_skips_ = 0;
+    return std::nullopt;
+  }
+
   // One forward of `tokens` at the live offset through every stateful layer, or through
   // the speculation's wrappers; the attention history of each is checked.
   Check Forward(std::span<const model::Token> tokens, Speculation* spec) {
@@ -388,11 +398,23 @@ class RequestDriver::Session {
     const auto start = static_cast<int64_t>(d_.live_.size());
     const auto n = static_cast<int64_t>(tokens.size());
     d_.forwarded_tokens_ += n;  // audit credit (RequestDriver::StartCall)
-    // One buffer for every forward of the run: a fresh copy of a long log per decode token
-    // was an allocation per token.
-    model::TokenLog& after = d_.forward_log_;
-    after.assign(d_.live_.begin(), d_.live_.end());
-    after.insert(after.end(), tokens.begin(), tokens.end());
+    ++d_.coverage_.forwards;
+    // A speculative forward's history may be the wrapper's own buffer: read it all.
+    const int64_t trusted = spec == nullptr ? d_.TrustedHistoryRows(start, n) : 0;
+    // The log through the forward is the live log with the tokens appended for the checks
+    // and taken off again (the caller appends what the forward committed): a copy of the
+    // whole log per forward was quadratic over a long prefill.
+    d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.end());
+    Check c = CheckedForward(tokens, spec, start, trusted);
+    d_.live_.resize(static_cast<size_t>(start));
+    if (!c && trusted == 0) d_.history_skips_ = 0;
+    return c;
+  }
+
+  Check CheckedForward(std::span<const model::Token> tokens, Speculation* spec, int64_t start,
+                       int64_t trusted) {
+    const model::TokenLog& after = d_.live_;
+    const auto n = static_cast<int64_t>(tokens.size());
     size_t wrapper = 0;
     for (size_t i = 0; i < d_.caches_.size(); ++i) {
       if (d_.caches_[i] == nullptr) continue;
@@ -402,7 +424,7 @@ class RequestDriver::Session {
           &d_.conv_weights_[i], &d_.gdn_params_[i], 0, false, &d_.forward_scratch_);
       if (target.kind() == CacheKind::kRecurrent) continue;
       d_.Fold(static_cast<uint64_t>(history.length));
-      if (Check c = d_.oracles_[i]->CheckHistory(history, after, start, n, Op{})) {
+      if (Check c = d_.oracles_[i]->CheckHistory(history, after, start, n, Op{}, trusted)) {
         c->what = fmt::format("layer {} history: {}", i, c->what);
         return c;
       }
