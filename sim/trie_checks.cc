@@ -80,13 +80,14 @@ Check CheckChildren(const TrieNode& n, std::vector<std::pair<TrieKey, size_t>>& 
   return std::nullopt;
 }
 
+// `path`: the node's key path as a token log (PathLog), size == the node's end.
 Check CheckNodeSnapshots(const PrefixTrie& trie, const TrieNode& n,
-                         std::span<LayerOracle* const> oracles, uint64_t hash_seed) {
+                         std::span<LayerOracle* const> oracles,
+                         std::span<const model::Token> path) {
   if (n.is_root()) {
     return n.HasSnapshots() ? Check(AtNode(n, "snapshots", "none", "some")) : std::nullopt;
   }
   if (!n.HasSnapshots()) return std::nullopt;
-  const model::TokenLog path = PathLog(n, hash_seed);
   for (size_t i = 0; i < trie.num_layers(); ++i) {
     const CacheSnapshot* s = n.snapshot(i);
     if (s == nullptr) continue;
@@ -285,17 +286,38 @@ Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> o
   Check found;
   if (memo == nullptr) {
     trie.Walk([&](TrieNode* n) {
-      if (!found) found = CheckNodeSnapshots(trie, *n, oracles, hash_seed);
+      if (found) return;
+      const model::TokenLog path = n->is_root() ? model::TokenLog{} : PathLog(*n, hash_seed);
+      found = CheckNodeSnapshots(trie, *n, oracles, path);
     });
     return found;
   }
   memo->next.clear();
-  // CheckTrieStructure passed, so parent links and the walk agree.
-  WalkEndHashes(trie, hash_seed, memo->ends, [&](TrieNode* n, uint64_t h) {
-    if (found || !n->HasSnapshots()) return;
+  // CheckTrieStructure passed, so the walk is pre-order along parent links and every
+  // node starts where its parent ends: the log of the path walked so far, cut back to a
+  // node's start, is its parent's key path, and its own edge extends it. Each edge is
+  // hashed once per check, where a PathLog per node rehashed every path from the root
+  // (quadratic along a long conversation with a capture every few tokens).
+  model::TokenLog& path = memo->path;
+  path.clear();
+  trie.Walk([&](TrieNode* n) {
+    if (found) return;
+    if (!n->is_root()) {
+      KV_CHECK(n->start_offset() <= static_cast<int64_t>(path.size()),
+               "pre-order reached a node before its parent");
+      path.resize(static_cast<size_t>(n->start_offset()));
+      uint64_t h = path.empty() ? hash_seed : path.back().h;
+      for (const TrieKey k : n->edge()) {
+        const int32_t t = KeyToken(k);
+        h = NextHash(h, t);
+        path.push_back({t, h});
+      }
+    }
+    if (!n->HasSnapshots()) return;
+    const uint64_t h = path.empty() ? hash_seed : path.back().h;
     const uint64_t key = NodeFingerprint(*n, h, memo->bytes);
     if (!std::binary_search(memo->verified.begin(), memo->verified.end(), key)) {
-      found = CheckNodeSnapshots(trie, *n, oracles, hash_seed);
+      found = CheckNodeSnapshots(trie, *n, oracles, path);
     }
     if (!found) memo->next.push_back(key);
   });

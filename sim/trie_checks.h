@@ -87,7 +87,7 @@ struct SoundnessMemo {
   std::vector<uint64_t> verified;  // sorted fingerprints
   std::vector<uint64_t> next;      // scratch: this check's fingerprints
   std::string bytes;               // scratch: one node's fingerprinted bytes
-  EndHashStack ends;               // scratch: WalkEndHashes's
+  model::TokenLog path;            // scratch: the key path of the node being checked
 };
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo = nullptr);
