@@ -52,7 +52,11 @@ void RefCache::Write(const TokenLog& tokens) {
   const int64_t start = Offset();
   // Rotating (§2.2 Update step 1): the start boundary is cloned before the write, because
   // the write may evict tokens of the window that the boundary state still needs.
-  if (kind_ == RefKind::kRotating && schedule_active_) OfferCapture(start, Snapshot(0));
+  // Built only when a slot takes it: a whole-state snapshot is the log so far, and making
+  // one on every write of a long prefill was quadratic (OfferCapture drops it otherwise).
+  if (kind_ == RefKind::kRotating && schedule_active_ && WantsCapture(start)) {
+    OfferCapture(start, Snapshot(0));
+  }
   log_.insert(log_.end(), tokens.begin(), tokens.end());
   has_state_ = true;
   const bool batched = tokens.size() > 1;
@@ -98,6 +102,13 @@ void RefCache::OfferCapture(int64_t reached, RefSnap snap) {
     base_ = reached;  // moves even for a null capture (spec §8 quirk 5)
     return;
   }
+}
+
+bool RefCache::WantsCapture(int64_t reached) const {
+  for (size_t i = 0; i < scheduled_.size(); ++i) {
+    if (scheduled_[i] == reached && !captured_[i].has_value()) return true;
+  }
+  return false;
 }
 
 std::vector<int64_t> RefCache::ScheduledIn(int64_t lo, int64_t hi) const {

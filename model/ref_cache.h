@@ -74,6 +74,8 @@ class RefCache {
   // The capture rule of the schedule (spec §1.3 captureReached): fills the first empty slot
   // scheduled at `reached` with `snap` and then moves base there, even when `snap` is null.
   void OfferCapture(int64_t reached, RefSnap snap);
+  // Whether OfferCapture(reached, ...) would fill a slot.
+  bool WantsCapture(int64_t reached) const;
   // Scheduled offsets o with lo <= o <= hi, ascending.
   std::vector<int64_t> ScheduledIn(int64_t lo, int64_t hi) const;
   // The whole-state snapshot {from, to, tokens [0, to)} of the log as it was at `to`.
