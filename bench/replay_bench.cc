@@ -311,6 +311,8 @@ Json ToJson(const Flags& f, const Work& w, const Work& window) {
 int Main(const Flags& f) {
   sim::TraceHeader setup;  // the replay CLI's defaults, with the preset asked for
   setup.preset = f.preset;
+  setup.chunk = sim::MooncakeChunk(f.scale);
+  setup.capture_interval = sim::MooncakeInterval(f.scale);
   if (Result<sim::StackConfig> c = sim::TraceStack(setup); !c.ok()) {
     return Fail("--preset: " + c.status().message());
   }

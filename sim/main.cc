@@ -18,10 +18,17 @@ void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::Mo
   cmd->add_option("--window", h.window, "Mooncake: W of rotating layers");
   cmd->add_option("--dtype", h.dtype, "Mooncake: f32 | bf16");
   cmd->add_option("--budget", h.budget_bytes, "Mooncake: eviction budget in bytes (0 = unlimited)");
-  cmd->add_option("--chunk", h.chunk, "Mooncake: prefill chunk in tokens");
-  cmd->add_option("--interval", h.capture_interval, "Mooncake: periodic capture interval");
+  CLI::Option* chunk =
+      cmd->add_option("--chunk", h.chunk, "Mooncake: prefill chunk in tokens (default: max(5, S))");
+  CLI::Option* interval = cmd->add_option(
+      "--interval", h.capture_interval, "Mooncake: periodic capture interval (default: max(8, S))");
   cmd->add_option("--pre-thinking", h.pre_thinking, "Mooncake: capture at len - N (0 = none)");
   cmd->add_option("--seed", h.seed, "value seed of the synthetic rows");
+  // The cadence follows the block scale unless given (sim/mooncake.h).
+  cmd->parse_complete_callback([&h, &m, chunk, interval] {
+    if (chunk->count() == 0) h.chunk = kvtwin::sim::MooncakeChunk(m.block_scale);
+    if (interval->count() == 0) h.capture_interval = kvtwin::sim::MooncakeInterval(m.block_scale);
+  });
 }
 
 void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {

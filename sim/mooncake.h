@@ -52,6 +52,15 @@ RequestPlan MooncakePlan(const MooncakeRequest& r, int64_t index, int64_t block_
 // and no "format"); false when it cannot be read.
 bool LooksLikeMooncake(const std::string& path);
 
+// The prefill cadence of a Mooncake replay unless the caller sets one: chunks and periodic
+// captures of one block (block_scale tokens), as a server that prefills in chunks and keeps
+// a block-level prefix cache would, never finer than the trace format's defaults (chunk 5,
+// interval 8), so small scales keep their dense boundaries. With those defaults at 512
+// tokens per block a 40k-token prompt took 8,000 forwards and 5,000 captures, and the
+// reference's whole-state snapshots (each the log so far) grew quadratically with them.
+inline int64_t MooncakeChunk(int64_t block_scale) { return block_scale > 5 ? block_scale : 5; }
+inline int64_t MooncakeInterval(int64_t block_scale) { return block_scale > 8 ? block_scale : 8; }
+
 struct MooncakeOptions {
   int64_t block_scale = kMooncakeBlockTokens;
   int64_t skip = 0;   // requests at the start left out (a later, warmer window)
