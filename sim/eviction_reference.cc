@@ -18,6 +18,21 @@ EvictionReference::~EvictionReference() { manager_.set_eviction_hook(nullptr); }
 Check EvictionReference::TakeMismatch() { return std::exchange(mismatch_, std::nullopt); }
 
 void EvictionReference::OnPass(bool ended) {
+  // The hook's own contract, on every pass (checked or not): passes that evict only, so
+  // one begins over budget, and a begin and an end alternate.
+  if (!mismatch_ && ended != open_) {
+    mismatch_ = Mismatch{"eviction hook order", ended ? "a begin before the end" : "an end first",
+                         ended ? "an end with no pass begun" : "a second begin"};
+  }
+  open_ = !ended;
+  if (!ended && !mismatch_) {
+    const int64_t bytes = manager_.trie().paged_out_bytes();
+    const int64_t budget = manager_.options().max_paged_out_bytes;
+    if (bytes <= budget) {
+      mismatch_ = Mismatch{"paged-out bytes when an eviction pass begins (hook)",
+                           fmt::format("> {} (budget)", budget), std::to_string(bytes)};
+    }
+  }
   if (!ended && !enabled_) return;
   if (ended && !std::exchange(in_pass_, false)) return;
   if (!ended) {

@@ -47,6 +47,7 @@ class EvictionReference {
   int64_t passes_ = 0, evictions_ = 0;
   bool enabled_ = true;
   bool in_pass_ = false;  // a checked pass is under way
+  bool open_ = false;     // a pass (checked or not) began and has not ended
 };
 
 }  // namespace kvtwin::sim
