@@ -60,11 +60,11 @@ done
 for tool in cmake ninja patch cmp timeout g++ awk; do
   command -v "$tool" >/dev/null || die "$tool not found"
 done
+# NN-name.patch with two or more digits, in numeric order (a glob sorts 100 before 11).
 patches=()
-for p in "$mutants_dir"/[0-9][0-9]-*.patch; do
-  [ -e "$p" ] || continue
-  case "$(basename "$p")" in *"$pattern"*) patches+=("$p") ;; esac
-done
+while IFS= read -r name; do
+  case "$name" in *"$pattern"*) patches+=("$mutants_dir/$name") ;; esac
+done < <(ls "$mutants_dir" | grep -E '^[0-9]{2,}-.*\.patch$' | sort -n)
 [ ${#patches[@]} -gt 0 ] || die "no patch in tests/mutants matches '${pattern}'"
 
 now() { date +%s.%N; }
