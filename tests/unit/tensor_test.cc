@@ -1,10 +1,10 @@
 // Goal: Tensor::EnsureShape, the reuse rule of every buffer kept across calls (the forward
 // and kernel scratch): the same shape keeps the tensor untouched, any other dtype, row or
 // column count gives a zero-filled tensor of the new shape. AssignRows, built on it, equals
-// Rows() whatever the target held before; Rows() itself copies its range bit for bit. CopyRows moves whole rows bit-exactly, also within
-// one tensor when the ranges overlap.
-// Method: mark a tensor, ask for each shape, and look at the marks and the shape; copy row
-// ranges and compare every element with the rows read one by one before the copy.
+// Rows() whatever the target held before; Rows() itself copies its range bit for bit. CopyRows
+// moves whole rows bit-exactly, also within one tensor when the ranges overlap. Method: mark a
+// tensor, ask for each shape, and look at the marks and the shape; copy row ranges and compare
+// every element with the rows read one by one before the copy.
 #include "src/core/tensor.h"
 
 #include <gtest/gtest.h>

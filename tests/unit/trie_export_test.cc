@@ -100,8 +100,7 @@ TEST(TrieExport, DumpNamesWholeStateSnapshotsByTheOffsetTheyRestoreTo) {
   const std::vector<TrieNode*> active = {trie.root(), a};
   const std::vector<std::string> lines = Lines(DumpTrie(trie, active));
   ASSERT_EQ(lines.size(), 3u);
-  EXPECT_NE(lines[2].find(" snaps=[kv:[0,12) rot:@12 rec:@12 -] "), std::string::npos)
-      << lines[2];
+  EXPECT_NE(lines[2].find(" snaps=[kv:[0,12) rot:@12 rec:@12 -] "), std::string::npos) << lines[2];
   const std::string dot = TrieToDot(trie, active);
   EXPECT_NE(dot.find("rot:@12 rec:@12"), std::string::npos) << dot;
 }
