@@ -57,6 +57,7 @@ void RefCache::Write(const TokenLog& tokens) {
   if (kind_ == RefKind::kRotating && schedule_active_ && WantsCapture(start)) {
     OfferCapture(start, Snapshot(0));
   }
+  if (kind_ == RefKind::kKv) GrowKv(start, static_cast<int64_t>(tokens.size()));
   log_.insert(log_.end(), tokens.begin(), tokens.end());
   has_state_ = true;
   const bool batched = tokens.size() > 1;
@@ -101,6 +102,16 @@ void RefCache::OfferCapture(int64_t reached, RefSnap snap) {
     captured_[i] = std::move(snap);
     base_ = reached;  // moves even for a null capture (spec §8 quirk 5)
     return;
+  }
+}
+
+void RefCache::GrowKv(int64_t prev, int64_t n) {
+  constexpr int64_t kStep = 256;
+  const int64_t chunk = (n + kStep - 1) / kStep * kStep;
+  if (!has_state_) {
+    kv_capacity_ = chunk;
+  } else if (prev + n > kv_capacity_) {
+    kv_capacity_ = (prev % kStep != 0 ? prev : kv_capacity_) + chunk;
   }
 }
 
@@ -197,6 +208,7 @@ bool RefCache::RestoreKv(const RefSnapshot* snap, int64_t target) {
   // Needs base: the cache must already hold everything before the snapshot's range.
   if (target > snap->to || Offset() < snap->from) return false;
   Truncate(log_, snap->from);
+  GrowKv(snap->from, static_cast<int64_t>(snap->tokens.size()));  // the refill is an append
   log_.insert(log_.end(), snap->tokens.begin(), snap->tokens.end());
   Truncate(log_, target);  // a target below snap->from acts as a rewind
   has_state_ = true;
@@ -276,6 +288,7 @@ std::pair<RefSnap, RefSnap> RefCache::Split(RefSnap snap, int64_t at) const {
 void RefCache::Free() {
   log_.clear();
   has_state_ = false;
+  kv_capacity_ = 0;
   // The schedule is dropped with its captures (the production cache must close them).
   schedule_active_ = false;
   scheduled_.clear();

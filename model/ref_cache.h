@@ -1,7 +1,9 @@
 // RefCache: the naive reference for one layer cache (spec §5.1): the cache is its token log.
 // Every observable (offset, boolean outcome of Restore/Split/Merge, snapshot ranges and
 // contents, capture-schedule entries, which positions attention sees) is re-derived from
-// the log with ordered containers and no capacity tricks. Written from the spec, never from
+// the log with ordered containers and no capacity tricks; a KV cache's slot capacity is the
+// one number kept beside the log, because spec §2.1 fixes how it grows and it is what the
+// cache's memory (LiveBytes) reports. Written from the spec, never from
 // src/. A Token carries the provenance hash h_p that the driver derived for it; the model
 // treats it as opaque data. Single-threaded value type.
 #pragma once
@@ -45,6 +47,11 @@ class RefCache {
   // Whether live state exists (a buffer for attention kinds, conv/delta for recurrent):
   // created by a write or a snapshot restore, dropped by Free.
   bool HasState() const { return has_state_; }
+  // KV only: the slots the buffer has (0 without one). Spec §2.1 append step 2: a new buffer
+  // holds ceil(n / 256) * 256 slots; an append past the capacity adds that step after the
+  // buffer cut to the offset when the offset is not a multiple of 256 (Go slices [0, prev)
+  // before concatenating), else after the whole capacity. Rewinds keep it; Free drops it.
+  int64_t kv_capacity() const { return kv_capacity_; }
 
   // Appends the tokens of one forward (recurrent: only the real, unpadded tokens) and runs
   // the capture rules of the kind. REQUIRES: !tokens.empty().
@@ -84,9 +91,13 @@ class RefCache {
   bool RestoreRotating(const RefSnapshot* snap, int64_t target);
   bool RestoreRecurrent(const RefSnapshot* snap, int64_t target);
 
+  // KV: the capacity after appending n tokens at offset prev (see kv_capacity()).
+  void GrowKv(int64_t prev, int64_t n);
+
   RefKind kind_;
   int64_t window_ = 0;  // rotating only
   TokenLog log_;
+  int64_t kv_capacity_ = 0;
   bool has_state_ = false;
   bool schedule_active_ = false;
   std::vector<int64_t> scheduled_;

@@ -358,6 +358,16 @@ Check LayerOracle::CheckKvLive(const KvCache& cache, const model::RefCache& ref)
     return Mismatch{"kv buffer exists", ref.HasState() ? "yes" : "no",
                     cache.HasBuffer() ? "yes" : "no"};
   }
+  if (cache.Capacity() != ref.kv_capacity()) {
+    return Mismatch{"kv capacity (spec §2.1 growth)", std::to_string(ref.kv_capacity()),
+                    std::to_string(cache.Capacity())};
+  }
+  // K and V buffers of that many slots at the stack's width and dtype.
+  const int64_t bytes =
+      cache.HasBuffer() ? 2 * ref.kv_capacity() * cols_ * ElementBytes(dtype_) : 0;
+  if (cache.LiveBytes() != bytes) {
+    return Mismatch{"kv LiveBytes", std::to_string(bytes), std::to_string(cache.LiveBytes())};
+  }
   return CheckKvContent(cache, ref.log());
 }
 
