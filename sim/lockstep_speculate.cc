@@ -9,6 +9,7 @@
 // destructor's rollback.
 #include <fmt/format.h>
 
+#include <string>
 #include <vector>
 
 #include "sim/lockstep.h"
@@ -52,6 +53,24 @@ Check CheckWrapperContract(LayerCache& w, int64_t offset) {
                     std::to_string(w.Offset())};
   }
   return std::nullopt;
+}
+
+// The same answers for a real snapshot of the wrapped kind, one the driver holds (with
+// null alone, (snap, null) and (null, snap) look alike): Restore refuses it, and Split
+// hands it back whole as the child, as a kind that cannot split does. It goes back to
+// `held` whatever the answer, so the run goes on as before.
+Check CheckWrapperGivenSnapshot(LayerCache& w, SnapshotPtr& held, int64_t offset) {
+  const CacheSnapshot* raw = held.get();
+  if (w.Restore(raw, offset)) {
+    return Mismatch{"speculation wrapper Restore of a held snapshot", "false", "true"};
+  }
+  auto [parent, child] = w.Split(std::move(held), offset);
+  const bool ok = parent == nullptr && child.get() == raw;
+  const std::string got = fmt::format("({}, {})", parent == nullptr ? "null" : "a snapshot",
+                                      child == nullptr ? "null" : "a snapshot");
+  held = parent != nullptr ? std::move(parent) : std::move(child);
+  if (ok) return std::nullopt;
+  return Mismatch{"speculation wrapper Split of a held snapshot", "(null, the snapshot)", got};
 }
 
 }  // namespace
@@ -100,6 +119,11 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     }
     const int64_t end = layer.ref.Offset() + static_cast<int64_t>(tokens.size());
     if (Check c = CheckWrapperContract(w, end)) return c;
+    for (PoolEntry& e : layer.pool) {
+      if (e.prod == nullptr) continue;
+      if (Check c = CheckWrapperGivenSnapshot(w, e.prod, end)) return c;
+      break;
+    }
   }
   if (op.isolated) return std::nullopt;
   if (abandoned) {
