@@ -2,7 +2,8 @@
 # Goal: the trace commands keep their contract: a generated trace replays to the same
 # digest as the run that generated it (ops, multiseq); malformed input exits 2 with one line naming the
 # file, line and JSON pointer and writes nothing; --json / --junit reports are whole;
-# Mooncake JSONL imports and replays; explain and shrink refuse what they cannot do.
+# Mooncake JSONL imports and replays, its prefill cadence following the block scale unless
+# given; explain and shrink refuse what they cannot do.
 # Method: run the built binary (first argument) in a scratch directory.
 set -u
 kvtwin=$1
@@ -78,6 +79,17 @@ expect 0 '^imported 30 requests'     -- import "$mooncake" -o "$tmp/moon.jsonl" 
 imported=$("$kvtwin" replay "$tmp/moon.jsonl" 2>&1)
 [ -n "$(digest_of "$direct")" ] && [ "$(digest_of "$direct")" = "$(digest_of "$imported")" ] ||
   say "imported Mooncake trace replays differently: $(digest_of "$direct") vs $(digest_of "$imported")"
+
+# Mooncake cadence: chunk and capture interval default to one block (max(5, S), max(8, S));
+# explicit flags win. The report's reproduce line carries the setup that ran.
+cadence() {  # cadence ARGS... -> the "--chunk C --interval I" of the replay's report
+  "$kvtwin" replay "$mooncake" --limit 3 --preset dense --quiet --json "$tmp/cad.json" "$@" >/dev/null 2>&1
+  grep -oE -- '--chunk [0-9]+ --interval [0-9]+' "$tmp/cad.json" | head -1
+}
+[ "$(cadence --block-scale 64)" = "--chunk 64 --interval 64" ] || say "scale 64 cadence: $(cadence --block-scale 64)"
+[ "$(cadence --block-scale 2)" = "--chunk 5 --interval 8" ] || say "scale 2 cadence: $(cadence --block-scale 2)"
+[ "$(cadence --block-scale 64 --chunk 7 --interval 9)" = "--chunk 7 --interval 9" ] ||
+  say "explicit cadence: $(cadence --block-scale 64 --chunk 7 --interval 9)"
 
 # explain and shrink.
 expect 0 'after event 3'             -- explain "$tmp/req.jsonl" --at 3 --dot "$tmp/t.dot"
