@@ -11,17 +11,17 @@
 namespace kvtwin::model {
 namespace {
 
-// Copy of log[begin, end). REQUIRES: 0 <= begin <= end <= size.
-TokenLog Slice(const TokenLog& log, int64_t begin, int64_t end) {
+// log[begin, end), sharing the log's buffer. REQUIRES: 0 <= begin <= end <= size.
+SharedLog Slice(const SharedLog& log, int64_t begin, int64_t end) {
   KV_CHECK(0 <= begin && begin <= end && end <= static_cast<int64_t>(log.size()),
            "slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") of a log of " +
                std::to_string(log.size()));
-  return TokenLog(log.begin() + begin, log.begin() + end);
+  return log.Slice(static_cast<size_t>(begin), static_cast<size_t>(end));
 }
 
-void Truncate(TokenLog& log, int64_t length) {
+void Truncate(SharedLog& log, int64_t length) {
   KV_CHECK(0 <= length && length <= static_cast<int64_t>(log.size()), "truncate beyond log");
-  log.resize(static_cast<size_t>(length));
+  log.Truncate(static_cast<size_t>(length));
 }
 
 // A snapshot handed back to a cache must be one this kind can have produced.
@@ -58,7 +58,7 @@ void RefCache::Write(const TokenLog& tokens) {
     OfferCapture(start, Snapshot(0));
   }
   if (kind_ == RefKind::kKv) GrowKv(start, static_cast<int64_t>(tokens.size()));
-  log_.insert(log_.end(), tokens.begin(), tokens.end());
+  log_.Append(tokens);
   has_state_ = true;
   const bool batched = tokens.size() > 1;
   // KV (§2.1) captures every scheduled offset in [start, end], the start included (a zero
@@ -209,7 +209,7 @@ bool RefCache::RestoreKv(const RefSnapshot* snap, int64_t target) {
   if (target > snap->to || Offset() < snap->from) return false;
   Truncate(log_, snap->from);
   GrowKv(snap->from, static_cast<int64_t>(snap->tokens.size()));  // the refill is an append
-  log_.insert(log_.end(), snap->tokens.begin(), snap->tokens.end());
+  log_.Concat(snap->tokens);
   Truncate(log_, target);  // a target below snap->from acts as a rewind
   has_state_ = true;
   return true;
@@ -251,7 +251,7 @@ void RefCache::CommitSpeculation(const TokenLog& forward, int64_t accepted) {
     Truncate(log_, start + n);  // the commit is a pure cursor move
     return;
   }
-  if (n > 0) Write(Slice(forward, 0, n));
+  if (n > 0) Write(TokenLog(forward.begin(), forward.begin() + n));
 }
 
 RefSnap RefCache::Merge(RefSnap parent, RefSnap child) const {
@@ -268,7 +268,7 @@ RefSnap RefCache::Merge(RefSnap parent, RefSnap child) const {
                std::to_string(parent->to) + ") and [" + std::to_string(child->from) + ", " +
                std::to_string(child->to) + ")");
   RefSnapshot merged{kind_, parent->from, child->to, std::move(parent->tokens)};
-  merged.tokens.insert(merged.tokens.end(), child->tokens.begin(), child->tokens.end());
+  merged.tokens.Concat(child->tokens);
   return merged;
 }
 
@@ -286,7 +286,7 @@ std::pair<RefSnap, RefSnap> RefCache::Split(RefSnap snap, int64_t at) const {
 }
 
 void RefCache::Free() {
-  log_.clear();
+  log_.Clear();
   has_state_ = false;
   kv_capacity_ = 0;
   // The schedule is dropped with its captures (the production cache must close them).

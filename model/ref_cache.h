@@ -10,27 +10,24 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
+#include "model/shared_log.h"
 #include "src/core/status.h"
 
 namespace kvtwin::model {
 
 enum class RefKind : uint8_t { kKv, kRotating, kRecurrent };
 
-struct Token {
-  int32_t id = 0;
-  uint64_t h = 0;  // rolling hash of the prefix ending at this token
-  friend bool operator==(const Token&, const Token&) = default;
-};
-using TokenLog = std::vector<Token>;
-
 struct RefSnapshot {
   RefKind kind = RefKind::kKv;
   int64_t from = 0;  // KV: first position; whole-state kinds: informational
   int64_t to = 0;    // KV: end (exclusive); whole-state kinds: the state's offset
-  TokenLog tokens;   // KV: the tokens of [from, to); whole-state kinds: tokens [0, to)
+  // KV: the tokens of [from, to); whole-state kinds: tokens [0, to), sharing their prefix
+  // with the log they were taken from (SharedLog), so a snapshot per block stays linear.
+  SharedLog tokens;
 };
 using RefSnap = std::optional<RefSnapshot>;  // nullopt = a null snapshot
 
@@ -43,7 +40,7 @@ class RefCache {
   RefKind kind() const { return kind_; }
   int64_t window() const { return window_; }
   int64_t Offset() const { return static_cast<int64_t>(log_.size()); }
-  const TokenLog& log() const { return log_; }
+  std::span<const Token> log() const { return log_.span(); }
   // Whether live state exists (a buffer for attention kinds, conv/delta for recurrent):
   // created by a write or a snapshot restore, dropped by Free.
   bool HasState() const { return has_state_; }
@@ -96,7 +93,7 @@ class RefCache {
 
   RefKind kind_;
   int64_t window_ = 0;  // rotating only
-  TokenLog log_;
+  SharedLog log_;
   int64_t kv_capacity_ = 0;
   bool has_state_ = false;
   bool schedule_active_ = false;

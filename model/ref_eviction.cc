@@ -37,7 +37,7 @@ MergedSlot MergeSlot(const RefNode& parent, const RefNode& child, size_t i) {
   const RefSnapshot& p = *parent.snaps[i];
   const RefSnapshot& c = *child.snaps[i];
   RefSnapshot merged{RefKind::kKv, p.from, c.to, p.tokens};
-  merged.tokens.insert(merged.tokens.end(), c.tokens.begin(), c.tokens.end());
+  merged.tokens.Concat(c.tokens);
   return {std::move(merged), parent.bytes.at(i) + child.bytes.at(i)};
 }
 

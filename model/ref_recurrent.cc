@@ -110,7 +110,7 @@ void RefGdnFolder::Recall(size_t index, MatD& into) const {
   std::copy_n(arena_.data() + index * n, n, into.data());
 }
 
-const MatD& RefGdnFolder::StateAfter(const TokenLog& log, int64_t length) {
+const MatD& RefGdnFolder::StateAfter(std::span<const Token> log, int64_t length) {
   KV_CHECK(
       0 <= length && length <= static_cast<int64_t>(log.size()),
       "fold length " + std::to_string(length) + " outside a log of " + std::to_string(log.size()));

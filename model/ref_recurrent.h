@@ -53,7 +53,7 @@ class RefGdnFolder {
 
   // S_P for the first `length` tokens of `log` (zeros for length 0). The reference stays
   // valid until the next call (checkers compare it in place instead of copying a state).
-  const MatD& StateAfter(const TokenLog& log, int64_t length);
+  const MatD& StateAfter(std::span<const Token> log, int64_t length);
 
  private:
   // Copies memoized state `index` into `into`.

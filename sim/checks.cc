@@ -332,7 +332,7 @@ Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref
   return std::nullopt;
 }
 
-Check LayerOracle::CheckLiveContent(const LayerCache& cache, const model::TokenLog& log) {
+Check LayerOracle::CheckLiveContent(const LayerCache& cache, std::span<const model::Token> log) {
   if (Check c = CheckKind("live cache kind", spec_.kind, cache.kind())) return c;
   const auto offset = static_cast<int64_t>(log.size());
   if (cache.Offset() != offset) {
@@ -371,7 +371,7 @@ Check LayerOracle::CheckKvLive(const KvCache& cache, const model::RefCache& ref)
   return CheckKvContent(cache, ref.log());
 }
 
-Check LayerOracle::CheckKvContent(const KvCache& cache, const model::TokenLog& log) {
+Check LayerOracle::CheckKvContent(const KvCache& cache, std::span<const model::Token> log) {
   const auto offset = static_cast<int64_t>(log.size());
   if (offset > 0 && !cache.HasBuffer()) return Mismatch{"kv buffer exists", "yes", "no"};
   // Growth truncates to the offset before adding a step, so only Cap >= offset holds.
@@ -391,7 +391,8 @@ Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::Re
   return CheckRotatingContent(cache, ref.log());
 }
 
-Check LayerOracle::CheckRotatingContent(const RotatingCache& cache, const model::TokenLog& log) {
+Check LayerOracle::CheckRotatingContent(const RotatingCache& cache,
+                                        std::span<const model::Token> log) {
   if (!cache.HasBuffer()) {
     return log.empty() ? std::nullopt : Check(Mismatch{"window buffer exists", "yes", "no"});
   }
@@ -405,7 +406,7 @@ Check LayerOracle::CheckRotatingContent(const RotatingCache& cache, const model:
 }
 
 Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
-                                       const model::TokenLog& log, int64_t length,
+                                       std::span<const model::Token> log, int64_t length,
                                        const char* where) {
   // Callers checked the kind (CheckKind): only a recurrent layer's folder has parameters.
   KV_CHECK(spec_.kind == CacheKind::kRecurrent, "a recurrent state checked on another layer");
@@ -513,7 +514,7 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
   return CheckRecurrentState(s.conv(), s.delta(), ref->tokens, s.offset(), "recurrent snapshot");
 }
 
-Check LayerOracle::CheckHistory(const History& history, const model::TokenLog& log_after,
+Check LayerOracle::CheckHistory(const History& history, std::span<const model::Token> log_after,
                                 int64_t start, int64_t query_len, const Op& write,
                                 int64_t trusted_rows) {
   const model::RefKind kind = ToRefKind(spec_.kind);
@@ -557,7 +558,7 @@ Check LayerOracle::CheckHistory(const History& history, const model::TokenLog& l
   return CheckVisible(history, row_positions, start, query_len, write, kind);
 }
 
-Check LayerOracle::CheckView(const History& view, const model::TokenLog& log) {
+Check LayerOracle::CheckView(const History& view, std::span<const model::Token> log) {
   const auto offset = static_cast<int64_t>(log.size());
   if (offset == 0) {
     if (view.length == 0) return std::nullopt;

@@ -66,7 +66,7 @@ class LayerOracle {
   // CheckLive it ignores whether a buffer / state exists at offset 0 and the schedule
   // flag: a cache that a prefix manager freed and then rewound or restored legitimately
   // differs from a token log on both.
-  Check CheckLiveContent(const LayerCache& cache, const model::TokenLog& log);
+  Check CheckLiveContent(const LayerCache& cache, std::span<const model::Token> log);
   // A snapshot held by the driver against its reference.
   Check CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap& ref);
   // The history a forward returned: rows, order, and which positions each query attends.
@@ -75,13 +75,13 @@ class LayerOracle {
   // `trusted_rows` (full KV layers only, else ignored): history rows [0, trusted_rows)
   // are not compared, because the caller verified them at an earlier check and amortizes
   // re-reading them (RequestDriver::TrustedHistoryRows); their visibility still is.
-  Check CheckHistory(const History& history, const model::TokenLog& log_after, int64_t start,
+  Check CheckHistory(const History& history, std::span<const model::Token> log_after, int64_t start,
                      int64_t query_len, const Op& write, int64_t trusted_rows = 0);
 
   // What View() returned with `log` (its size is the offset) in the cache: the history a
   // decode query at the last position would see, i.e. all of it (full KV) or the newest
   // min(offset, W) positions (rotating), in ring or logical order; nothing at offset 0.
-  Check CheckView(const History& view, const model::TokenLog& log);
+  Check CheckView(const History& view, std::span<const model::Token> log);
 
   // Expected K (or V) row for `token` at position p.
   void FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token, bool is_value) const;
@@ -99,12 +99,12 @@ class LayerOracle {
   Check CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref);
   // The rows of a KV / rotating buffer against `log` (its size is the offset); the buffer
   // exists whenever the offset is positive.
-  Check CheckKvContent(const KvCache& cache, const model::TokenLog& log);
-  Check CheckRotatingContent(const RotatingCache& cache, const model::TokenLog& log);
+  Check CheckKvContent(const KvCache& cache, std::span<const model::Token> log);
+  Check CheckRotatingContent(const RotatingCache& cache, std::span<const model::Token> log);
   // SizeBytes() against spec §7; `kv_rows` = the rows a KV or window snapshot must hold.
   Check CheckSnapshotBytes(const CacheSnapshot& prod, int64_t kv_rows) const;
-  Check CheckRecurrentState(const Tensor& conv, const MatF& delta, const model::TokenLog& log,
-                            int64_t length, const char* where);
+  Check CheckRecurrentState(const Tensor& conv, const MatF& delta,
+                            std::span<const model::Token> log, int64_t length, const char* where);
   Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                      int64_t start, int64_t query_len, const Op& write, model::RefKind kind);
 

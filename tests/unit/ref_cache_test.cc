@@ -36,7 +36,7 @@ std::vector<int32_t> Ids(int64_t begin, int64_t end, int32_t branch = 0) {
   return ids;
 }
 
-std::vector<int32_t> IdsOf(const TokenLog& log) {
+std::vector<int32_t> IdsOf(std::span<const Token> log) {
   std::vector<int32_t> ids;
   for (const Token& t : log) ids.push_back(t.id);
   return ids;

@@ -96,10 +96,10 @@ TEST(RefEviction, FullTieGoesToTheFirstInPreOrderAndKeepsSiblingOrder) {
 TEST(RefEviction, SingleChildNodeMergesIntoItsChild) {
   RefNode root;
   RefNode* m = Add(&root, {1, 2}, 3, {Kv(0, 2), Rec(2), Rot(2), Kv(0, 2)}, {8, 5, 6, 4});
-  m->snaps[0]->tokens = {Token{1, 11}, Token{2, 12}};
+  m->snaps[0]->tokens = TokenLog{Token{1, 11}, Token{2, 12}};
   RefNode* c = Add(m, {3, 4, 5}, 7, {Kv(2, 5), Rec(5), std::nullopt, std::nullopt}, {12, 9, 0, 0});
   c->user = true;
-  c->snaps[0]->tokens = {Token{3, 13}, Token{4, 14}, Token{5, 15}};
+  c->snaps[0]->tokens = TokenLog{Token{3, 13}, Token{4, 14}, Token{5, 15}};
   RefNode* g = Leaf(c, {6}, 8, 1);
   EXPECT_EQ(Pass(root, {&root}, 44), (Evictions{"merge [0,2) into its child"}));
   // KV: both sides -> concatenated, bytes summed; a missing side -> none. Whole-state:

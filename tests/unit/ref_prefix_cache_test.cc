@@ -107,7 +107,10 @@ std::string Trie(const std::vector<std::string>& lines) {
 
 std::string Render(const RefPrefixCache& pc) { return RenderRefTrie(pc.root(), false); }
 
-const TokenLog& LogOf(const RefPrefixCache& pc, size_t i) { return pc.caches()[i]->log(); }
+TokenLog LogOf(const RefPrefixCache& pc, size_t i) {
+  const std::span<const Token> log = pc.caches()[i]->log();
+  return TokenLog(log.begin(), log.end());
+}
 
 RefPrefixCache KvRecurrent() { return RefPrefixCache({RefCache::Kv(), RefCache::Recurrent()}); }
 
