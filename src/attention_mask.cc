@@ -42,19 +42,16 @@ bool BroadcastsTo(const MatF& m, int64_t rows, int64_t cols) {
 // REQUIRES: BroadcastsTo(m, rows, cols).
 MatF BroadcastTo(const MatF& m, int64_t rows, int64_t cols) {
   KV_CHECK(BroadcastsTo(m, rows, cols), "mask array does not broadcast to the target shape");
-  MatF out(rows, cols);
-  for (int64_t q = 0; q < rows; ++q) {
-    for (int64_t k = 0; k < cols; ++k) {
-      out(q, k) = m(m.rows() == 1 ? 0 : q, m.cols() == 1 ? 0 : k);
-    }
-  }
-  return out;
+  return m.replicate(m.rows() == rows ? 1 : rows, m.cols() == cols ? 1 : cols);
 }
 
 // Additive sum with broadcasting ([L x K], [1 x K], [L x 1]); shapes that cannot meet are
 // a caller bug because Intersect has no error channel.
-MatF AddArrays(const MatF& a, const MatF& b) {
-  if (a.rows() == b.rows() && a.cols() == b.cols()) return a + b;
+MatF AddArrays(MatF a, const MatF& b) {
+  if (a.rows() == b.rows() && a.cols() == b.cols()) {
+    a += b;  // in place: an L x K mask is megabytes at long contexts
+    return a;
+  }
   const int64_t rows = BroadcastDim(a.rows(), b.rows());
   const int64_t cols = BroadcastDim(a.cols(), b.cols());
   KV_CHECK(rows >= 0 && cols >= 0, "Intersect: mask arrays of incompatible shapes");
@@ -174,12 +171,62 @@ void FiniteCells(const MatF& mask, VisibleSet& out) {
   }
 }
 
+// The cells of AsArray(offset, L, K) that are above -inf, found without materializing it,
+// so a caller that needs only visibility does not build (and page-fault in) an L x K array
+// per forward. Exact, from the float rules AsArray follows: a causal cell after the query
+// and outside every rectangle holds -inf + a, which is -inf or NaN whatever the array value
+// a, so it is never visible; any other cell holds 0 + a, visible iff a > -inf (NaN is not).
+// So per query: the open keys are the causal prefix plus the rectangles' reopened keys, and
+// the array (when there is one) is scanned only there, along its contiguous row.
+void FiniteCellsOf(const AttentionMask& mask, int64_t offset, int64_t query_len, int64_t key_len,
+                   VisibleSet& out) {
+  const int64_t oldest = OldestPosition(offset, query_len, key_len);
+  const std::optional<MatF>& array = mask.array();
+  std::vector<RowRange> open;
+  for (int64_t q = 0; q < query_len; ++q) {
+    const int64_t pos = offset + q;
+    const int64_t causal_end =
+        mask.causal() ? std::clamp<int64_t>(pos - oldest + 1, 0, key_len) : key_len;
+    open.assign(1, RowRange{0, causal_end});
+    if (mask.causal()) {
+      for (const RelaxRect& r : mask.rects()) {
+        if (pos < r.q_lo || pos >= r.q_hi) continue;
+        const int64_t lo = std::max(causal_end, r.k_lo - oldest);
+        const int64_t hi = std::min(key_len, r.k_hi - oldest);
+        if (lo < hi) open.push_back(RowRange{lo, hi});
+      }
+      std::sort(open.begin(), open.end(),
+                [](const RowRange& x, const RowRange& y) { return x.lo < y.lo; });
+    }
+    int64_t done = 0;  // keys before it are decided (the open ranges may overlap)
+    for (const RowRange& range : open) {
+      const int64_t lo = std::max(range.lo, done);
+      if (lo >= range.hi) continue;
+      done = range.hi;
+      if (!array.has_value()) {
+        AddRows(out, lo, range.hi);
+        continue;
+      }
+      const MatF& a = *array;
+      const int64_t row = a.rows() == 1 ? 0 : q;
+      for (int64_t k = lo; k < range.hi;) {
+        while (k < range.hi && !(a(row, a.cols() == 1 ? 0 : k) > kNegInf)) ++k;
+        const int64_t run = k;
+        while (k < range.hi && a(row, a.cols() == 1 ? 0 : k) > kNegInf) ++k;
+        AddRows(out, run, k);
+      }
+    }
+    EndQuery(out);
+  }
+}
+
 // The SDPA dispatch of spec §2.5 (B = 1, no padding): applier, then zero / pure causal /
-// materialized array. Replaces `out` with the visible rows of each query and returns the
-// materialized additive mask in array mode (its finite values bias the scores of visible
-// rows).
+// materialized array. Replaces `out` with the visible rows of each query and, in array mode
+// when `want_bias`, returns the materialized additive mask (its finite values bias the
+// scores of visible rows); without `want_bias` array mode reads the cells in place.
 Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask& logical,
-                                    int64_t offset, int64_t query_len, VisibleSet& out) {
+                                    int64_t offset, int64_t query_len, VisibleSet& out,
+                                    bool want_bias) {
   KV_CHECK(query_len >= 0 && history.length >= 0, "negative query or history length");
   const int64_t key_len = history.length;
   out.begin.assign(1, 0);
@@ -205,6 +252,10 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
     return InvalidArgument("mask array [" + std::to_string(mask.array()->rows()) + " x " +
                            std::to_string(mask.array()->cols()) + "] does not broadcast to [" +
                            std::to_string(query_len) + " x " + std::to_string(key_len) + "]");
+  }
+  if (!want_bias) {
+    FiniteCellsOf(mask, offset, query_len, key_len, out);
+    return std::optional<MatF>();
   }
   MatF materialized = mask.AsArray(offset, query_len, key_len);
   FiniteCells(materialized, out);
@@ -266,16 +317,16 @@ Result<AttentionMask> AttentionMask::Relax(const std::vector<RelaxRect>& rects) 
   return out;
 }
 
-AttentionMask AttentionMask::Intersect(const AttentionMask& a, const AttentionMask& b) {
+AttentionMask AttentionMask::Intersect(AttentionMask a, AttentionMask b) {
   if (a.IsZero()) return b;
   if (b.IsZero()) return a;
   AttentionMask out;
   out.causal_ = a.causal_ || b.causal_;
   out.rects_ = IntersectRects(a, b);
   if (a.array_.has_value() && b.array_.has_value()) {
-    out.array_ = AddArrays(*a.array_, *b.array_);
+    out.array_ = AddArrays(std::move(*a.array_), *b.array_);
   } else {
-    out.array_ = a.array_.has_value() ? a.array_ : b.array_;
+    out.array_ = a.array_.has_value() ? std::move(a.array_) : std::move(b.array_);
   }
   return out;
 }
@@ -292,7 +343,13 @@ MatF AttentionMask::AsArray(int64_t offset, int64_t query_len, int64_t key_len) 
     }
   }
   for (const RelaxRect& r : rects_) ResetRect(r, offset, oldest, out);
-  if (array_.has_value()) out += BroadcastTo(*array_, query_len, key_len);
+  if (array_.has_value()) {
+    if (array_->rows() == query_len && array_->cols() == key_len) {
+      out += *array_;
+    } else {
+      out += BroadcastTo(*array_, query_len, key_len);
+    }
+  }
   return out;
 }
 
@@ -300,12 +357,13 @@ AttentionMask SlidingWindowMask(int64_t offset, int64_t query_len, int64_t key_l
                                 int64_t window) {
   if (window <= 0) return AttentionMask::Zero();
   const int64_t oldest = OldestPosition(offset, query_len, key_len);
-  MatF out = MatF::Zero(query_len, key_len);
+  MatF out(query_len, key_len);
   bool blocked = false;
   for (int64_t q = 0; q < query_len; ++q) {
     // Keys older than offset + q - W + 1 fall outside the W keys ending at the query.
     const int64_t count = std::clamp<int64_t>(offset + q - window + 1 - oldest, 0, key_len);
     out.row(q).head(count).setConstant(kNegInf);
+    out.row(q).tail(key_len - count).setZero();
     blocked = blocked || count > 0;
   }
   return blocked ? AttentionMask::Array(std::move(out)) : AttentionMask::Zero();
@@ -337,7 +395,8 @@ Result<std::vector<std::vector<int64_t>>> VisibleRows(const History& history,
 
 Status VisibleRowsInto(const History& history, const AttentionMask& logical, int64_t offset,
                        int64_t query_len, VisibleSet& out) {
-  Result<std::optional<MatF>> bias = Resolve(history, logical, offset, query_len, out);
+  Result<std::optional<MatF>> bias =
+      Resolve(history, logical, offset, query_len, out, /*want_bias=*/false);
   return bias.ok() ? Status::Ok() : bias.status();
 }
 
@@ -350,7 +409,8 @@ Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& lo
                            " differs from key width " + std::to_string(history.k->cols()));
   }
   VisibleSet visible;
-  Result<std::optional<MatF>> bias = Resolve(history, logical, offset, q.rows(), visible);
+  Result<std::optional<MatF>> bias =
+      Resolve(history, logical, offset, q.rows(), visible, /*want_bias=*/true);
   if (!bias.ok()) return bias.status();
   MatF out = MatF::Zero(q.rows(), history.v != nullptr ? history.v->cols() : 0);
   if (history.length == 0) return out;

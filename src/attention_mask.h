@@ -30,7 +30,8 @@ class AttentionMask {
   // Adds rectangles; an error on a zero or pure array mask. No-op rectangles are dropped.
   Result<AttentionMask> Relax(const std::vector<RelaxRect>& rects) const;
   // Additive intersection with the rules of spec §2.5.
-  static AttentionMask Intersect(const AttentionMask& a, const AttentionMask& b);
+  // By value: a temporary's array is moved, not copied (masks are L x K at long contexts).
+  static AttentionMask Intersect(AttentionMask a, AttentionMask b);
 
   bool IsZero() const { return !causal_ && rects_.empty() && !array_.has_value(); }
   bool IsPureCausal() const { return causal_ && rects_.empty() && !array_.has_value(); }
