@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "model/ref_session.h"
 #include "sim/request_driver.h"
 #include "sim/switch_reference.h"
 #include "sim/trie_checks.h"
@@ -38,7 +39,8 @@ class RequestDriver::Session {
   }
 
   std::optional<RequestDivergence> Run() {
-    Check c = Begin();
+    Check c = ProbeMisuse("before Begin");
+    if (!c) c = Begin();
     if (!c) c = Prefill();
     if (!c && !cancelled_) c = Attach();
     if (!c && !cancelled_) c = Decode();
@@ -54,6 +56,68 @@ class RequestDriver::Session {
  private:
   int64_t len() const { return static_cast<int64_t>(plan_.inputs.size()); }
   const PrefixCache& pc() const { return *d_.manager_; }
+
+  // What an illegal session call must leave as it was: the pending captures, every cache's
+  // offset and schedule, the trie's size and bytes, the active path and the cache calls.
+  struct ManagerState {
+    std::vector<std::pair<int64_t, bool>> pending;
+    std::vector<std::pair<int64_t, bool>> caches;
+    int64_t nodes = 0, bytes = 0;
+    size_t path = 0, calls = 0;
+    bool operator==(const ManagerState&) const = default;
+  };
+  ManagerState Observe() const {
+    ManagerState m;
+    for (const PrefixCache::Pending& p : pc().pending()) m.pending.emplace_back(p.offset, p.user);
+    for (const LayerCache* c : d_.Caches()) {
+      if (c != nullptr) m.caches.emplace_back(c->Offset(), c->ScheduleActive());
+    }
+    m.nodes = pc().trie().num_nodes();
+    m.bytes = pc().trie().paged_out_bytes();
+    m.path = pc().active_path().size();
+    m.calls = d_.manager_calls_.size();
+    return m;
+  }
+
+  Status Call(model::SessionCall call) {
+    switch (call) {
+      case model::SessionCall::kBegin:
+        return d_.manager_->Begin(plan_.inputs).status();
+      case model::SessionCall::kBeginEmpty:
+        return d_.manager_->Begin({}).status();
+      case model::SessionCall::kSchedule:
+        return d_.manager_->SchedulePrefillSnapshots(PrefillCaptureOffsets(d_.options_, plan_));
+      case model::SessionCall::kAttach:
+        return d_.manager_->AttachPrefillSnapshots();
+      case model::SessionCall::kAddOutputs:
+        return d_.manager_->AddOutputs({});
+      case model::SessionCall::kClose:
+        return d_.manager_->Close();
+    }
+    return Status::Ok();
+  }
+
+  // The session contract (model/ref_session.h): every call it refuses in the current state
+  // is made on the manager, which must refuse it with the same status class and change
+  // nothing. The drivers' own calls are always legal, so without this an out-of-order call
+  // the manager wrongly accepts would never be made (mutant 102). Not a step: it moves no
+  // state, and the digest does not see it.
+  Check ProbeMisuse(const char* where) {
+    const bool moved = rules_.open() && static_cast<int64_t>(d_.live_.size()) != report_.cached;
+    for (model::SessionCall call : model::kSessionCalls) {
+      const StatusCode want = rules_.Expect(call, moved);
+      if (want == StatusCode::kOk) continue;
+      const ManagerState before = Observe();
+      const Status got = Call(call);
+      const std::string what =
+          fmt::format("{} {} (session contract)", model::SessionCallName(call), where);
+      if (got.code() != want) return Mismatch{what, StatusCodeName(want), got.ToString()};
+      if (!(Observe() == before)) {
+        return Mismatch{what, "refused, the manager unchanged", "refused, the manager changed"};
+      }
+    }
+    return std::nullopt;
+  }
 
   Check Begin() {
     phase_ = "Begin";
@@ -79,12 +143,13 @@ class RequestDriver::Session {
     d_.last_outcome_ = fmt::format("cached {}/{} matched {}{}", report_.cached, report_.total,
                                    report_.matched, report_.free_all ? " FREE-ALL" : "");
     phase_ = "after Begin";
+    rules_.Begun();
     if (Check c = CheckReport()) return c;
     if (Check c = AfterEvictionPoint(audit)) return c;
     if (Check c = CheckExpectation(want, want_path)) return c;
-    if (d_.manager_calls_ != want.calls) {
+    if (const std::vector<CacheCall> got = StateMovingCalls(d_.manager_calls_); got != want.calls) {
       return Mismatch{"Begin cache calls (rewind, page-in, align; spec §3.4)",
-                      DescribeCalls(want.calls), DescribeCalls(d_.manager_calls_)};
+                      DescribeCalls(want.calls), DescribeCalls(got)};
     }
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
     if (Check c = CheckLive()) return c;
@@ -99,7 +164,7 @@ class RequestDriver::Session {
     if (audit) d_.UpdateCensus();
     Count();
     d_.coverage_.kv_gaps += !want.kv_chain;
-    return std::nullopt;
+    return ProbeMisuse("after Begin");
   }
 
   Check CheckReport() const {
@@ -199,10 +264,12 @@ class RequestDriver::Session {
         return c;
       }
       d_.Fold(pc().pending().size());
+      rules_.Scheduled();
       if (d_.reference_) {
         d_.reference_->manager().SchedulePrefillSnapshots(requested);
         if (Check c = d_.reference_->CheckPending(pc())) return c;
       }
+      if (Check c = ProbeMisuse("after SchedulePrefillSnapshots")) return c;
     }
     cancelled_ = plan_.cancel_after_tokens >= 0;
     int64_t chunks = 0;
@@ -214,6 +281,9 @@ class RequestDriver::Session {
       phase_ = fmt::format("prefill chunk {} [{},{})", chunks, pos, pos + n);
       if (Check c = ForwardLive(pos, n)) return c;
       pos += n;
+      if (chunks == 0) {
+        if (Check c = ProbeMisuse("after the first prefill chunk")) return c;
+      }
     }
     return std::nullopt;
   }
@@ -222,10 +292,13 @@ class RequestDriver::Session {
     phase_ = "AttachPrefillSnapshots";
     const bool audit = d_.StartCall();
     ++d_.steps_;
+    d_.manager_calls_.clear();
     if (Check c = StatusIsOk(d_.manager_->AttachPrefillSnapshots(), "AttachPrefillSnapshots")) {
       return c;
     }
     phase_ = "after AttachPrefillSnapshots";
+    if (Check c = CheckAttachCalls()) return c;
+    rules_.Attached();
     if (Check c = AfterEvictionPoint(audit)) return c;
     if (d_.reference_) {
       d_.reference_->manager().AttachPrefillSnapshots();
@@ -235,6 +308,32 @@ class RequestDriver::Session {
     }
     if (Check c = CheckLive()) return c;
     if (audit) d_.UpdateCensus();
+    return ProbeMisuse("after AttachPrefillSnapshots");
+  }
+
+  // Spec §3.4 attachCapturedSnapshots clips each capture with one Split at its node's start
+  // and takes nothing from the live caches. The one documented exception
+  // (src/prefix_cache.h): a KV capture whose tail starts after the node's start, because
+  // the edge's head was evicted after Begin, is replaced by a slice of the live cache made
+  // right after that Split, from the node's start. Any other live Snapshot during the
+  // attach copies state for nothing (mutant 104: every capture re-sliced; the trie ends up
+  // equal, so only the calls show it).
+  Check CheckAttachCalls() const {
+    const std::vector<CacheCall>& calls = d_.manager_calls_;
+    for (size_t j = 0; j < calls.size(); ++j) {
+      const CacheCall& c = calls[j];
+      if (c.op != CacheCall::Op::kSnapshot) continue;
+      const CacheCall* split = j > 0 ? &calls[j - 1] : nullptr;
+      const bool justified = split != nullptr && split->op == CacheCall::Op::kSplit &&
+                             split->cache == c.cache && c.kind == CacheKind::kFullKv &&
+                             split->from > split->target && c.target == split->target;
+      if (!justified) {
+        return Mismatch{
+            "AttachPrefillSnapshots cache calls (spec §3.4: one Split per capture; a "
+            "live KV slice only after a Split whose tail starts past the node)",
+            "no live snapshot here", DescribeCalls(std::span<const CacheCall>(calls).first(j + 1))};
+      }
+    }
     return std::nullopt;
   }
 
@@ -281,6 +380,7 @@ class RequestDriver::Session {
     ++d_.steps_;
     if (Check c = StatusIsOk(d_.manager_->Close(), "Close")) return c;
     phase_ = "after Close";
+    rules_.Closed();
     if (Check c = AfterEvictionPoint(audit)) return c;
     if (d_.reference_) {
       d_.reference_->manager().Close();
@@ -310,7 +410,7 @@ class RequestDriver::Session {
       d_.Fold(static_cast<uint64_t>(pc().trie().num_nodes()));
       d_.Fold(static_cast<uint64_t>(pc().trie().paged_out_bytes()));
     }
-    return std::nullopt;
+    return ProbeMisuse("after Close");
   }
 
   // Memory pressure between sessions: an eviction pass under half the budget. A pass may
@@ -437,6 +537,7 @@ class RequestDriver::Session {
   model::TokenLog stored_;  // inputs then outputs, with provenance hashes
   std::string phase_;
   BeginReport report_;
+  model::RefSession rules_;  // the session contract's state: closed until Begin succeeds
   bool cancelled_ = false;
   int64_t budget_bytes_ = 0;  // this request's budget; 0 = unlimited
 };
