@@ -37,6 +37,16 @@ std::string DescribeCalls(std::span<const CacheCall> calls) {
       out += fmt::format("c{} free", c.cache);
       continue;
     }
+    if (c.op == CacheCall::Op::kSnapshot) {
+      out += fmt::format("c{} snapshot({})", c.cache, c.target);
+      continue;
+    }
+    if (c.op == CacheCall::Op::kSplit) {
+      out += c.from < 0
+                 ? fmt::format("c{} split(at {}) -> no tail", c.cache, c.target)
+                 : fmt::format("c{} split(at {}) -> tail [{},{})", c.cache, c.target, c.from, c.to);
+      continue;
+    }
     std::string snap = "-";
     if (c.snap != nullptr) {
       // KV snapshots are edge-local ranges; whole-state snapshots are named by their end.
@@ -44,6 +54,14 @@ std::string DescribeCalls(std::span<const CacheCall> calls) {
                                           : fmt::format("{}@{}", CacheKindName(c.kind), c.to);
     }
     out += fmt::format("c{} restore({},{}) {}", c.cache, snap, c.target, c.ok ? "ok" : "refused");
+  }
+  return out;
+}
+
+std::vector<CacheCall> StateMovingCalls(std::span<const CacheCall> calls) {
+  std::vector<CacheCall> out;
+  for (const CacheCall& c : calls) {
+    if (c.moves_state()) out.push_back(c);
   }
   return out;
 }
@@ -64,6 +82,29 @@ bool LoggedCache::Restore(const CacheSnapshot* snap, int64_t target) {
   call.ok = inner_->Restore(snap, target);
   log_->push_back(call);
   return call.ok;
+}
+
+SnapshotPtr LoggedCache::Snapshot(int64_t from) {
+  CacheCall call;
+  call.op = CacheCall::Op::kSnapshot;
+  call.cache = index_;
+  call.kind = inner_->kind();
+  call.target = from;
+  log_->push_back(call);
+  return inner_->Snapshot(from);
+}
+
+std::pair<SnapshotPtr, SnapshotPtr> LoggedCache::Split(SnapshotPtr snap, int64_t at) {
+  CacheCall call;
+  call.op = CacheCall::Op::kSplit;
+  call.cache = index_;
+  call.kind = inner_->kind();
+  call.target = at;
+  std::pair<SnapshotPtr, SnapshotPtr> halves = inner_->Split(std::move(snap), at);
+  call.from = halves.second != nullptr ? halves.second->from() : -1;
+  call.to = halves.second != nullptr ? halves.second->to() : -1;
+  log_->push_back(call);
+  return halves;
 }
 
 }  // namespace kvtwin::sim

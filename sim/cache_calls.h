@@ -19,26 +19,32 @@
 namespace kvtwin::sim {
 
 struct CacheCall {
-  enum class Op : uint8_t { kRestore, kFree };
+  // Restore and Free move state; Snapshot and Split are logged too, for the attach
+  // discipline (RequestDriver's Attach check).
+  enum class Op : uint8_t { kRestore, kFree, kSnapshot, kSplit };
   Op op = Op::kRestore;
   int32_t cache = 0;  // index in the manager's cache list
   // Restore only: the snapshot handed over (null = a live rewind), compared by identity and
   // never dereferenced after the call; its kind and range as they were at the call.
   const CacheSnapshot* snap = nullptr;
   CacheKind kind = CacheKind::kFullKv;
+  // Split: the range of the tail it returned (from = to = -1 for a null tail).
   int64_t from = 0, to = 0;
-  int64_t target = 0;
-  bool ok = true;  // what Restore returned (Free: true)
+  int64_t target = 0;  // Restore: the target; Snapshot: `from`; Split: `at`
+  bool ok = true;      // what Restore returned (Free: true)
 
   static CacheCall Restore(int32_t cache, const CacheSnapshot* snap, int64_t target, bool ok);
   static CacheCall Free(int32_t cache);
+  bool moves_state() const { return op == Op::kRestore || op == Op::kFree; }
   bool operator==(const CacheCall&) const = default;
 };
 
 // "c0 restore(-,5) ok, c1 restore(kv[0,9),5) refused, c2 free" ("none" for no call).
 std::string DescribeCalls(std::span<const CacheCall> calls);
+// The Restore and Free calls of `calls`, in order.
+std::vector<CacheCall> StateMovingCalls(std::span<const CacheCall> calls);
 
-// Forwards every call to `inner` and appends each Restore and Free to `log`.
+// Forwards every call to `inner` and appends each Restore, Free, Snapshot and Split to `log`.
 class LoggedCache final : public LayerCache {
  public:
   // REQUIRES: inner and log non-null and outliving this.
@@ -48,7 +54,7 @@ class LoggedCache final : public LayerCache {
   int64_t Offset() const override { return inner_->Offset(); }
   int64_t LiveBytes() const override { return inner_->LiveBytes(); }
   void Free() override;
-  SnapshotPtr Snapshot(int64_t from) override { return inner_->Snapshot(from); }
+  SnapshotPtr Snapshot(int64_t from) override;
   Status PrepareSnapshots(const std::vector<int64_t>& offsets) override {
     return inner_->PrepareSnapshots(offsets);
   }
@@ -58,9 +64,7 @@ class LoggedCache final : public LayerCache {
   SnapshotPtr Merge(SnapshotPtr parent, SnapshotPtr child) override {
     return inner_->Merge(std::move(parent), std::move(child));
   }
-  std::pair<SnapshotPtr, SnapshotPtr> Split(SnapshotPtr snap, int64_t at) override {
-    return inner_->Split(std::move(snap), at);
-  }
+  std::pair<SnapshotPtr, SnapshotPtr> Split(SnapshotPtr snap, int64_t at) override;
 
  private:
   LayerCache* inner_;

@@ -29,9 +29,12 @@ TEST(CacheCalls, LoggedCacheForwardsAndLogsRestoreAndFreeInOrder) {
   Write(inner, 8);
   EXPECT_EQ(logged.kind(), CacheKind::kFullKv);
   EXPECT_EQ(logged.Offset(), 8);
-  const SnapshotPtr snap = logged.Snapshot(4);  // [4, 8): not a Restore, not logged
+  const SnapshotPtr snap = logged.Snapshot(4);  // [4, 8): logged, but moves no state
   ASSERT_NE(snap, nullptr);
-  EXPECT_TRUE(log.empty());
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0].op, CacheCall::Op::kSnapshot);
+  EXPECT_EQ(log[0].target, 4);
+  log.clear();
 
   EXPECT_TRUE(logged.Restore(nullptr, 4));   // rewind
   EXPECT_FALSE(logged.Restore(nullptr, 6));  // past the live offset: refused, unchanged
@@ -53,6 +56,29 @@ TEST(CacheCalls, LoggedCacheForwardsAndLogsRestoreAndFreeInOrder) {
   EXPECT_EQ(DescribeCalls(log),
             "c3 restore(-,4) ok, c3 restore(-,6) refused, c3 restore(kv[4,8),7) ok, c3 free");
   EXPECT_EQ(DescribeCalls({}), "none");
+}
+
+// Split is logged with the tail it returned (the attach check reads it), and
+// StateMovingCalls keeps exactly the Restore and Free calls, in order (Begin's comparison).
+TEST(CacheCalls, SplitLogsItsTailAndStateMovingCallsFilters) {
+  KvCache inner;
+  std::vector<CacheCall> log;
+  LoggedCache logged(&inner, 1, &log);
+  Write(inner, 8);
+  auto [head, tail] = logged.Split(logged.Snapshot(2), 5);
+  ASSERT_NE(head, nullptr);
+  ASSERT_NE(tail, nullptr);
+  EXPECT_EQ(tail->from(), 5);
+  auto [none, whole] = logged.Split(logged.Snapshot(6), 6);  // at the start: all tail
+  EXPECT_EQ(none, nullptr);
+  ASSERT_NE(whole, nullptr);
+  EXPECT_TRUE(logged.Restore(nullptr, 3));
+  logged.Free();
+  EXPECT_EQ(DescribeCalls(log),
+            "c1 snapshot(2), c1 split(at 5) -> tail [5,8), c1 snapshot(6), "
+            "c1 split(at 6) -> tail [6,8), c1 restore(-,3) ok, c1 free");
+  EXPECT_EQ(StateMovingCalls(log),
+            (std::vector<CacheCall>{CacheCall::Restore(1, nullptr, 3, true), CacheCall::Free(1)}));
 }
 
 TEST(CacheCalls, CallsDifferInEveryField) {
