@@ -33,8 +33,6 @@ TokenLog Tokens(int32_t first, int32_t count) {
   return out;
 }
 
-TokenLog Read(const SharedLog& log) { return TokenLog(log.begin(), log.end()); }
-
 RC_GTEST_PROP(SharedLog, EveryHolderReadsLikeAPlainVector, ()) {
   constexpr int kLogs = 4;
   std::vector<SharedLog> logs(kLogs);
@@ -95,7 +93,7 @@ RC_GTEST_PROP(SharedLog, EveryHolderReadsLikeAPlainVector, ()) {
         break;
     }
     for (int i = 0; i < kLogs; ++i) {
-      RC_ASSERT(Read(logs[i]) == want[i]);
+      RC_ASSERT(logs[i].ToVector() == want[i]);
       RC_ASSERT(logs[i].size() == want[i].size());
     }
   }
@@ -111,7 +109,7 @@ TEST(SharedLog, CopiesAndSlicesShareTheBuffer) {
   SharedLog left = log.Slice(10, 20);
   left.Concat(log.Slice(20, 35));
   EXPECT_EQ(left.data(), log.data() + 10);
-  EXPECT_EQ(Read(left), Read(log.Slice(10, 35)));
+  EXPECT_EQ(left.ToVector(), log.Slice(10, 35).ToVector());
 }
 
 TEST(SharedLog, AnotherHoldersTokensNeverMove) {
@@ -122,7 +120,7 @@ TEST(SharedLog, AnotherHoldersTokensNeverMove) {
   // snapshot (a span taken of it would dangle, which a plain vector copy never does).
   for (int32_t i = 0; i < 64; ++i) cache.Append(Tokens(100 + i, 1));
   EXPECT_EQ(snapshot.data(), before);
-  EXPECT_EQ(Read(snapshot), Tokens(1, 4));
+  EXPECT_EQ(snapshot.ToVector(), Tokens(1, 4));
   EXPECT_EQ(cache.size(), 68u);
 }
 
@@ -131,11 +129,11 @@ TEST(SharedLog, ATruncatedHolderDoesNotOverwriteALongerOne) {
   const SharedLog b = a;
   a.Truncate(5);
   a.Append(Tokens(500, 3));
-  EXPECT_EQ(Read(b), Tokens(1, 10));
+  EXPECT_EQ(b.ToVector(), Tokens(1, 10));
   TokenLog want = Tokens(1, 5);
   const TokenLog tail = Tokens(500, 3);
   want.insert(want.end(), tail.begin(), tail.end());
-  EXPECT_EQ(Read(a), want);
+  EXPECT_EQ(a.ToVector(), want);
 }
 
 }  // namespace
