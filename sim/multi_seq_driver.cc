@@ -124,8 +124,10 @@ MultiSeqDriver::MultiSeqDriver(MultiSeqConfig config, uint64_t value_seed)
   cache_.emplace(std::move(cache).value());
   if (config_.shift_supported) {
     // RoPE moves a key's position, not its content: re-encode the tag of each moved row.
+    // The calls are recorded too: their grouping is checked after the Remove.
     cache_->mutable_kv().set_shift(
-        [](CausalCache& kv, std::span<const int64_t> cells, int64_t delta) {
+        [calls = shift_calls_](CausalCache& kv, std::span<const int64_t> cells, int64_t delta) {
+          calls->push_back({{cells.begin(), cells.end()}, delta});
           for (int64_t cell : cells) ShiftPositionTag(kv.mutable_k(), cell, delta);
           return Status::Ok();
         });
@@ -280,6 +282,7 @@ Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
   const std::vector<model::MsEntry>& history = entries_;
   const int64_t next = history.empty() ? 0 : history.back().pos + 1;
   if (finite && (op.begin == op.end || op.end > next)) ++coverage_.removes_degenerate;
+  shift_calls_->clear();
   const Status actual = cache_->Remove(op.seq, op.begin, op.end);
   const Status expected = model_.Remove(S(op.seq), op.begin, finite ? op.end : model::kUnbounded);
   Fold(static_cast<uint64_t>(actual.code()));
@@ -287,6 +290,7 @@ Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
   if (actual.code() != expected.code() || ClassifyRemove(actual) != outcome) {
     return Outcome("Remove", expected, actual);
   }
+  if (Check c = CheckShiftCalls(op.seq, op.begin, op.end, finite && expected.ok())) return c;
   if (outcome == RemoveOutcome::kSharedCells) {
     ++coverage_.removes_refused_shared;
     half_edited_.insert(op.seq);
@@ -299,6 +303,41 @@ Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
     if (op.begin == 0) half_edited_.erase(op.seq);
   }
   return std::nullopt;
+}
+
+Check MultiSeqDriver::CheckShiftCalls(int32_t seq, int64_t begin, int64_t end, bool shifted) {
+  std::vector<ShiftCall> want;
+  if (shifted) {
+    model_.kv().CellsInto(cells_);
+    auto holds = [&](size_t i) {
+      const std::vector<SeqId>& seqs = cells_[i].seqs;
+      return std::find(seqs.begin(), seqs.end(), S(seq)) != seqs.end();
+    };
+    size_t first = cells_.size(), last = 0;
+    for (size_t i = 0; i < cells_.size(); ++i) {
+      if (!holds(i)) continue;
+      first = std::min(first, i);
+      last = i;
+    }
+    const auto window = static_cast<size_t>(config_.max_batch);
+    for (size_t start = first; start <= last && first < cells_.size(); start += window) {
+      ShiftCall call{{}, begin - end};
+      for (size_t i = start; i < std::min(last + 1, start + window); ++i) {
+        if (holds(i) && cells_[i].pos >= begin) call.cells.push_back(static_cast<int64_t>(i));
+      }
+      if (!call.cells.empty()) want.push_back(std::move(call));
+    }
+  }
+  if (*shift_calls_ == want) return std::nullopt;
+  auto text = [](const std::vector<ShiftCall>& calls) {
+    std::vector<std::string> parts;
+    for (const ShiftCall& c : calls) parts.push_back(fmt::format("{} by {}", c.cells, c.delta));
+    return fmt::format("[{}]", fmt::join(parts, "; "));
+  };
+  return Mismatch{fmt::format("RoPE shift calls of Remove(s{}, {}, {}) (cells by delta; groups "
+                              "of max_batch {} cells from the sequence's first cell)",
+                              seq, begin, End(end), config_.max_batch),
+                  text(want), text(*shift_calls_)};
 }
 
 Check MultiSeqDriver::ApplyCanResume(const MsOp& op) {

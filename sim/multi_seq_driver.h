@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -153,6 +154,9 @@ class MultiSeqDriver {
 
   Check ApplyForward(const MsOp& op);
   Check ApplyReserve(const MsOp& op);
+  // After every StartForward (started: it succeeded): seqs(), num_seqs(), seq_tokens(),
+  // slots() (empty after a refusal) and supported_for_batch().
+  Check CheckForwardDescriptors(const MsOp& op, bool started) const;
   Check ApplyCopyPrefix(const MsOp& op);
   Check ApplyRemove(const MsOp& op);
   Check ApplyCanResume(const MsOp& op);
@@ -185,6 +189,11 @@ class MultiSeqDriver {
   Check CheckSlotModel(bool current) const;
   Check CheckConv();
   Check CheckIdeal();
+  // The shift calls of a Remove of [begin, end) on `seq` that succeeded (finite: end is
+  // bounded) against the model's cells: none unless it renumbered cells; otherwise one call
+  // per window of max_batch cells, counted from the sequence's first cell, that holds a
+  // moved cell (pos >= begin), with exactly those cells and delta begin - end.
+  Check CheckShiftCalls(int32_t seq, int64_t begin, int64_t end, bool shifted);
   // Rows `index` of memo_k_ / memo_v_ := the expected K and V rows of `rows` (K moved by its
   // shifts). A row is a pure function of (written_pos, token, shifts, K|V) for the run's
   // fixed values seed, dtype and width, so the memo recomputes a cell's rows only when the
@@ -230,6 +239,15 @@ class MultiSeqDriver {
   std::vector<const float*> stack_;
   MatF conv_got_, conv_next_;
   std::vector<std::vector<int32_t>> mapped_;  // CheckSlots
+  // The RoPE shift calls of the current Remove, as the callback received them (cells,
+  // delta). Shared with the callback, which outlives no driver but may outlive a move.
+  struct ShiftCall {
+    std::vector<int64_t> cells;
+    int64_t delta = 0;
+    bool operator==(const ShiftCall&) const = default;
+  };
+  std::shared_ptr<std::vector<ShiftCall>> shift_calls_ =
+      std::make_shared<std::vector<ShiftCall>>();
   std::vector<int32_t> on_free_;
 };
 

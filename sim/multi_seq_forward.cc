@@ -32,6 +32,42 @@ std::string CellList(const std::vector<int64_t>& cells, const std::vector<int64_
 
 }  // namespace
 
+// What the hybrid says about the forward StartForward just began or refused: the batch's
+// sequences in first-appearance order, its tokens per sequence and whether the batched
+// path applies; after a refusal, no forward at all (a model consults these to pick its
+// path, and a refused batch must not be described as the current one).
+Check MultiSeqDriver::CheckForwardDescriptors(const MsOp& op, bool started) const {
+  std::vector<int32_t> seqs;
+  int64_t tokens = 0;
+  if (started) {
+    seqs = BatchSequences(op.batch);
+    if (!seqs.empty()) tokens = static_cast<int64_t>(op.batch.size() / seqs.size());
+  }
+  const char* when = started ? "" : " after a refused StartForward";
+  if (cache_->seqs() != seqs) {
+    return Mismatch{fmt::format("the forward's sequences{}", when), fmt::format("{}", seqs),
+                    fmt::format("{}", cache_->seqs())};
+  }
+  if (cache_->num_seqs() != static_cast<int64_t>(seqs.size())) {
+    return Mismatch{fmt::format("num_seqs(){}", when), std::to_string(seqs.size()),
+                    std::to_string(cache_->num_seqs())};
+  }
+  if (cache_->seq_tokens() != tokens) {
+    return Mismatch{fmt::format("seq_tokens(){}", when), std::to_string(tokens),
+                    std::to_string(cache_->seq_tokens())};
+  }
+  if (!started && !cache_->slots().empty()) {
+    return Mismatch{"the forward's slots after a refused StartForward", "[]",
+                    fmt::format("{}", cache_->slots())};
+  }
+  const bool batched = tokens > 0 && !seqs.empty();
+  if (cache_->supported_for_batch() != batched) {
+    return Mismatch{fmt::format("supported_for_batch(){}", when), batched ? "true" : "false",
+                    cache_->supported_for_batch() ? "true" : "false"};
+  }
+  return std::nullopt;
+}
+
 Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   // Worst-case sizing: nothing is stored and the model does not move. The hybrid still
   // refuses unequal counts, and a batch beyond the cell count cannot be placed.
@@ -46,6 +82,7 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   }
   Fold(static_cast<uint64_t>(actual.code()));
   if (actual.code() != expected.code()) return Outcome("reserve StartForward", expected, actual);
+  if (Check c = CheckForwardDescriptors(op, actual.ok())) return c;
   if (!actual.ok()) return std::nullopt;
   ++coverage_.reserves;
   // Locations 0..n-1, the whole cache as range, fake slots 0..num_seqs-1.
@@ -67,6 +104,24 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
     return Mismatch{"current cell range of a reserve pass",
                     fmt::format("[0, {})", cache_->kv().num_cells()),
                     fmt::format("[{}, {})", view.range_begin, view.range_end)};
+  }
+  // A worst-case pass builds the whole graph, so its conv layers read their state too. The
+  // pass maps nothing, so those reads must not unshare (copy-on-write) or move anything:
+  // every slot, refcount, free-list entry and conv row stays what the model holds.
+  for (int32_t layer = 0; layer < config_.num_conv_layers; ++layer) {
+    const Result<Tensor> state = cache_->ConvState(layer);
+    if (!state.ok()) {
+      return Outcome(fmt::format("ConvState L{} of a reserve pass", layer), Status::Ok(),
+                     state.status());
+    }
+    if (state->rows() != static_cast<int64_t>(fake.size())) {
+      return Mismatch{fmt::format("conv state rows L{} of a reserve pass", layer),
+                      std::to_string(fake.size()), std::to_string(state->rows())};
+    }
+  }
+  if (config_.num_conv_layers > 0) {
+    if (Check c = CheckSlots(/*current=*/false)) return c;
+    if (Check c = CheckConv()) return c;
   }
   return std::nullopt;
 }
@@ -107,6 +162,7 @@ Check MultiSeqDriver::ApplyForward(const MsOp& op) {
   const Status expected = model_.StartForward(batch);
   Fold(static_cast<uint64_t>(actual.code()));
   if (actual.code() != expected.code()) return Outcome("StartForward", expected, actual);
+  if (Check c = CheckForwardDescriptors(op, expected.ok())) return c;
   if (expected.ok()) return RunForward(op, batch);
   if (expected.code() == StatusCode::kResourceExhausted) {
     ++coverage_.cache_full;
