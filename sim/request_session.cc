@@ -66,17 +66,18 @@ class RequestDriver::Session {
     size_t path = 0, calls = 0;
     bool operator==(const ManagerState&) const = default;
   };
-  ManagerState Observe() const {
-    ManagerState m;
+  // Into `m`, whose vectors keep their capacity: the probes observe twice per refused call.
+  void Observe(ManagerState& m) const {
+    m.pending.clear();
+    m.caches.clear();
     for (const PrefixCache::Pending& p : pc().pending()) m.pending.emplace_back(p.offset, p.user);
-    for (const LayerCache* c : d_.Caches()) {
+    for (const auto& c : d_.caches_) {
       if (c != nullptr) m.caches.emplace_back(c->Offset(), c->ScheduleActive());
     }
     m.nodes = pc().trie().num_nodes();
     m.bytes = pc().trie().paged_out_bytes();
     m.path = pc().active_path().size();
     m.calls = d_.manager_calls_.size();
-    return m;
   }
 
   Status Call(model::SessionCall call) {
@@ -107,14 +108,15 @@ class RequestDriver::Session {
     for (model::SessionCall call : model::kSessionCalls) {
       const StatusCode want = rules_.Expect(call, moved);
       if (want == StatusCode::kOk) continue;
-      const ManagerState before = Observe();
+      Observe(probe_before_);
       const Status got = Call(call);
       // Named only on a failure: this runs six times per request on passing runs.
       auto what = [&] {
         return fmt::format("{} {} (session contract)", model::SessionCallName(call), where);
       };
       if (got.code() != want) return Mismatch{what(), StatusCodeName(want), got.ToString()};
-      if (!(Observe() == before)) {
+      Observe(probe_after_);
+      if (!(probe_after_ == probe_before_)) {
         return Mismatch{what(), "refused, the manager unchanged", "refused, the manager changed"};
       }
     }
@@ -540,6 +542,7 @@ class RequestDriver::Session {
   std::string phase_;
   BeginReport report_;
   model::RefSession rules_;  // the session contract's state: closed until Begin succeeds
+  ManagerState probe_before_, probe_after_;  // ProbeMisuse scratch
   bool cancelled_ = false;
   int64_t budget_bytes_ = 0;  // this request's budget; 0 = unlimited
 };
