@@ -246,8 +246,7 @@ class MultiSeqDriver {
     int64_t delta = 0;
     bool operator==(const ShiftCall&) const = default;
   };
-  std::shared_ptr<std::vector<ShiftCall>> shift_calls_ =
-      std::make_shared<std::vector<ShiftCall>>();
+  std::shared_ptr<std::vector<ShiftCall>> shift_calls_ = std::make_shared<std::vector<ShiftCall>>();
   std::vector<int32_t> on_free_;
 };
 
