@@ -242,12 +242,19 @@ bool RefCache::RestoreRecurrent(const RefSnapshot* snap, int64_t target) {
   return true;
 }
 
-void RefCache::CommitSpeculation(const TokenLog& forward, int64_t accepted) {
+void RefCache::CommitSpeculation(const TokenLog& forward, int64_t accepted, int64_t split) {
   KV_CHECK(!forward.empty(), "a speculative forward writes at least one token");
+  KV_CHECK(split >= 0 && split < static_cast<int64_t>(forward.size()),
+           "a speculation splits inside its forward");
   const int64_t start = Offset();
   const int64_t n = std::clamp<int64_t>(accepted, 0, static_cast<int64_t>(forward.size()));
   if (kind_ == RefKind::kKv) {
-    Write(forward);
+    if (split > 0) {
+      Write(TokenLog(forward.begin(), forward.begin() + split));
+      Write(TokenLog(forward.begin() + split, forward.end()));
+    } else {
+      Write(forward);
+    }
     Truncate(log_, start + n);  // the commit is a pure cursor move
     return;
   }

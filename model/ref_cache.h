@@ -65,9 +65,11 @@ class RefCache {
   // old log plus the first clamp(accepted, 0, |forward|) tokens of `forward`. How the
   // capture schedule sees it depends on the kind: a full KV layer wrote every token
   // through (captures included) and rewound; the others took only the accepted tokens,
-  // as one ordinary forward. An isolated speculation changes nothing and has no call
-  // here. REQUIRES: !forward.empty().
-  void CommitSpeculation(const TokenLog& forward, int64_t accepted);
+  // as one ordinary forward. `split` in (0, |forward|): the forward ran as two, [0, split)
+  // then the rest, which a full KV layer wrote through as two appends (its capacity grows
+  // per append); 0 = one forward. An isolated speculation changes nothing and has no call
+  // here. REQUIRES: !forward.empty(), 0 <= split < |forward|.
+  void CommitSpeculation(const TokenLog& forward, int64_t accepted, int64_t split = 0);
   std::pair<RefSnap, RefSnap> Split(RefSnap snap, int64_t at) const;
   void Free();
 

@@ -285,9 +285,9 @@ Check LockstepDriver::Write(const Op& op, Layer& layer, int32_t index) {
 }
 
 History LockstepDriver::Forward(LayerCache& target, const Op& op, const Layer& layer, int32_t index,
-                                const model::TokenLog& tokens) {
+                                std::span<const model::Token> tokens, int64_t skip) {
   const History history =
-      ForwardSynthetic(target, config_, synth_, index, layer.ref.Offset(), tokens,
+      ForwardSynthetic(target, config_, synth_, index, layer.ref.Offset() + skip, tokens,
                        &layer.conv_weights, &layer.gdn_params, op.pad, op.segmented, &scratch_);
   Fold(static_cast<uint64_t>(history.length));
   return history;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -93,10 +94,11 @@ class LockstepDriver {
   Check Write(const Op& op, Layer& layer, int32_t index);
   // The op's tokens with their provenance hashes, continuing the layer's reference log.
   model::TokenLog TokensFor(const Layer& layer, const Op& op) const;
-  // One forward of `tokens` at the layer's reference offset through `target` (the live
-  // cache or a speculation wrapper), folded into the digest; empty for recurrent layers.
+  // One forward of `tokens` at the layer's reference offset plus `skip` (a speculation's
+  // later forward) through `target` (the live cache or a speculation wrapper), folded into
+  // the digest; empty for recurrent layers.
   History Forward(LayerCache& target, const Op& op, const Layer& layer, int32_t index,
-                  const model::TokenLog& tokens);
+                  std::span<const model::Token> tokens, int64_t skip = 0);
   // kSpeculate over every layer (sim/lockstep_speculate.cc); sets *layer on a mismatch.
   Check Speculate(const Op& op, int32_t* layer);
   Check Take(Layer& layer);

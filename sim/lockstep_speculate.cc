@@ -1,14 +1,15 @@
 // LockstepDriver::Speculate: one speculative forward over the whole stack through the
-// wrappers of src/speculation.h, then (unless isolated) a commit of current plus the
-// accepted drafts. Checked on the way: the attention history each wrapper hands the
-// forward (rows, order and visible positions equal to an ordinary forward of the same
-// tokens), each wrapper's own offset and its answers to the rest of the cache contract
-// (spec §2.7); after the commit Apply checks every live layer against the reference, which
-// commits through RefCache::CommitSpeculation. An abandoned op (Op::abandon_after) forwards
-// through the first layers only and drops the transaction, so what is checked is its
-// destructor's rollback.
+// wrappers of src/speculation.h (or two, as SpeculationSplit says), then (unless isolated)
+// a commit of current plus the accepted drafts. Checked on the way: the attention history
+// each wrapper hands a forward (rows, order and visible positions equal to an ordinary
+// forward of the same tokens), each wrapper's own offset and its answers to the rest of
+// the cache contract (spec §2.7); after the commit Apply checks every live layer against
+// the reference, which commits through RefCache::CommitSpeculation. An abandoned op
+// (Op::abandon_after) forwards through the first layers only and drops the transaction,
+// so what is checked is its destructor's rollback.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,14 @@ Check CheckWrapperGivenSnapshot(LayerCache& w, SnapshotPtr& held, int64_t offset
 
 }  // namespace
 
+int64_t SpeculationSplit(const Op& op) {
+  const auto n = static_cast<int64_t>(op.tokens.size());
+  // The accepted count as the commit clamps it (a trace may carry any value).
+  const int64_t v = std::clamp<int64_t>(op.value, 0, n);
+  if (n < 2 || (v + n) % 2 == 0) return 0;
+  return 1 + (3 * v + n) % (n - 1);
+}
+
 Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
   std::vector<LayerCache*> live;
   live.reserve(layers_.size());
@@ -101,19 +110,29 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     if (attention) {
       if (Check c = layer.oracle->CheckView(view(), layer.ref.log())) return c;
     }
-    const History history = Forward(w, op, layer, i, tokens);
-    if (attention) {
-      model::TokenLog& through = through_;  // scratch: the log plus the forward
+    // One forward, or two through the same wrappers (SpeculationSplit): a wrapper must carry
+    // what it accumulated from one forward into the next.
+    const auto n = static_cast<int64_t>(tokens.size());
+    const int64_t split = SpeculationSplit(op);
+    for (const auto& [from, to] : {std::pair<int64_t, int64_t>{0, split > 0 ? split : n},
+                                   std::pair<int64_t, int64_t>{split > 0 ? split : n, n}}) {
+      if (from == to) continue;
+      const std::span<const model::Token> chunk =
+          std::span(tokens).subspan(static_cast<size_t>(from), static_cast<size_t>(to - from));
+      const History history = Forward(w, op, layer, i, chunk, from);
+      if (!attention) continue;
+      model::TokenLog& through = through_;  // scratch: the log plus the forwards so far
       through.assign(layer.ref.log().begin(), layer.ref.log().end());
-      const auto start = static_cast<int64_t>(through.size());
-      through.insert(through.end(), tokens.begin(), tokens.end());
-      if (Check c = layer.oracle->CheckHistory(history, through, start,
-                                               static_cast<int64_t>(tokens.size()), op)) {
-        c->what = "speculative " + c->what;
+      const auto start = static_cast<int64_t>(through.size()) + from;
+      through.insert(through.end(), tokens.begin(), tokens.begin() + to);
+      if (Check c = layer.oracle->CheckHistory(history, through, start, to - from, op)) {
+        c->what = fmt::format("speculative{} {}",
+                              split > 0 ? fmt::format(" forward [{}, {})", from, to) : "", c->what);
         return c;
       }
       if (Check c = layer.oracle->CheckView(view(), through)) {
-        c->what = "after the forward, " + c->what;
+        c->what =
+            fmt::format("after the {}forward, {}", split > 0 && from > 0 ? "second " : "", c->what);
         return c;
       }
     }
@@ -131,14 +150,16 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     // must leave every layer as a commit of nothing would (a KV layer keeps the rewound rows
     // reachable); layers the forward never reached are untouched. Apply checks them all.
     for (int32_t i = 0; i < forwarded; ++i) {
-      layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], 0);
+      layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], 0,
+                                                            SpeculationSplit(op));
     }
     return std::nullopt;
   }
   const int64_t keep = op.value + 1;  // current plus the accepted drafts
   spec->Commit(keep);
   for (int32_t i = 0; i < num_layers(); ++i) {
-    layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], keep);
+    layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], keep,
+                                                          SpeculationSplit(op));
   }
   return std::nullopt;
 }

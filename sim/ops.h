@@ -61,6 +61,13 @@ struct Op {
   std::string ToString() const;
 };
 
+// How LockstepDriver::Speculate forwards a kSpeculate op's n = D + 1 tokens: 0 = as one
+// forward; s in [1, n) = as two forwards through the same wrappers, [0, s) then [s, n).
+// A function of the op alone (so traces replay alike): with v = value clamped to [0, n],
+// two forwards when v + n is odd, cut at 1 + (3v + n) mod (n - 1), which lands before, at
+// and after the commit point. The reference commits the same tokens either way.
+int64_t SpeculationSplit(const Op& op);
+
 const char* OpKindName(OpKind kind);
 // "causal", "zero", "relax", "block" (the trace format's names), and back.
 const char* MaskFormName(MaskForm mask);
