@@ -32,10 +32,13 @@ inline int64_t GenWindow(const StackModel& m) {
 inline int64_t GenWriteLength(const StackModel& m) {
   const int64_t w = GenWindow(m);
   const int64_t max_len = std::max<int64_t>(4, 2 * w + 3);
+  // Rarely (1 in 29) longer than the KV cache's 256-slot growth step (see
+  // OpGenerator::WriteLength).
   return *rc::gen::weightedOneOf<int64_t>(
-      {{4, rc::gen::inRange<int64_t>(1, max_len + 1)},
-       {2, rc::gen::just<int64_t>(1)},
-       {1, rc::gen::elementOf(std::vector<int64_t>{std::max<int64_t>(1, w - 1), w, w + 1})}});
+      {{16, rc::gen::inRange<int64_t>(1, max_len + 1)},
+       {8, rc::gen::just<int64_t>(1)},
+       {4, rc::gen::elementOf(std::vector<int64_t>{std::max<int64_t>(1, w - 1), w, w + 1})},
+       {1, rc::gen::inRange<int64_t>(257, 601)}});
 }
 
 // A write of `length` tokens with padding, the segmented form and a mask like any forward.
