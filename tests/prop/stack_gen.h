@@ -90,7 +90,10 @@ inline int32_t AnySlot(const LayerModel& l) {
 inline int64_t GenTarget(const LayerModel& l, int32_t slot) {
   const int64_t offset = l.ref.Offset();
   const int64_t anchor = slot >= 0 ? l.pool[static_cast<size_t>(slot)]->to : offset;
+  // A snapshot's start too: a target at or below it refills the range, then rewinds.
+  const int64_t start = slot >= 0 ? l.pool[static_cast<size_t>(slot)]->from : offset;
   return *rc::gen::oneOf(rc::gen::just(anchor), rc::gen::inRange<int64_t>(anchor - 2, anchor + 2),
+                         rc::gen::inRange<int64_t>(start - 1, start + 1),
                          rc::gen::inRange<int64_t>(-1, offset + 3));
 }
 
