@@ -97,6 +97,12 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
   std::vector<model::TokenLog> forwards;
   forwards.reserve(layers_.size());
   const bool abandoned = op.abandon_after >= 0;
+  // One forward, or two through the same wrappers: a wrapper must carry what it
+  // accumulated from one forward into the next. Forward k covers tokens [cuts[k], cuts[k+1]).
+  const int64_t split = SpeculationSplit(op);
+  const auto n = static_cast<int64_t>(op.tokens.size());
+  const std::vector<int64_t> cuts =
+      split > 0 ? std::vector<int64_t>{0, split, n} : std::vector<int64_t>{0, n};
   const int32_t forwarded = abandoned ? op.abandon_after : num_layers();
   for (int32_t i = 0; i < forwarded; ++i) {
     Layer& layer = layers_[static_cast<size_t>(i)];
@@ -110,13 +116,8 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     if (attention) {
       if (Check c = layer.oracle->CheckView(view(), layer.ref.log())) return c;
     }
-    // One forward, or two through the same wrappers (SpeculationSplit): a wrapper must carry
-    // what it accumulated from one forward into the next.
-    const auto n = static_cast<int64_t>(tokens.size());
-    const int64_t split = SpeculationSplit(op);
-    for (const auto& [from, to] : {std::pair<int64_t, int64_t>{0, split > 0 ? split : n},
-                                   std::pair<int64_t, int64_t>{split > 0 ? split : n, n}}) {
-      if (from == to) continue;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const int64_t from = cuts[k], to = cuts[k + 1];
       const std::span<const model::Token> chunk =
           std::span(tokens).subspan(static_cast<size_t>(from), static_cast<size_t>(to - from));
       const History history = Forward(w, op, layer, i, chunk, from);
@@ -151,7 +152,7 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     // reachable); layers the forward never reached are untouched. Apply checks them all.
     for (int32_t i = 0; i < forwarded; ++i) {
       layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], 0,
-                                                            SpeculationSplit(op));
+                                                            split);
     }
     return std::nullopt;
   }
@@ -159,7 +160,7 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
   spec->Commit(keep);
   for (int32_t i = 0; i < num_layers(); ++i) {
     layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], keep,
-                                                          SpeculationSplit(op));
+                                                          split);
   }
   return std::nullopt;
 }

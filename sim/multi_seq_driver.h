@@ -240,7 +240,8 @@ class MultiSeqDriver {
   MatF conv_got_, conv_next_;
   std::vector<std::vector<int32_t>> mapped_;  // CheckSlots
   // The RoPE shift calls of the current Remove, as the callback received them (cells,
-  // delta). Shared with the callback, which outlives no driver but may outlive a move.
+  // delta). Shared with the callback the cache holds, so it stays valid when the driver
+  // (and its cache) is moved.
   struct ShiftCall {
     std::vector<int64_t> cells;
     int64_t delta = 0;
