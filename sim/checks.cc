@@ -606,31 +606,36 @@ std::string FormatRanges(const std::vector<model::PositionRange>& ranges) {
   return out;
 }
 
-// The additive array of a kBlock write over the forward's history of `key_len` keys, its
-// columns oldest first from max(0, start + L - K) (spec §2.5 AsArray): -inf on the block's
-// cells, 0 elsewhere. In the narrowest shape that says it, so the dispatch's broadcasts are
-// exercised too: [1 x K] when the block spans every query of the forward, [L x 1] when it
-// spans every key, else [L x K].
-MatF BlockArray(const Op& write, int64_t start, int64_t query_len, int64_t key_len) {
+// The additive array of a blocked rectangle [q_lo, q_hi) x [k_lo, k_hi) over the forward's
+// history of `key_len` keys, its columns oldest first from max(0, start + L - K) (spec §2.5
+// AsArray): -inf on the block's cells, 0 elsewhere. In the narrowest shape that says it, so
+// the dispatch's broadcasts are exercised too: [1 x K] when the block spans every query of
+// the forward, [L x 1] when it spans every key, else [L x K].
+MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, int64_t key_len) {
   const int64_t oldest = std::max<int64_t>(0, start + query_len - key_len);
-  const bool every_query = write.rect_q_lo <= start && start + query_len <= write.rect_q_hi;
-  const bool every_key = write.rect_k_lo <= oldest && oldest + key_len <= write.rect_k_hi;
+  const bool every_query = block.q_lo <= start && start + query_len <= block.q_hi;
+  const bool every_key = block.k_lo <= oldest && oldest + key_len <= block.k_hi;
   const bool key_broadcast = every_key && !every_query;
   const int64_t rows = every_query ? 1 : query_len;
   const int64_t cols = key_broadcast ? 1 : key_len;
   MatF a = MatF::Zero(rows, cols);
   for (int64_t q = 0; q < rows; ++q) {
     const int64_t p = start + q;
-    if (!every_query && (p < write.rect_q_lo || p >= write.rect_q_hi)) continue;
+    if (!every_query && (p < block.q_lo || p >= block.q_hi)) continue;
     for (int64_t k = 0; k < cols; ++k) {
       const int64_t pk = oldest + k;
-      if (key_broadcast || (write.rect_k_lo <= pk && pk < write.rect_k_hi)) {
+      if (key_broadcast || (block.k_lo <= pk && pk < block.k_hi)) {
         a(q, k) = -std::numeric_limits<float>::infinity();
       }
     }
   }
   return a;
 }
+
+// Masks up to this many cells are also resolved through the materialized L x K array, the
+// form an attention kernel consumes; larger ones only in place (building the array per
+// forward is what the in-place resolution exists to avoid).
+constexpr int64_t kMaterializedCells = 4096;
 
 }  // namespace
 
@@ -641,25 +646,51 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
       write.mask == MaskForm::kZero ? AttentionMask::Zero() : AttentionMask::Causal();
   model::RefMask ref_mask;
   ref_mask.causal = write.mask != MaskForm::kZero;
-  if (write.mask == MaskForm::kRelax) {
-    RelaxRect rect{write.rect_q_lo, write.rect_q_hi, write.rect_k_lo, write.rect_k_hi};
-    auto relaxed = logical.Relax({rect});
+  const model::RefRect rect{write.rect_q_lo, write.rect_q_hi, write.rect_k_lo, write.rect_k_hi};
+  if (write.mask == MaskForm::kRelax || write.mask == MaskForm::kRelaxBlock) {
+    auto relaxed = logical.Relax({RelaxRect{rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi}});
     KV_CHECK(relaxed.ok(), relaxed.status().ToString());
     logical = *relaxed;
-    ref_mask.rects.push_back({rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi});
+    ref_mask.rects.push_back(rect);
   }
-  if (write.mask == MaskForm::kBlock) {
+  if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock) {
+    const model::RefRect block = write.mask == MaskForm::kBlock
+                                     ? rect
+                                     : model::RefRect{write.block_q_lo, write.block_q_hi,
+                                                      write.block_k_lo, write.block_k_hi};
     logical = AttentionMask::Intersect(
-        logical, AttentionMask::Array(BlockArray(write, start, query_len, history.length)));
-    ref_mask.blocks.push_back({write.rect_q_lo, write.rect_q_hi, write.rect_k_lo, write.rect_k_hi});
+        logical, AttentionMask::Array(BlockArray(block, start, query_len, history.length)));
+    ref_mask.blocks.push_back(block);
   }
   const Status dispatch = VisibleRowsInto(history, logical, start, query_len, visible_);
   if (!dispatch.ok()) return Mismatch{"attention dispatch", "visible rows", dispatch.message()};
+  if (Check c = CompareVisible(visible_, row_positions, start, query_len, ref_mask, kind)) return c;
+  if (!HasRect(write.mask) || query_len * history.length > kMaterializedCells) return std::nullopt;
+  const Status materialized =
+      MaterializedVisibleRowsInto(history, logical, start, query_len, materialized_);
+  if (!materialized.ok()) {
+    return Mismatch{"attention dispatch through the materialized mask", "visible rows",
+                    materialized.message()};
+  }
+  if (materialized_.begin == visible_.begin && materialized_.ranges == visible_.ranges) {
+    return std::nullopt;
+  }
+  Check c = CompareVisible(materialized_, row_positions, start, query_len, ref_mask, kind);
+  // The in-place rows matched the reference, so the materialized ones cannot.
+  KV_CHECK(c.has_value(), "two different visible sets both matched the reference");
+  c->what = "through the materialized mask, " + c->what;
+  return c;
+}
+
+Check LayerOracle::CompareVisible(const VisibleSet& seen_rows,
+                                  const std::vector<int64_t>& row_positions, int64_t start,
+                                  int64_t query_len, const model::RefMask& mask,
+                                  model::RefKind kind) {
   std::vector<model::PositionRange>& seen = seen_ranges_;
   std::vector<model::PositionRange>& want = want_ranges_;
   for (int64_t q = 0; q < query_len; ++q) {
     seen.clear();
-    for (const RowRange& r : visible_.Of(q)) {
+    for (const RowRange& r : seen_rows.Of(q)) {
       if (!AddPositions(r, row_positions, seen)) {
         return Mismatch{fmt::format("rows attended by the query at {}", start + q),
                         fmt::format("within [0, {})", row_positions.size()),
@@ -667,8 +698,7 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
       }
     }
     model::CanonicalizeRanges(seen);
-    model::ExpectedVisibleRangesInto(kind, spec_.window, start, query_len, start + q, ref_mask,
-                                     want);
+    model::ExpectedVisibleRangesInto(kind, spec_.window, start, query_len, start + q, mask, want);
     if (seen != want) {
       return Mismatch{fmt::format("positions attended by the query at {}", start + q),
                       FormatRanges(want), FormatRanges(seen)};

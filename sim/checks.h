@@ -107,6 +107,10 @@ class LayerOracle {
                             std::span<const model::Token> log, int64_t length, const char* where);
   Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                      int64_t start, int64_t query_len, const Op& write, model::RefKind kind);
+  // `seen` (one forward's visible rows) against the reference's positions per query.
+  Check CompareVisible(const VisibleSet& seen, const std::vector<int64_t>& row_positions,
+                       int64_t start, int64_t query_len, const model::RefMask& mask,
+                       model::RefKind kind);
 
   // The expected row (K or V) of token `t` at position p, from the memo: a row is a pure
   // function of (layer, p, t.h, K|V), so the memo keeps, per position, the rows of the last
@@ -145,7 +149,7 @@ class LayerOracle {
   // dispatch's visible rows, and one query's attended and expected position ranges.
   std::vector<int64_t> identity_, window_slots_, row_positions_;
   std::vector<model::PositionRange> seen_ranges_, want_ranges_;
-  VisibleSet visible_;
+  VisibleSet visible_, materialized_;
   MatF conv_row_;
   MatF gdn_qkv_, gdn_ba_;  // the folder's input rows (its input function writes them)
 };

@@ -25,10 +25,12 @@
 //               b < 192: W - 1 + b % 3; else 1 + b % (2 W + 4)), or prepare offsets b % 4
 //   5 pad       b % 5 == 0: 1 + (b / 5) % 3, else 0
 //   6 segmented b % 2
-//   7 mask      b % 10: 0-6 causal, 7 block, 8 zero, 9 relax
+//   7 mask      b % 10: 0-6 causal, 7 block, 8 zero, 9 relax (b / 10 even) or relax_block
 //   8 isolated  b % 6 == 0 isolated; b % 6 == 1 abandoned after (b / 6) % (layers + 1) layers
 //   9 accept    b < 192: accepted drafts b % (D + 1); else the first value field
-//   10-13 rect  relax or block rectangle, relative to the write (see Rect)
+//   10-13 rect  relax or block rectangle, relative to the write (see Rect); relax_block
+//               takes its blocked rectangle from fields 22-25 (a forward reads no value
+//               field past the first)
 //   14-19 tokens 1 + (b + i / 6) % 6 for token i, from field 14 + i % 6
 //   20/21, 22/23, 24/25 value fields: snapshot from, restore target, split point, accepted
 //               drafts (accept >= 192), prepare offsets (the first; prepare also the second
@@ -204,14 +206,15 @@ int64_t Value(const RawRecord& r, size_t i, const ValueContext& c) {
   return ResolveValue(r.values[i][0], r.values[i][1], c);
 }
 
-// Relaxation rectangle of a forward of `length` tokens at `start`, shaped like the
-// generator's: queries inside the forward, keys from a little before it. Absolute and
+// A mask rectangle of a forward of `length` tokens at `start` from four bytes, shaped like
+// the generator's: queries inside the forward, keys from a little before it. Absolute and
 // non-negative with hi >= lo, as the trace format requires.
-void Rect(const RawRecord& r, int64_t start, int64_t length, Op& op) {
-  op.rect_q_lo = start + r.rect[0] % length;
-  op.rect_q_hi = op.rect_q_lo + 1 + r.rect[1] % length;
-  op.rect_k_lo = std::max<int64_t>(0, start - 4 + r.rect[2] % (length + 4));
-  op.rect_k_hi = op.rect_k_lo + 1 + r.rect[3] % (length + 4);
+void Rect(const std::array<uint8_t, 4>& b, int64_t start, int64_t length, int64_t& q_lo,
+          int64_t& q_hi, int64_t& k_lo, int64_t& k_hi) {
+  q_lo = start + b[0] % length;
+  q_hi = q_lo + 1 + b[1] % length;
+  k_lo = std::max<int64_t>(0, start - 4 + b[2] % (length + 4));
+  k_hi = k_lo + 1 + b[3] % (length + 4);
 }
 
 // Mostly a real acceptance, uniform over 0..D: a partial commit is where the layers' rewinds
@@ -237,12 +240,20 @@ void Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Sha
   op.pad = r.pad % 5 == 0 ? 1 + (r.pad / 5) % 3 : 0;
   op.segmented = r.segmented % 2 == 1;
   const int m = r.mask % 10;
-  op.mask = m < 7    ? MaskForm::kCausal
-            : m == 7 ? MaskForm::kBlock
-            : m == 8 ? MaskForm::kZero
-                     : MaskForm::kRelax;
+  op.mask = m < 7                    ? MaskForm::kCausal
+            : m == 7                 ? MaskForm::kBlock
+            : m == 8                 ? MaskForm::kZero
+            : (r.mask / 10) % 2 == 0 ? MaskForm::kRelax
+                                     : MaskForm::kRelaxBlock;
+  const int64_t start = d.ref(layer).Offset();
   if (HasRect(op.mask)) {
-    Rect(r, d.ref(layer).Offset(), length, op);
+    Rect(r.rect, start, length, op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi);
+  }
+  if (HasBlockRect(op.mask)) {
+    // A forward reads no value field past the first, so the second and third carry it.
+    const std::array<uint8_t, 4> b = {r.values[1][0], r.values[1][1], r.values[2][0],
+                                      r.values[2][1]};
+    Rect(b, start, length, op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi);
   }
   if (kind == OpKind::kSpeculate) {
     op.isolated = r.isolated % 6 == 0;

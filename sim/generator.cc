@@ -143,21 +143,26 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
   }
   if (rng_.Chance(1, 5)) op.pad = rng_.Range(1, 3);
   op.segmented = rng_.Chance(1, 2);
-  const uint64_t m = rng_.Below(10);
+  const uint64_t m = rng_.Below(11);
   op.mask = m < 7    ? MaskForm::kCausal
             : m == 7 ? MaskForm::kBlock
             : m == 8 ? MaskForm::kZero
-                     : MaskForm::kRelax;
+            : m == 9 ? MaskForm::kRelax
+                     : MaskForm::kRelaxBlock;
+  const int64_t start = driver.ref(0).Offset();
+  // A rectangle over the write's queries; a block also reaches back into a window's older
+  // keys, where a decode's ring gather decides which of them it hits.
+  const auto rect = [&](int64_t back, int64_t& q_lo, int64_t& q_hi, int64_t& k_lo, int64_t& k_hi) {
+    q_lo = start + rng_.Range(0, length - 1);
+    q_hi = q_lo + rng_.Range(1, length);
+    k_lo = std::max<int64_t>(0, start + rng_.Range(-back, length - 1));
+    k_hi = k_lo + rng_.Range(1, length + 4);
+  };
   if (HasRect(op.mask)) {
-    const int64_t start = driver.ref(0).Offset();
-    // A block also reaches back into a window's older keys, where a decode's ring gather
-    // decides which of them it hits.
-    const int64_t back = op.mask == MaskForm::kBlock ? 8 : 4;
-    op.rect_q_lo = start + rng_.Range(0, length - 1);
-    op.rect_q_hi = op.rect_q_lo + rng_.Range(1, length);
-    op.rect_k_lo = std::max<int64_t>(0, start + rng_.Range(-back, length - 1));
-    op.rect_k_hi = op.rect_k_lo + rng_.Range(1, length + 4);
+    rect(op.mask == MaskForm::kBlock ? 8 : 4, op.rect_q_lo, op.rect_q_hi, op.rect_k_lo,
+         op.rect_k_hi);
   }
+  if (HasBlockRect(op.mask)) rect(8, op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi);
   return op;
 }
 

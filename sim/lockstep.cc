@@ -97,8 +97,14 @@ bool LockstepDriver::Valid(const Op& op) const {
     if (op.tokens.size() < min_tokens || op.pad < 0 || op.pad > 64) return false;
     if (op.abandon_after < -1 || op.abandon_after > num_layers()) return false;
     if (op.kind == OpKind::kWrite && op.abandon_after != -1) return false;
-    if (HasRect(op.mask) && (op.rect_q_lo < 0 || op.rect_k_lo < 0 || op.rect_q_hi < op.rect_q_lo ||
-                             op.rect_k_hi < op.rect_k_lo)) {
+    const auto bad_rect = [](int64_t q_lo, int64_t q_hi, int64_t k_lo, int64_t k_hi) {
+      return q_lo < 0 || k_lo < 0 || q_hi < q_lo || k_hi < k_lo;
+    };
+    if (HasRect(op.mask) && bad_rect(op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi)) {
+      return false;
+    }
+    if (HasBlockRect(op.mask) &&
+        bad_rect(op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi)) {
       return false;
     }
     for (const Layer& l : layers_) {

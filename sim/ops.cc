@@ -47,6 +47,10 @@ std::string Op::ToString() const {
         s += fmt::format(" mask={}(q[{},{}) k[{},{}))", MaskFormName(mask), rect_q_lo, rect_q_hi,
                          rect_k_lo, rect_k_hi);
       }
+      if (HasBlockRect(mask)) {
+        s += fmt::format(" block(q[{},{}) k[{},{}))", block_q_lo, block_q_hi, block_k_lo,
+                         block_k_hi);
+      }
       return s;
     }
     case OpKind::kSnapshot:
@@ -80,13 +84,15 @@ const char* MaskFormName(MaskForm mask) {
       return "relax";
     case MaskForm::kBlock:
       return "block";
+    case MaskForm::kRelaxBlock:
+      return "relax_block";
   }
   return "?";
 }
 
 std::optional<MaskForm> ParseMaskForm(std::string_view name) {
-  for (const MaskForm m :
-       {MaskForm::kCausal, MaskForm::kZero, MaskForm::kRelax, MaskForm::kBlock}) {
+  for (const MaskForm m : {MaskForm::kCausal, MaskForm::kZero, MaskForm::kRelax, MaskForm::kBlock,
+                           MaskForm::kRelaxBlock}) {
     if (name == MaskFormName(m)) return m;
   }
   return std::nullopt;

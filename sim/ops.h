@@ -36,7 +36,10 @@ enum class OpKind : uint8_t {
 // Logical attention mask of a write (checked against what attention must see).
 // kBlock: causal plus an additive array mask whose -inf cells are the rectangle (a padding
 // or document-boundary mask: keys blocked whatever else would allow them).
-enum class MaskForm : uint8_t { kCausal, kZero, kRelax, kBlock };
+// kRelaxBlock: both in one mask, the rectangle relaxed and the block_* rectangle blocked
+// (a tree-attention relaxation inside a padded batch): blocked cells stay blocked even where
+// the relaxation reopens them, which only a mask holding both can get wrong.
+enum class MaskForm : uint8_t { kCausal, kZero, kRelax, kBlock, kRelaxBlock };
 
 struct Op {
   OpKind kind = OpKind::kWrite;
@@ -46,7 +49,8 @@ struct Op {
   int64_t pad = 0;              // padding rows recurrent layers also receive
   bool segmented = false;       // recurrent: segmented gated-delta form
   MaskForm mask = MaskForm::kCausal;
-  int64_t rect_q_lo = 0, rect_q_hi = 0, rect_k_lo = 0, rect_k_hi = 0;  // kRelax, kBlock: absolute
+  int64_t rect_q_lo = 0, rect_q_hi = 0, rect_k_lo = 0, rect_k_hi = 0;      // HasRect: absolute
+  int64_t block_q_lo = 0, block_q_hi = 0, block_k_lo = 0, block_k_hi = 0;  // kRelaxBlock
   // kSnapshot: from; kRestore: target; kSplit: at; kSpeculate: accepted drafts
   int64_t value = 0;
   bool isolated = false;  // kSpeculate
@@ -69,10 +73,13 @@ struct Op {
 int64_t SpeculationSplit(const Op& op);
 
 const char* OpKindName(OpKind kind);
-// "causal", "zero", "relax", "block" (the trace format's names), and back.
+// "causal", "zero", "relax", "block", "relax_block" (the trace format's names), and back.
 const char* MaskFormName(MaskForm mask);
-// Whether the form carries the op's rectangle (rect_*): relax reopens it, block blocks it.
-inline bool HasRect(MaskForm mask) { return mask == MaskForm::kRelax || mask == MaskForm::kBlock; }
+// Whether the form carries the op's rectangle (rect_*): relax and relax_block reopen it,
+// block blocks it.
+inline bool HasRect(MaskForm mask) { return mask != MaskForm::kCausal && mask != MaskForm::kZero; }
+// Whether the form carries a second, blocked rectangle (block_*).
+inline bool HasBlockRect(MaskForm mask) { return mask == MaskForm::kRelaxBlock; }
 std::optional<MaskForm> ParseMaskForm(std::string_view name);
 
 }  // namespace kvtwin::sim

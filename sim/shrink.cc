@@ -319,6 +319,30 @@ class Shrinker {
     TryEvent(
         i, [](TraceEvent& e) { return std::exchange(OpOf(e).abandon_after, -1) != -1; },
         "speculation run to its commit");
+    // A mask holding both rectangles first loses one of them.
+    TryEvent(
+        i,
+        [](TraceEvent& e) {
+          Op& op = OpOf(e);
+          if (!HasBlockRect(op.mask)) return false;
+          op.mask = MaskForm::kRelax;
+          op.block_q_lo = op.block_q_hi = op.block_k_lo = op.block_k_hi = 0;
+          return true;
+        },
+        "relaxed mask without the block");
+    TryEvent(
+        i,
+        [](TraceEvent& e) {
+          Op& op = OpOf(e);
+          if (!HasBlockRect(op.mask)) return false;
+          op.mask = MaskForm::kBlock;
+          op.rect_q_lo = std::exchange(op.block_q_lo, 0);
+          op.rect_q_hi = std::exchange(op.block_q_hi, 0);
+          op.rect_k_lo = std::exchange(op.block_k_lo, 0);
+          op.rect_k_hi = std::exchange(op.block_k_hi, 0);
+          return true;
+        },
+        "blocked mask without the relaxation");
     TryEvent(
         i,
         [](TraceEvent& e) {
@@ -326,6 +350,7 @@ class Shrinker {
           if (op.mask == MaskForm::kCausal) return false;
           op.mask = MaskForm::kCausal;
           op.rect_q_lo = op.rect_q_hi = op.rect_k_lo = op.rect_k_hi = 0;
+          op.block_q_lo = op.block_q_hi = op.block_k_lo = op.block_k_hi = 0;
           return true;
         },
         "causal mask");

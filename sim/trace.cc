@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -358,39 +359,57 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
 // drivers' arithmetic on them (value + 1, at - from) far from overflow.
 constexpr int64_t kMaxProbe = kMaxLength;
 
+// A rectangle field [q_lo, q_hi, k_lo, k_hi] (`name`), present exactly when `wanted`.
+Status DecodeRect(const Fields& f, const char* name, bool wanted, const char* allowed_with,
+                  const std::string& mask, std::array<int64_t, 4>* out) {
+  const Json* rect = f.Find(name);
+  if (!wanted) {
+    return rect == nullptr ? Status::Ok()
+                           : f.Error(name, fmt::format("only allowed with mask {}", allowed_with));
+  }
+  if (rect == nullptr) {
+    return f.Error(name, fmt::format("missing required field (mask {})", Quote(mask)));
+  }
+  if (rect->is_array() && rect->size() != 4) {
+    return f.Error(name,
+                   fmt::format("expected [q_lo, q_hi, k_lo, k_hi], got {} entries", rect->size()));
+  }
+  std::vector<int64_t> r;
+  KV_RETURN_IF_ERROR(f.Ints(name, 0, kMaxLength, 4, &r, Need::kRequired));
+  for (const size_t hi : {size_t{1}, size_t{3}}) {
+    if (r[hi] < r[hi - 1]) {
+      return f.where().Error(fmt::format("{}/{}", f.Ptr(name), hi),
+                             fmt::format("{} is below the lower bound {}", r[hi], r[hi - 1]));
+    }
+  }
+  std::copy(r.begin(), r.end(), out->begin());
+  return Status::Ok();
+}
+
 Status DecodeMask(const Fields& f, Op* op) {
   std::string mask = "causal";
   KV_RETURN_IF_ERROR(f.String("mask", &mask, Need::kOptional));
   const std::optional<MaskForm> form = ParseMaskForm(mask);
   if (!form) {
-    return f.Error("mask", fmt::format("unknown mask {} (expected causal, zero, relax or block)",
-                                       Quote(mask)));
+    return f.Error(
+        "mask", fmt::format("unknown mask {} (expected causal, zero, relax, block or relax_block)",
+                            Quote(mask)));
   }
   op->mask = *form;
-  const Json* rect = f.Find("rect");
-  if (!HasRect(op->mask)) {
-    return rect == nullptr ? Status::Ok()
-                           : f.Error("rect", "only allowed with mask \"relax\" or \"block\"");
-  }
-  if (rect == nullptr) {
-    return f.Error("rect", fmt::format("missing required field (mask {})", Quote(mask)));
-  }
-  if (rect->is_array() && rect->size() != 4) {
-    return f.Error("rect",
-                   fmt::format("expected [q_lo, q_hi, k_lo, k_hi], got {} entries", rect->size()));
-  }
-  std::vector<int64_t> r;
-  KV_RETURN_IF_ERROR(f.Ints("rect", 0, kMaxLength, 4, &r, Need::kRequired));
-  for (const size_t hi : {size_t{1}, size_t{3}}) {
-    if (r[hi] < r[hi - 1]) {
-      return f.where().Error(fmt::format("{}/{}", f.Ptr("rect"), hi),
-                             fmt::format("{} is below the lower bound {}", r[hi], r[hi - 1]));
-    }
-  }
+  std::array<int64_t, 4> r{};
+  KV_RETURN_IF_ERROR(DecodeRect(f, "rect", HasRect(op->mask),
+                                "\"relax\", \"block\" or \"relax_block\"", mask, &r));
   op->rect_q_lo = r[0];
   op->rect_q_hi = r[1];
   op->rect_k_lo = r[2];
   op->rect_k_hi = r[3];
+  std::array<int64_t, 4> block{};
+  KV_RETURN_IF_ERROR(
+      DecodeRect(f, "block", HasBlockRect(op->mask), "\"relax_block\"", mask, &block));
+  op->block_q_lo = block[0];
+  op->block_q_hi = block[1];
+  op->block_k_lo = block[2];
+  op->block_k_hi = block[3];
   return Status::Ok();
 }
 
@@ -441,9 +460,11 @@ Status DecodeLayerOp(const Fields& f, int32_t layers, Op* op) {
 
 // The keys an op of each kind may carry, "op" included, in key order.
 Keys OpKeys(OpKind kind) {
-  static constexpr std::string_view kWrite[] = {"mask", "op", "pad", "rect", "segmented", "tokens"};
+  static constexpr std::string_view kWrite[] = {"block", "mask",      "op",    "pad",
+                                                "rect",  "segmented", "tokens"};
   static constexpr std::string_view kSpeculate[] = {
-      "abandon_after", "accepted", "isolated", "mask", "op", "pad", "rect", "segmented", "tokens"};
+      "abandon_after", "accepted", "block",     "isolated", "mask", "op",
+      "pad",           "rect",     "segmented", "tokens"};
   static constexpr std::string_view kSnapshot[] = {"from", "layer", "op"};
   static constexpr std::string_view kRestore[] = {"layer", "op", "slot", "target"};
   static constexpr std::string_view kMerge[] = {"child", "layer", "op", "parent"};

@@ -57,6 +57,9 @@ void ForwardJson(const Op& op, Json& j) {
   if (HasRect(op.mask)) {
     j["rect"] = Json::array({op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi});
   }
+  if (HasBlockRect(op.mask)) {
+    j["block"] = Json::array({op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi});
+  }
   if (op.kind != OpKind::kSpeculate) return;
   j["accepted"] = op.value;
   if (op.isolated) j["isolated"] = true;

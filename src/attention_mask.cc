@@ -400,6 +400,13 @@ Status VisibleRowsInto(const History& history, const AttentionMask& logical, int
   return bias.ok() ? Status::Ok() : bias.status();
 }
 
+Status MaterializedVisibleRowsInto(const History& history, const AttentionMask& logical,
+                                   int64_t offset, int64_t query_len, VisibleSet& out) {
+  Result<std::optional<MatF>> bias =
+      Resolve(history, logical, offset, query_len, out, /*want_bias=*/true);
+  return bias.ok() ? Status::Ok() : bias.status();
+}
+
 Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
                   int64_t offset, float scale) {
   KV_CHECK(history.length == 0 || (history.k != nullptr && history.v != nullptr),

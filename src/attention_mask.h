@@ -89,6 +89,12 @@ struct VisibleSet {
 // VisibleRows into `out` (its previous contents replaced, its capacity kept).
 Status VisibleRowsInto(const History& history, const AttentionMask& logical, int64_t offset,
                        int64_t query_len, VisibleSet& out);
+// The same rows read off the materialized L x K mask (AsArray) that Sdpa, like a kernel
+// taking an additive bias, consumes: its finite cells. VisibleRowsInto finds them without
+// building the array, by the float rules AsArray follows; a checker can hold both to the
+// reference where L x K is small.
+Status MaterializedVisibleRowsInto(const History& history, const AttentionMask& logical,
+                                   int64_t offset, int64_t query_len, VisibleSet& out);
 
 // Plain scaled dot-product attention of q [L x D] over the history through the same
 // dispatch (float math), for parity tests.

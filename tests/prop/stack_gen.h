@@ -49,18 +49,24 @@ inline Op GenWrite(const StackModel& m, int64_t length) {
                                                         rc::gen::inRange(0, 5));
   op.pad = *rc::gen::weightedElement<int64_t>({{4, 0}, {1, 1}, {1, 3}});
   op.segmented = *rc::gen::arbitrary<bool>();
-  op.mask = *rc::gen::weightedElement<MaskForm>(
-      {{6, MaskForm::kCausal}, {1, MaskForm::kZero}, {1, MaskForm::kRelax}, {1, MaskForm::kBlock}});
+  op.mask = *rc::gen::weightedElement<MaskForm>({{12, MaskForm::kCausal},
+                                                 {2, MaskForm::kZero},
+                                                 {2, MaskForm::kRelax},
+                                                 {2, MaskForm::kBlock},
+                                                 {1, MaskForm::kRelaxBlock}});
   if (!HasRect(op.mask)) return op;
   // Rectangles are absolute; layers may stand at different offsets, so anchor at one.
   const int32_t anchor = *rc::gen::inRange<int32_t>(0, m.num_layers());
   const int64_t start = m.at(anchor).ref.Offset();
-  op.rect_q_lo = start + *rc::gen::inRange<int64_t>(0, length);
-  op.rect_q_hi = op.rect_q_lo + *rc::gen::inRange<int64_t>(1, length + 1);
   // A block reaches further back, into the older keys of a window a decode gathers.
-  const int64_t back = op.mask == MaskForm::kBlock ? 8 : 3;
-  op.rect_k_lo = std::max<int64_t>(0, start + *rc::gen::inRange<int64_t>(-back, length));
-  op.rect_k_hi = op.rect_k_lo + *rc::gen::inRange<int64_t>(1, length + 4);
+  const auto rect = [&](int64_t back, int64_t& q_lo, int64_t& q_hi, int64_t& k_lo, int64_t& k_hi) {
+    q_lo = start + *rc::gen::inRange<int64_t>(0, length);
+    q_hi = q_lo + *rc::gen::inRange<int64_t>(1, length + 1);
+    k_lo = std::max<int64_t>(0, start + *rc::gen::inRange<int64_t>(-back, length));
+    k_hi = k_lo + *rc::gen::inRange<int64_t>(1, length + 4);
+  };
+  rect(op.mask == MaskForm::kBlock ? 8 : 3, op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi);
+  if (HasBlockRect(op.mask)) rect(8, op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi);
   return op;
 }
 

@@ -219,6 +219,56 @@ TEST(Shrink, FindsTheKnownMinimumAndKeepsTheKind) {
   EXPECT_EQ(r.original_events, 60);
 }
 
+// Diverges on a write whose mask blocks key position 2 (a block's rect, a relax_block's
+// block), wherever the mask also relaxes.
+ReplayResult BlockOracle(const Trace& t) {
+  ReplayResult r;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const Op& op = std::get<Op>(t.events[i]);
+    const bool blocks2 =
+        (op.mask == MaskForm::kBlock && op.rect_k_lo <= 2 && 2 < op.rect_k_hi) ||
+        (op.mask == MaskForm::kRelaxBlock && op.block_k_lo <= 2 && 2 < op.block_k_hi);
+    if (blocks2) {
+      r.divergence = r.divergence_kind = "B";
+      r.failing_event = static_cast<int64_t>(i);
+      return r;
+    }
+  }
+  return r;
+}
+
+// A mask holding a relaxation and a block is cut down to the side the failure needs: the
+// block, as a block mask with the blocked rectangle.
+TEST(Shrink, RelaxBlockMaskKeepsOnlyTheBlockThatMatters) {
+  Trace t;
+  t.header.kind = TraceKind::kOps;
+  t.header.layers = 2;
+  t.header.window = 4;
+  Op op;
+  op.tokens = {1, 2, 3, 4};
+  for (int i = 0; i < 3; ++i) t.events.emplace_back(op);
+  op.mask = MaskForm::kRelaxBlock;
+  op.rect_q_lo = 12;
+  op.rect_q_hi = 13;
+  op.rect_k_lo = 13;
+  op.rect_k_hi = 15;
+  op.block_q_lo = 12;
+  op.block_q_hi = 16;
+  op.block_k_lo = 1;
+  op.block_k_hi = 3;
+  t.events.emplace_back(op);
+  ShrinkOptions options;
+  options.replay = BlockOracle;
+  const ShrinkResult r = Shrink(t, options);
+  ASSERT_EQ(r.kind, "B");
+  ASSERT_EQ(r.trace.events.size(), 1u);
+  const Op& left = std::get<Op>(r.trace.events[0]);
+  EXPECT_EQ(left.mask, MaskForm::kBlock) << left.ToString();
+  EXPECT_EQ(left.rect_k_lo, 1);
+  EXPECT_EQ(left.rect_k_hi, 3);
+  EXPECT_EQ(left.block_k_hi, 0);
+}
+
 // Multi-sequence oracle: diverges once sequence 2 has been forwarded at position 3 after a
 // copy into it, and only when the forward carries at least two tokens of sequence 2.
 ReplayResult MultiSeqOracle(const Trace& t) {

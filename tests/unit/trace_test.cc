@@ -103,8 +103,8 @@ auto Tie(const RequestPlan& p) {
 }
 auto Tie(const Op& o) {
   return std::tie(o.kind, o.layer, o.tokens, o.pad, o.segmented, o.mask, o.rect_q_lo, o.rect_q_hi,
-                  o.rect_k_lo, o.rect_k_hi, o.value, o.isolated, o.abandon_after, o.slot, o.slot2,
-                  o.offsets);
+                  o.rect_k_lo, o.rect_k_hi, o.block_q_lo, o.block_q_hi, o.block_k_lo, o.block_k_hi,
+                  o.value, o.isolated, o.abandon_after, o.slot, o.slot2, o.offsets);
 }
 
 Op MakeOp(OpKind kind, int32_t layer) {
@@ -134,6 +134,13 @@ std::vector<Op> EveryOpKind() {
   Op block = write;
   block.mask = MaskForm::kBlock;
   ops.push_back(block);
+  Op both = write;
+  both.mask = MaskForm::kRelaxBlock;
+  both.block_q_lo = 2;
+  both.block_q_hi = 4;
+  both.block_k_lo = 1;
+  both.block_k_hi = 9;
+  ops.push_back(both);
   Op speculate = write;
   speculate.kind = OpKind::kSpeculate;
   speculate.value = -2;  // out of range on purpose: legal, it tests the clamp
@@ -640,9 +647,15 @@ TEST(TraceReaderErrors, OpFields) {
       {R"({"op":"write","segmented":"yes","tokens":[1]})",
        "/segmented: expected true or false, got string"},
       {R"({"mask":"full","op":"write","tokens":[1]})",
-       R"(/mask: unknown mask "full" (expected causal, zero, relax or block))"},
+       R"(/mask: unknown mask "full" (expected causal, zero, relax, block or relax_block))"},
       {R"({"mask":"zero","op":"write","rect":[0,1,0,1],"tokens":[1]})",
-       R"(/rect: only allowed with mask "relax" or "block")"},
+       R"(/rect: only allowed with mask "relax", "block" or "relax_block")"},
+      {R"({"block":[0,1,0,1],"mask":"relax","op":"write","rect":[0,1,0,1],"tokens":[1]})",
+       R"(/block: only allowed with mask "relax_block")"},
+      {R"({"mask":"relax_block","op":"write","rect":[0,1,0,1],"tokens":[1]})",
+       R"(/block: missing required field (mask "relax_block"))"},
+      {R"({"block":[0,1,3,2],"mask":"relax_block","op":"write","rect":[0,1,0,1],"tokens":[1]})",
+       "/block/3: 2 is below the lower bound 3"},
       {R"({"mask":"relax","op":"write","tokens":[1]})",
        R"(/rect: missing required field (mask "relax"))"},
       {R"({"mask":"block","op":"write","tokens":[1]})",
