@@ -647,10 +647,23 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
   model::RefMask ref_mask;
   ref_mask.causal = write.mask != MaskForm::kZero;
   const model::RefRect rect{write.rect_q_lo, write.rect_q_hi, write.rect_k_lo, write.rect_k_hi};
-  if (write.mask == MaskForm::kRelax || write.mask == MaskForm::kRelaxBlock) {
-    auto relaxed = logical.Relax({RelaxRect{rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi}});
+  const auto relax = [](const AttentionMask& m, const model::RefRect& r) {
+    Result<AttentionMask> relaxed = m.Relax({RelaxRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi}});
     KV_CHECK(relaxed.ok(), relaxed.status().ToString());
-    logical = *relaxed;
+    return std::move(relaxed).value();
+  };
+  if (write.mask == MaskForm::kRelax) {
+    logical = relax(logical, rect);
+    ref_mask.rects.push_back(rect);
+  }
+  if (write.mask == MaskForm::kRelaxBlock) {
+    // Composed as a model would stack two relaxed masks, the rectangle and a wider one
+    // around it (strictly wider on every side that can grow), whose intersection (spec
+    // §2.5: pairwise geometric) is the rectangle again: the same logical mask, built
+    // through the algebra's two-sided case.
+    const model::RefRect wider{std::max<int64_t>(0, rect.q_lo - 1), rect.q_hi + 2,
+                               std::max<int64_t>(0, rect.k_lo - 2), rect.k_hi + 1};
+    logical = AttentionMask::Intersect(relax(logical, rect), relax(AttentionMask::Causal(), wider));
     ref_mask.rects.push_back(rect);
   }
   if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock) {
