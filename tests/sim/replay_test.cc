@@ -170,24 +170,26 @@ TEST(DivergenceKind, KeepsTheCheckAndDropsNodeNamesAndNumbers) {
             "trie after eviction pass # under budget # B, line #");
 }
 
+// What the oracles below report: a divergence of `kind` at event `i`.
+ReplayResult DivergesAt(const char* kind, size_t i) {
+  ReplayResult r;
+  r.divergence = r.divergence_kind = kind;
+  r.failing_event = static_cast<int64_t>(i);
+  return r;
+}
+
 // An oracle with a known minimum: the trace "diverges" (kind K) while it still holds a
 // write containing token 7 after a write containing token 3, on at least one layer.
 ReplayResult Oracle(const Trace& t) {
-  ReplayResult r;
   bool three = false;
   for (size_t i = 0; i < t.events.size(); ++i) {
     const Op& op = std::get<Op>(t.events[i]);
     if (op.kind != OpKind::kWrite) continue;
     const bool has7 = std::find(op.tokens.begin(), op.tokens.end(), 7) != op.tokens.end();
-    if (three && has7) {
-      r.divergence = "K";
-      r.divergence_kind = "K";
-      r.failing_event = static_cast<int64_t>(i);
-      return r;
-    }
+    if (three && has7) return DivergesAt("K", i);
     three = three || std::find(op.tokens.begin(), op.tokens.end(), 3) != op.tokens.end();
   }
-  return r;
+  return ReplayResult{};
 }
 
 TEST(Shrink, FindsTheKnownMinimumAndKeepsTheKind) {
@@ -222,19 +224,14 @@ TEST(Shrink, FindsTheKnownMinimumAndKeepsTheKind) {
 // Diverges on a write whose mask blocks key position 2 (a block's rect, a relax_block's
 // block), wherever the mask also relaxes.
 ReplayResult BlockOracle(const Trace& t) {
-  ReplayResult r;
   for (size_t i = 0; i < t.events.size(); ++i) {
     const Op& op = std::get<Op>(t.events[i]);
     const bool blocks2 =
         (op.mask == MaskForm::kBlock && op.rect_k_lo <= 2 && 2 < op.rect_k_hi) ||
         (op.mask == MaskForm::kRelaxBlock && op.block_k_lo <= 2 && 2 < op.block_k_hi);
-    if (blocks2) {
-      r.divergence = r.divergence_kind = "B";
-      r.failing_event = static_cast<int64_t>(i);
-      return r;
-    }
+    if (blocks2) return DivergesAt("B", i);
   }
-  return r;
+  return ReplayResult{};
 }
 
 // A mask holding a relaxation and a block is cut down to the side the failure needs: the
@@ -272,7 +269,6 @@ TEST(Shrink, RelaxBlockMaskKeepsOnlyTheBlockThatMatters) {
 // Multi-sequence oracle: diverges once sequence 2 has been forwarded at position 3 after a
 // copy into it, and only when the forward carries at least two tokens of sequence 2.
 ReplayResult MultiSeqOracle(const Trace& t) {
-  ReplayResult r;
   bool copied = false;
   for (size_t i = 0; i < t.events.size(); ++i) {
     const MsOp& op = std::get<MsOp>(t.events[i]);
@@ -284,13 +280,9 @@ ReplayResult MultiSeqOracle(const Trace& t) {
       mine += b.seq == 2;
       at3 = at3 || (b.seq == 2 && b.pos == 3);
     }
-    if (at3 && mine >= 2) {
-      r.divergence = r.divergence_kind = "M";
-      r.failing_event = static_cast<int64_t>(i);
-      return r;
-    }
+    if (at3 && mine >= 2) return DivergesAt("M", i);
   }
-  return r;
+  return ReplayResult{};
 }
 
 // The multi-sequence passes: other sequences leave every batch, batches lose each
