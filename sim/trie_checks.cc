@@ -154,6 +154,9 @@ uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash, std::string& byt
       fold_tensor(kv->k());
       fold_tensor(kv->v());
     } else if (const auto* rot = dynamic_cast<const RotatingSnapshot*>(s)) {
+      // The ring cursor too: the same rows under another cursor are another window order.
+      const int64_t idx = rot->idx();
+      fold(&idx, sizeof(idx));
       fold_tensor(rot->k());
       fold_tensor(rot->v());
     } else if (const auto* rec = dynamic_cast<const RecurrentSnapshot*>(s)) {

@@ -269,6 +269,40 @@ TEST(TrieSoundness, TheMemoStillSeesASnapshotRewrittenInPlace) {
   EXPECT_NE(c->what.find("(logical position 3)"), std::string::npos) << c->what;
 }
 
+// The memo's key covers a rotating snapshot's ring cursor: the same rows re-installed
+// under cursor 0 (a copy that dropped it) are another window order, verified again and
+// reported.
+TEST(TrieSoundness, TheMemoStillSeesARotatingSnapshotUnderAnotherCursor) {
+  Rig rig;
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6};
+  const model::TokenLog log = rig.Log(tokens);
+  rig.Write(log, 0, 4);
+  rig.Write(log, 4, 5);  // single-token writes wrap the W = 4 ring
+  rig.Write(log, 5, 6);
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* node = trie.AppendChild(trie.root(), Keys(tokens), 6);
+  trie.SetSnapshots(node, rig.SnapshotAll());
+  SoundnessMemo memo;
+  const Check sound = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed(), &memo);
+  ASSERT_FALSE(sound.has_value()) << sound->what;
+  const auto* rot = dynamic_cast<const RotatingSnapshot*>(node->snapshot(1));
+  ASSERT_NE(rot, nullptr);
+  ASSERT_NE(rot->idx(), 0) << "the ring did not wrap";
+  const auto* kv = dynamic_cast<const KvSnapshot*>(node->snapshot(0));
+  const auto* rec = dynamic_cast<const RecurrentSnapshot*>(node->snapshot(2));
+  ASSERT_TRUE(kv != nullptr && rec != nullptr);
+  std::vector<SnapshotPtr> set;  // equal copies but for the rotating cursor
+  set.push_back(std::make_unique<KvSnapshot>(kv->from(), kv->to(), kv->k(), kv->v()));
+  set.push_back(std::make_unique<RotatingSnapshot>(rot->from(), rot->to(), 0, rot->k(), rot->v()));
+  set.push_back(std::make_unique<RecurrentSnapshot>(rec->offset(), rec->conv(), rec->delta()));
+  trie.SetSnapshots(node, std::move(set));
+  const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed(), &memo);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(c->what.find("node [0,6) keys 1 2 3 4 ...: layer 1 rotating snapshot"),
+            std::string::npos)
+      << c->what;
+}
+
 TEST(LiveSoundness, ReportsALiveCacheRewrittenFromALookAlikeBranchAfterBegin) {
   Rig rig;
   PrefixCache pc(rig.Raw());
