@@ -646,7 +646,10 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
       write.mask == MaskForm::kZero ? AttentionMask::Zero() : AttentionMask::Causal();
   model::RefMask ref_mask;
   ref_mask.causal = write.mask != MaskForm::kZero;
-  const model::RefRect rect{write.rect_q_lo, write.rect_q_hi, write.rect_k_lo, write.rect_k_hi};
+  const auto ref_rect = [](const MaskRect& r) {
+    return model::RefRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi};
+  };
+  const model::RefRect rect = ref_rect(write.rect);
   const auto relax = [](const AttentionMask& m, const model::RefRect& r) {
     Result<AttentionMask> relaxed = m.Relax({RelaxRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi}});
     KV_CHECK(relaxed.ok(), relaxed.status().ToString());
@@ -667,10 +670,7 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
     ref_mask.rects.push_back(rect);
   }
   if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock) {
-    const model::RefRect block = write.mask == MaskForm::kBlock
-                                     ? rect
-                                     : model::RefRect{write.block_q_lo, write.block_q_hi,
-                                                      write.block_k_lo, write.block_k_hi};
+    const model::RefRect block = write.mask == MaskForm::kBlock ? rect : ref_rect(write.block);
     logical = AttentionMask::Intersect(
         logical, AttentionMask::Array(BlockArray(block, start, query_len, history.length)));
     ref_mask.blocks.push_back(block);

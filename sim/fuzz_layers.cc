@@ -209,12 +209,13 @@ int64_t Value(const RawRecord& r, size_t i, const ValueContext& c) {
 // A mask rectangle of a forward of `length` tokens at `start` from four bytes, shaped like
 // the generator's: queries inside the forward, keys from a little before it. Absolute and
 // non-negative with hi >= lo, as the trace format requires.
-void Rect(const std::array<uint8_t, 4>& b, int64_t start, int64_t length, int64_t& q_lo,
-          int64_t& q_hi, int64_t& k_lo, int64_t& k_hi) {
-  q_lo = start + b[0] % length;
-  q_hi = q_lo + 1 + b[1] % length;
-  k_lo = std::max<int64_t>(0, start - 4 + b[2] % (length + 4));
-  k_hi = k_lo + 1 + b[3] % (length + 4);
+MaskRect Rect(const std::array<uint8_t, 4>& b, int64_t start, int64_t length) {
+  MaskRect r;
+  r.q_lo = start + b[0] % length;
+  r.q_hi = r.q_lo + 1 + b[1] % length;
+  r.k_lo = std::max<int64_t>(0, start - 4 + b[2] % (length + 4));
+  r.k_hi = r.k_lo + 1 + b[3] % (length + 4);
+  return r;
 }
 
 // Mostly a real acceptance, uniform over 0..D: a partial commit is where the layers' rewinds
@@ -246,14 +247,12 @@ void Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Sha
             : (r.mask / 10) % 2 == 0 ? MaskForm::kRelax
                                      : MaskForm::kRelaxBlock;
   const int64_t start = d.ref(layer).Offset();
-  if (HasRect(op.mask)) {
-    Rect(r.rect, start, length, op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi);
-  }
+  if (HasRect(op.mask)) op.rect = Rect(r.rect, start, length);
   if (HasBlockRect(op.mask)) {
     // A forward reads no value field past the first, so the second and third carry it.
     const std::array<uint8_t, 4> b = {r.values[1][0], r.values[1][1], r.values[2][0],
                                       r.values[2][1]};
-    Rect(b, start, length, op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi);
+    op.block = Rect(b, start, length);
   }
   if (kind == OpKind::kSpeculate) {
     op.isolated = r.isolated % 6 == 0;

@@ -152,17 +152,16 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
   const int64_t start = driver.ref(0).Offset();
   // A rectangle over the write's queries; a block also reaches back into a window's older
   // keys, where a decode's ring gather decides which of them it hits.
-  const auto rect = [&](int64_t back, int64_t& q_lo, int64_t& q_hi, int64_t& k_lo, int64_t& k_hi) {
-    q_lo = start + rng_.Range(0, length - 1);
-    q_hi = q_lo + rng_.Range(1, length);
-    k_lo = std::max<int64_t>(0, start + rng_.Range(-back, length - 1));
-    k_hi = k_lo + rng_.Range(1, length + 4);
+  const auto rect = [&](int64_t back) {
+    MaskRect r;
+    r.q_lo = start + rng_.Range(0, length - 1);
+    r.q_hi = r.q_lo + rng_.Range(1, length);
+    r.k_lo = std::max<int64_t>(0, start + rng_.Range(-back, length - 1));
+    r.k_hi = r.k_lo + rng_.Range(1, length + 4);
+    return r;
   };
-  if (HasRect(op.mask)) {
-    rect(op.mask == MaskForm::kBlock ? 8 : 4, op.rect_q_lo, op.rect_q_hi, op.rect_k_lo,
-         op.rect_k_hi);
-  }
-  if (HasBlockRect(op.mask)) rect(8, op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi);
+  if (HasRect(op.mask)) op.rect = rect(op.mask == MaskForm::kBlock ? 8 : 4);
+  if (HasBlockRect(op.mask)) op.block = rect(8);
   return op;
 }
 

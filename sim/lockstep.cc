@@ -97,14 +97,7 @@ bool LockstepDriver::Valid(const Op& op) const {
     if (op.tokens.size() < min_tokens || op.pad < 0 || op.pad > 64) return false;
     if (op.abandon_after < -1 || op.abandon_after > num_layers()) return false;
     if (op.kind == OpKind::kWrite && op.abandon_after != -1) return false;
-    const auto bad_rect = [](int64_t q_lo, int64_t q_hi, int64_t k_lo, int64_t k_hi) {
-      return q_lo < 0 || k_lo < 0 || q_hi < q_lo || k_hi < k_lo;
-    };
-    if (HasRect(op.mask) && bad_rect(op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi)) {
-      return false;
-    }
-    if (HasBlockRect(op.mask) &&
-        bad_rect(op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi)) {
+    if ((HasRect(op.mask) && !op.rect.Valid()) || (HasBlockRect(op.mask) && !op.block.Valid())) {
       return false;
     }
     for (const Layer& l : layers_) {

@@ -44,12 +44,12 @@ std::string Op::ToString() const {
       if (segmented) s += " segmented";
       if (mask == MaskForm::kZero) s += " mask=zero";
       if (HasRect(mask)) {
-        s += fmt::format(" mask={}(q[{},{}) k[{},{}))", MaskFormName(mask), rect_q_lo, rect_q_hi,
-                         rect_k_lo, rect_k_hi);
+        s += fmt::format(" mask={}(q[{},{}) k[{},{}))", MaskFormName(mask), rect.q_lo, rect.q_hi,
+                         rect.k_lo, rect.k_hi);
       }
       if (HasBlockRect(mask)) {
-        s += fmt::format(" block(q[{},{}) k[{},{}))", block_q_lo, block_q_hi, block_k_lo,
-                         block_k_hi);
+        s += fmt::format(" block(q[{},{}) k[{},{}))", block.q_lo, block.q_hi, block.k_lo,
+                         block.k_hi);
       }
       return s;
     }

@@ -36,10 +36,18 @@ enum class OpKind : uint8_t {
 // Logical attention mask of a write (checked against what attention must see).
 // kBlock: causal plus an additive array mask whose -inf cells are the rectangle (a padding
 // or document-boundary mask: keys blocked whatever else would allow them).
-// kRelaxBlock: both in one mask, the rectangle relaxed and the block_* rectangle blocked
+// kRelaxBlock: both in one mask, `rect` relaxed and `block` blocked
 // (a tree-attention relaxation inside a padded batch): blocked cells stay blocked even where
 // the relaxation reopens them, which only a mask holding both can get wrong.
 enum class MaskForm : uint8_t { kCausal, kZero, kRelax, kBlock, kRelaxBlock };
+
+// A mask rectangle in absolute positions: queries [q_lo, q_hi) x keys [k_lo, k_hi).
+struct MaskRect {
+  int64_t q_lo = 0, q_hi = 0, k_lo = 0, k_hi = 0;
+  // What the trace format accepts: non-negative, each range ordered.
+  bool Valid() const { return q_lo >= 0 && k_lo >= 0 && q_hi >= q_lo && k_hi >= k_lo; }
+  friend bool operator==(const MaskRect&, const MaskRect&) = default;
+};
 
 struct Op {
   OpKind kind = OpKind::kWrite;
@@ -49,8 +57,8 @@ struct Op {
   int64_t pad = 0;              // padding rows recurrent layers also receive
   bool segmented = false;       // recurrent: segmented gated-delta form
   MaskForm mask = MaskForm::kCausal;
-  int64_t rect_q_lo = 0, rect_q_hi = 0, rect_k_lo = 0, rect_k_hi = 0;      // HasRect: absolute
-  int64_t block_q_lo = 0, block_q_hi = 0, block_k_lo = 0, block_k_hi = 0;  // kRelaxBlock
+  MaskRect rect;   // HasRect
+  MaskRect block;  // HasBlockRect
   // kSnapshot: from; kRestore: target; kSplit: at; kSpeculate: accepted drafts
   int64_t value = 0;
   bool isolated = false;  // kSpeculate
@@ -75,10 +83,10 @@ int64_t SpeculationSplit(const Op& op);
 const char* OpKindName(OpKind kind);
 // "causal", "zero", "relax", "block", "relax_block" (the trace format's names), and back.
 const char* MaskFormName(MaskForm mask);
-// Whether the form carries the op's rectangle (rect_*): relax and relax_block reopen it,
+// Whether the form carries the op's `rect`: relax and relax_block reopen it,
 // block blocks it.
 inline bool HasRect(MaskForm mask) { return mask != MaskForm::kCausal && mask != MaskForm::kZero; }
-// Whether the form carries a second, blocked rectangle (block_*).
+// Whether the form carries a second, blocked rectangle (`block`).
 inline bool HasBlockRect(MaskForm mask) { return mask == MaskForm::kRelaxBlock; }
 std::optional<MaskForm> ParseMaskForm(std::string_view name);
 

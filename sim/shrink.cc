@@ -326,7 +326,7 @@ class Shrinker {
           Op& op = OpOf(e);
           if (!HasBlockRect(op.mask)) return false;
           op.mask = MaskForm::kRelax;
-          op.block_q_lo = op.block_q_hi = op.block_k_lo = op.block_k_hi = 0;
+          op.block = MaskRect{};
           return true;
         },
         "relaxed mask without the block");
@@ -336,10 +336,7 @@ class Shrinker {
           Op& op = OpOf(e);
           if (!HasBlockRect(op.mask)) return false;
           op.mask = MaskForm::kBlock;
-          op.rect_q_lo = std::exchange(op.block_q_lo, 0);
-          op.rect_q_hi = std::exchange(op.block_q_hi, 0);
-          op.rect_k_lo = std::exchange(op.block_k_lo, 0);
-          op.rect_k_hi = std::exchange(op.block_k_hi, 0);
+          op.rect = std::exchange(op.block, MaskRect{});
           return true;
         },
         "blocked mask without the relaxation");
@@ -349,8 +346,7 @@ class Shrinker {
           Op& op = OpOf(e);
           if (op.mask == MaskForm::kCausal) return false;
           op.mask = MaskForm::kCausal;
-          op.rect_q_lo = op.rect_q_hi = op.rect_k_lo = op.rect_k_hi = 0;
-          op.block_q_lo = op.block_q_hi = op.block_k_lo = op.block_k_hi = 0;
+          op.rect = op.block = MaskRect{};
           return true;
         },
         "causal mask");

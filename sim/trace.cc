@@ -11,7 +11,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -361,7 +360,8 @@ constexpr int64_t kMaxProbe = kMaxLength;
 
 // A rectangle field [q_lo, q_hi, k_lo, k_hi] (`name`), present exactly when `wanted`.
 Status DecodeRect(const Fields& f, const char* name, bool wanted, const char* allowed_with,
-                  const std::string& mask, std::array<int64_t, 4>* out) {
+                  const std::string& mask, MaskRect* out) {
+  *out = MaskRect{};
   const Json* rect = f.Find(name);
   if (!wanted) {
     return rect == nullptr ? Status::Ok()
@@ -382,7 +382,7 @@ Status DecodeRect(const Fields& f, const char* name, bool wanted, const char* al
                              fmt::format("{} is below the lower bound {}", r[hi], r[hi - 1]));
     }
   }
-  std::copy(r.begin(), r.end(), out->begin());
+  *out = MaskRect{r[0], r[1], r[2], r[3]};
   return Status::Ok();
 }
 
@@ -396,20 +396,10 @@ Status DecodeMask(const Fields& f, Op* op) {
                             Quote(mask)));
   }
   op->mask = *form;
-  std::array<int64_t, 4> r{};
   KV_RETURN_IF_ERROR(DecodeRect(f, "rect", HasRect(op->mask),
-                                "\"relax\", \"block\" or \"relax_block\"", mask, &r));
-  op->rect_q_lo = r[0];
-  op->rect_q_hi = r[1];
-  op->rect_k_lo = r[2];
-  op->rect_k_hi = r[3];
-  std::array<int64_t, 4> block{};
+                                "\"relax\", \"block\" or \"relax_block\"", mask, &op->rect));
   KV_RETURN_IF_ERROR(
-      DecodeRect(f, "block", HasBlockRect(op->mask), "\"relax_block\"", mask, &block));
-  op->block_q_lo = block[0];
-  op->block_q_hi = block[1];
-  op->block_k_lo = block[2];
-  op->block_k_hi = block[3];
+      DecodeRect(f, "block", HasBlockRect(op->mask), "\"relax_block\"", mask, &op->block));
   return Status::Ok();
 }
 

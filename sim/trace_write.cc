@@ -48,6 +48,8 @@ Json RequestJson(const RequestPlan& plan) {
   return j;
 }
 
+Json RectJson(const MaskRect& r) { return Json::array({r.q_lo, r.q_hi, r.k_lo, r.k_hi}); }
+
 // write and speculate: tokens and the forward's form.
 void ForwardJson(const Op& op, Json& j) {
   j["tokens"] = op.tokens;
@@ -55,10 +57,10 @@ void ForwardJson(const Op& op, Json& j) {
   if (op.segmented) j["segmented"] = true;
   if (op.mask != MaskForm::kCausal) j["mask"] = MaskFormName(op.mask);
   if (HasRect(op.mask)) {
-    j["rect"] = Json::array({op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi});
+    j["rect"] = RectJson(op.rect);
   }
   if (HasBlockRect(op.mask)) {
-    j["block"] = Json::array({op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi});
+    j["block"] = RectJson(op.block);
   }
   if (op.kind != OpKind::kSpeculate) return;
   j["accepted"] = op.value;

@@ -59,14 +59,16 @@ inline Op GenWrite(const StackModel& m, int64_t length) {
   const int32_t anchor = *rc::gen::inRange<int32_t>(0, m.num_layers());
   const int64_t start = m.at(anchor).ref.Offset();
   // A block reaches further back, into the older keys of a window a decode gathers.
-  const auto rect = [&](int64_t back, int64_t& q_lo, int64_t& q_hi, int64_t& k_lo, int64_t& k_hi) {
-    q_lo = start + *rc::gen::inRange<int64_t>(0, length);
-    q_hi = q_lo + *rc::gen::inRange<int64_t>(1, length + 1);
-    k_lo = std::max<int64_t>(0, start + *rc::gen::inRange<int64_t>(-back, length));
-    k_hi = k_lo + *rc::gen::inRange<int64_t>(1, length + 4);
+  const auto rect = [&](int64_t back) {
+    MaskRect r;
+    r.q_lo = start + *rc::gen::inRange<int64_t>(0, length);
+    r.q_hi = r.q_lo + *rc::gen::inRange<int64_t>(1, length + 1);
+    r.k_lo = std::max<int64_t>(0, start + *rc::gen::inRange<int64_t>(-back, length));
+    r.k_hi = r.k_lo + *rc::gen::inRange<int64_t>(1, length + 4);
+    return r;
   };
-  rect(op.mask == MaskForm::kBlock ? 8 : 3, op.rect_q_lo, op.rect_q_hi, op.rect_k_lo, op.rect_k_hi);
-  if (HasBlockRect(op.mask)) rect(8, op.block_q_lo, op.block_q_hi, op.block_k_lo, op.block_k_hi);
+  op.rect = rect(op.mask == MaskForm::kBlock ? 8 : 3);
+  if (HasBlockRect(op.mask)) op.block = rect(8);
   return op;
 }
 

@@ -227,8 +227,8 @@ ReplayResult BlockOracle(const Trace& t) {
   for (size_t i = 0; i < t.events.size(); ++i) {
     const Op& op = std::get<Op>(t.events[i]);
     const bool blocks2 =
-        (op.mask == MaskForm::kBlock && op.rect_k_lo <= 2 && 2 < op.rect_k_hi) ||
-        (op.mask == MaskForm::kRelaxBlock && op.block_k_lo <= 2 && 2 < op.block_k_hi);
+        (op.mask == MaskForm::kBlock && op.rect.k_lo <= 2 && 2 < op.rect.k_hi) ||
+        (op.mask == MaskForm::kRelaxBlock && op.block.k_lo <= 2 && 2 < op.block.k_hi);
     if (blocks2) return DivergesAt("B", i);
   }
   return ReplayResult{};
@@ -245,14 +245,8 @@ TEST(Shrink, RelaxBlockMaskKeepsOnlyTheBlockThatMatters) {
   op.tokens = {1, 2, 3, 4};
   for (int i = 0; i < 3; ++i) t.events.emplace_back(op);
   op.mask = MaskForm::kRelaxBlock;
-  op.rect_q_lo = 12;
-  op.rect_q_hi = 13;
-  op.rect_k_lo = 13;
-  op.rect_k_hi = 15;
-  op.block_q_lo = 12;
-  op.block_q_hi = 16;
-  op.block_k_lo = 1;
-  op.block_k_hi = 3;
+  op.rect = MaskRect{12, 13, 13, 15};
+  op.block = MaskRect{12, 16, 1, 3};
   t.events.emplace_back(op);
   ShrinkOptions options;
   options.replay = BlockOracle;
@@ -261,9 +255,8 @@ TEST(Shrink, RelaxBlockMaskKeepsOnlyTheBlockThatMatters) {
   ASSERT_EQ(r.trace.events.size(), 1u);
   const Op& left = std::get<Op>(r.trace.events[0]);
   EXPECT_EQ(left.mask, MaskForm::kBlock) << left.ToString();
-  EXPECT_EQ(left.rect_k_lo, 1);
-  EXPECT_EQ(left.rect_k_hi, 3);
-  EXPECT_EQ(left.block_k_hi, 0);
+  EXPECT_EQ(left.rect, (MaskRect{12, 16, 1, 3}));
+  EXPECT_EQ(left.block, MaskRect{});
 }
 
 // Multi-sequence oracle: diverges once sequence 2 has been forwarded at position 3 after a

@@ -102,9 +102,8 @@ auto Tie(const RequestPlan& p) {
                   p.schedule, p.cancel_after_tokens, p.speculation, p.budget_pct);
 }
 auto Tie(const Op& o) {
-  return std::tie(o.kind, o.layer, o.tokens, o.pad, o.segmented, o.mask, o.rect_q_lo, o.rect_q_hi,
-                  o.rect_k_lo, o.rect_k_hi, o.block_q_lo, o.block_q_hi, o.block_k_lo, o.block_k_hi,
-                  o.value, o.isolated, o.abandon_after, o.slot, o.slot2, o.offsets);
+  return std::tie(o.kind, o.layer, o.tokens, o.pad, o.segmented, o.mask, o.rect, o.block, o.value,
+                  o.isolated, o.abandon_after, o.slot, o.slot2, o.offsets);
 }
 
 Op MakeOp(OpKind kind, int32_t layer) {
@@ -122,10 +121,7 @@ std::vector<Op> EveryOpKind() {
   write.pad = 3;
   write.segmented = true;
   write.mask = MaskForm::kRelax;
-  write.rect_q_lo = 1;
-  write.rect_q_hi = 3;
-  write.rect_k_lo = 0;
-  write.rect_k_hi = 7;
+  write.rect = MaskRect{1, 3, 0, 7};
   ops.push_back(write);
   Op zero = MakeOp(OpKind::kWrite, 0);
   zero.tokens = {4};
@@ -136,10 +132,7 @@ std::vector<Op> EveryOpKind() {
   ops.push_back(block);
   Op both = write;
   both.mask = MaskForm::kRelaxBlock;
-  both.block_q_lo = 2;
-  both.block_q_hi = 4;
-  both.block_k_lo = 1;
-  both.block_k_hi = 9;
+  both.block = MaskRect{2, 4, 1, 9};
   ops.push_back(both);
   Op speculate = write;
   speculate.kind = OpKind::kSpeculate;
