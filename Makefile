@@ -4,7 +4,7 @@
 JOBS ?= $(shell nproc)
 BUILD := build/default
 
-.PHONY: setup configure build run test test-asan clean mutants bench
+.PHONY: setup configure build run test test-asan clean mutants bench coverage
 
 setup:
 	@bash scripts/setup.sh
@@ -38,3 +38,8 @@ mutants: setup
 # benchmark; writes bench/results/latest.json and prints the table (scripts/bench.sh).
 bench: setup
 	@bash scripts/bench.sh
+
+# Which lines of src/*.cc the differential checks never execute (`coverage` preset,
+# build/coverage): writes build/coverage/COVERAGE.md (scripts/coverage.sh).
+coverage: setup
+	@bash scripts/coverage.sh
