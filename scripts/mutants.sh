@@ -140,7 +140,7 @@ for preset in Dense Sliding Recurrent Mixed; do
     "$t/prop_request_state_machine_test --gtest_filter='RequestStateMachine.${preset}*'"
 done
 # The bundled traces `make run` replays: the minimized regressions pin scenarios the seeded
-# streams reach rarely (mutant 128 fell to fuzz-prefix after 35 s, to these in 0.5 s).
+# streams reach rarely (mutant 128 fell to fuzz-prefix after 35 s; this replay takes 0.5 s).
 add_check traces fast "$kv replay traces/regress/*.jsonl traces/workloads/*.jsonl"
 fuzz_names=(kv rotating recurrent speculation prefix hybrid trace_reader)
 for name in "${fuzz_names[@]}"; do
