@@ -62,7 +62,8 @@ class KvSpeculation final : public WrapperContract<AttentionCache> {
 // Accumulates the forward's K/V rows privately; the history a write returns is the given
 // `base` rows (oldest first) followed by every accumulated row. Used by the isolated full
 // KV wrapper (base = the whole live history) and by the rotating wrapper (base = the last
-// W - 1 logical tokens of the live window, plus the sliding-window applier).
+// W logical tokens of the live window, of which a forward's history keeps the newest W - 1, plus
+// the sliding-window applier).
 class AccumulatingAttention final : public WrapperContract<AttentionCache> {
  public:
   // `live` is the cache wrapped; `window` > 0 makes the history a sliding window of W;

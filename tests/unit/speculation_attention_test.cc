@@ -415,6 +415,41 @@ TEST(SpeculationWrappers, AttentionWrappersAnswerTheRestOfTheContract) {
   }
 }
 
+// LiveBytes is what the wrapper itself holds (spec §2.7 leaves the rows of a write-through
+// wrapper in the live cache): an accumulating wrapper keeps its copy of the live history
+// (a full KV layer: every row; a rotating one: the whole window, since View shows all W
+// before the forward), the drafts, and the
+// history it last returned (base ; drafts, cut to the window), each as K and V.
+TEST(SpeculationWrappers, LiveBytesCountWhatTheWrapperHolds) {
+  const std::vector<float> one = tagged::Positions(0, 1);
+  const int64_t row = tagged::Keys(one).Bytes() + tagged::Values(one).Bytes();
+  {
+    KvCache live;
+    FillKv(live, 7);
+    Speculation spec = Begin({&live});
+    WriteTagged(Attn(spec, 0), 7, 4);
+    EXPECT_EQ(spec.layer(0).LiveBytes(), 0) << "committing KV writes through";
+  }
+  {
+    KvCache live;
+    FillKv(live, 7);
+    Speculation spec = BeginIsolated({&live});
+    EXPECT_EQ(spec.layer(0).LiveBytes(), 7 * row) << "isolated KV before the forward";
+    WriteTagged(Attn(spec, 0), 7, 4);
+    EXPECT_EQ(spec.layer(0).LiveBytes(), (7 + 4 + 11) * row) << "isolated KV";
+  }
+  for (const bool isolated : {false, true}) {
+    RotatingCache live(4);
+    FillRot(live, RotPrefixes(4)[2]);  // wrapped, cursor mid-ring
+    Speculation spec = isolated ? BeginIsolated({&live}) : Begin({&live});
+    WriteTagged(Attn(spec, 0), live.Offset(), 4);
+    // The window's 4 rows, the 4 drafts, and the forward's history: its newest W - 1 = 3
+    // older rows and the 4 drafts.
+    EXPECT_EQ(spec.layer(0).LiveBytes(), (4 + 4 + 7) * row)
+        << (isolated ? "isolated" : "committing") << " rotating";
+  }
+}
+
 // Before the forward, View (a draft reading the target cache through the wrapper) shows
 // the live history: the whole window (in ring order on the live side, logical on the
 // wrapper's, so compared as sets) or all KV rows. This once aborted: appending the empty

@@ -241,6 +241,28 @@ TEST(IsolatedSpeculation, FreshRecurrentCacheStaysStateless) {
   EXPECT_EQ(live.LiveBytes(), 0);
 }
 
+// LiveBytes is what the wrapper itself holds: nothing before the forward; then the initial
+// state it replays from and the running state (each as large as the live state), and every
+// folded token's scan inputs (a bf16 conv input row, a float qkv row and a float ba row).
+// Padding rows are not folded, so they are not kept.
+TEST(SpeculationWrappers, RecurrentLiveBytesCountTwoStatesAndTheFoldedInputs) {
+  const RecurrentDims d = specfx::Dims();
+  const int64_t per_token = d.conv_dim() * 2 + d.conv_dim() * 4 + 2 * d.num_v_heads * 4;
+  for (const bool isolated : {false, true}) {
+    SCOPED_TRACE(isolated ? "isolated" : "committing");
+    RecurrentCache live(d);
+    Prefill(live, K(), 5);
+    const int64_t state = live.LiveBytes();
+    ASSERT_GT(state, 0);
+    Speculation spec = isolated ? BeginIsolated({&live}) : Begin({&live});
+    EXPECT_EQ(spec.layer(0).LiveBytes(), 0);
+    Forward(Rec(spec, 0), K(), 3, /*pad=*/2);
+    EXPECT_EQ(spec.layer(0).LiveBytes(), 2 * state + 3 * per_token);
+    Forward(Rec(spec, 0), K(), 1);
+    EXPECT_EQ(spec.layer(0).LiveBytes(), 2 * state + 4 * per_token);
+  }
+}
+
 TEST(SpeculationWrappers, RecurrentWrapperAnswersTheRestOfTheContract) {
   for (const bool isolated : {false, true}) {
     SCOPED_TRACE(isolated ? "isolated" : "committing");
