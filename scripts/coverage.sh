@@ -17,7 +17,8 @@
 #
 # Output: build/coverage/COVERAGE.md (per file: executable lines, missed by the differential
 # tier, missed by every test; then each line the differential tier missed, with its text
-# and whether a unit or sim test reaches it). Usage: scripts/coverage.sh (make coverage).
+# and whether a unit or sim test reaches it); each step's output in build/coverage/STEP.log, and a
+# failing step stops the script (exit 2). Usage: scripts/coverage.sh (make coverage).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,12 +43,20 @@ gcov_tier() {
    done)
 }
 
+# run LABEL CMD...: one step of a tier, its output in build/coverage/LABEL.log; a failure
+# stops the script with one line (a failing check makes the counts meaningless).
+run() {
+  local label=$1; shift
+  "$@" >"$build/$label.log" 2>&1 ||
+    { echo "coverage: $label failed, see $build/$label.log" >&2; exit 2; }
+}
+
 echo "coverage: differential tier (kvtwin run, prop, fuzz-replay)" >&2
-"$build/sim/kvtwin" run >/dev/null
-ctest --test-dir "$build" -L 'prop|fuzz-replay' -j "$jobs" --output-on-failure >/dev/null
+run kvtwin-run "$build/sim/kvtwin" run
+run ctest-differential ctest --test-dir "$build" -L 'prop|fuzz-replay' -j "$jobs" --output-on-failure
 gcov_tier "$build/gcov-differential"
 echo "coverage: unit and sim tests" >&2
-ctest --test-dir "$build" -L 'unit|sim' -j "$jobs" --output-on-failure >/dev/null
+run ctest-unit-sim ctest --test-dir "$build" -L 'unit|sim' -j "$jobs" --output-on-failure
 gcov_tier "$build/gcov-all"
 
 # status FILE: "line<TAB>hit|miss<TAB>text" for every executable line of one gcov file.
@@ -63,7 +72,7 @@ status() {
 }
 
 report="$build/COVERAGE.md"
-tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 {
   echo "# src/ line coverage by kvtwin's checks"
   echo
@@ -71,24 +80,27 @@ tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
   echo
   echo "| file | executable lines | missed by the differential tier | missed by every test |"
   echo "|---|---:|---:|---:|"
-} >"$report"
-: >"$tmp"
+} >"$work/report"
+: >"$work/missed"
 for diff_file in "$build/gcov-differential/$mangled"*.cc.gcov; do
   [ -e "$diff_file" ] || continue
   name=${diff_file##*/}; name=${name#"$mangled"}; name=src/${name%.gcov}; name=${name//#//}
-  all_file="$build/gcov-all/${diff_file##*/}"
-  read -r lines diff_miss < <(status "$diff_file" | awk -F'\t' '{n++; m += $2 == "miss"} END {print n + 0, m + 0}')
-  all_miss=$(status "$all_file" | awk -F'\t' '{m += $2 == "miss"} END {print m + 0}')
-  echo "| \`$name\` | $lines | $diff_miss | $all_miss |" >>"$report"
+  status "$diff_file" | sort -k1,1 >"$work/diff"
+  status "$build/gcov-all/${diff_file##*/}" | sort -k1,1 >"$work/all"
+  lines=$(wc -l <"$work/diff")
+  diff_miss=$(awk -F'\t' '$2 == "miss"' "$work/diff" | wc -l)
+  all_miss=$(awk -F'\t' '$2 == "miss"' "$work/all" | wc -l)
+  echo "| \`$name\` | $lines | $diff_miss | $all_miss |" >>"$work/report"
   # Lines the differential tier missed, each with whether any test reaches it.
-  join -t $'\t' <(status "$diff_file" | awk -F'\t' '$2 == "miss" {print $1 "\t" $3}' | sort -k1,1) \
-                <(status "$all_file" | awk -F'\t' '{print $1 "\t" $2}' | sort -k1,1) |
-    sort -n | awk -F'\t' -v f="$name" '{printf "- `%s:%s` (%s): `%s`\n", f, $1, ($3 == "hit" ? "unit/sim tests only" : "no test"), $2}' >>"$tmp"
+  join -t $'\t' <(awk -F'\t' '$2 == "miss" {print $1 "\t" $3}' "$work/diff") \
+                <(cut -f1,2 "$work/all") |
+    sort -n | awk -F'\t' -v f="$name" '{printf "- `%s:%s` (%s): `%s`\n", f, $1, ($3 == "hit" ? "unit/sim tests only" : "no test"), $2}' >>"$work/missed"
 done
 {
   echo
   echo "## Lines the differential tier never executes"
   echo
-  if [ -s "$tmp" ]; then cat "$tmp"; else echo "None."; fi
-} >>"$report"
+  if [ -s "$work/missed" ]; then cat "$work/missed"; else echo "None."; fi
+} >>"$work/report"
+mv "$work/report" "$report"  # whole or not at all
 echo "coverage: $report" >&2
