@@ -642,10 +642,9 @@ constexpr int64_t kMaterializedCells = 4096;
 Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                                 int64_t start, int64_t query_len, const Op& write,
                                 model::RefKind kind) {
-  AttentionMask logical =
-      write.mask == MaskForm::kZero ? AttentionMask::Zero() : AttentionMask::Causal();
+  AttentionMask logical = IsNonCausal(write.mask) ? AttentionMask::Zero() : AttentionMask::Causal();
   model::RefMask ref_mask;
-  ref_mask.causal = write.mask != MaskForm::kZero;
+  ref_mask.causal = !IsNonCausal(write.mask);
   const auto ref_rect = [](const MaskRect& r) {
     return model::RefRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi};
   };
@@ -669,8 +668,10 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
     logical = AttentionMask::Intersect(relax(logical, rect), relax(AttentionMask::Causal(), wider));
     ref_mask.rects.push_back(rect);
   }
-  if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock) {
-    const model::RefRect block = write.mask == MaskForm::kBlock ? rect : ref_rect(write.block);
+  if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock ||
+      write.mask == MaskForm::kArray) {
+    // On a zero mask (kArray) the intersection is the array alone: a pure array mask.
+    const model::RefRect block = HasBlockRect(write.mask) ? ref_rect(write.block) : rect;
     logical = AttentionMask::Intersect(
         logical, AttentionMask::Array(BlockArray(block, start, query_len, history.length)));
     ref_mask.blocks.push_back(block);

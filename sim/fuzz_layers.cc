@@ -25,7 +25,8 @@
 //               b < 192: W - 1 + b % 3; else 1 + b % (2 W + 4)), or prepare offsets b % 4
 //   5 pad       b % 5 == 0: 1 + (b / 5) % 3, else 0
 //   6 segmented b % 2
-//   7 mask      b % 10: 0-6 causal, 7 block, 8 zero, 9 relax (b / 10 even) or relax_block
+//   7 mask      b % 10: 0-6 causal, 7 block, 8 zero (b / 10 even) or array, 9 relax
+//               (b / 10 even) or relax_block
 //   8 isolated  b % 6 == 0 isolated; b % 6 == 1 abandoned after (b / 6) % (layers + 1) layers
 //   9 accept    b < 192: accepted drafts b % (D + 1); else the first value field
 //   10-13 rect  relax or block rectangle, relative to the write (see Rect); relax_block
@@ -241,11 +242,12 @@ void Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Sha
   op.pad = r.pad % 5 == 0 ? 1 + (r.pad / 5) % 3 : 0;
   op.segmented = r.segmented % 2 == 1;
   const int m = r.mask % 10;
-  op.mask = m < 7                    ? MaskForm::kCausal
-            : m == 7                 ? MaskForm::kBlock
-            : m == 8                 ? MaskForm::kZero
-            : (r.mask / 10) % 2 == 0 ? MaskForm::kRelax
-                                     : MaskForm::kRelaxBlock;
+  const bool even = (r.mask / 10) % 2 == 0;
+  op.mask = m < 7    ? MaskForm::kCausal
+            : m == 7 ? MaskForm::kBlock
+            : m == 8 ? (even ? MaskForm::kZero : MaskForm::kArray)
+            : even   ? MaskForm::kRelax
+                     : MaskForm::kRelaxBlock;
   const int64_t start = d.ref(layer).Offset();
   if (HasRect(op.mask)) op.rect = Rect(r.rect, start, length);
   if (HasBlockRect(op.mask)) {

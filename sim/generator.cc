@@ -143,12 +143,13 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
   }
   if (rng_.Chance(1, 5)) op.pad = rng_.Range(1, 3);
   op.segmented = rng_.Chance(1, 2);
-  const uint64_t m = rng_.Below(11);
-  op.mask = m < 7    ? MaskForm::kCausal
-            : m == 7 ? MaskForm::kBlock
-            : m == 8 ? MaskForm::kZero
-            : m == 9 ? MaskForm::kRelax
-                     : MaskForm::kRelaxBlock;
+  const uint64_t m = rng_.Below(12);
+  op.mask = m < 7     ? MaskForm::kCausal
+            : m == 7  ? MaskForm::kBlock
+            : m == 8  ? MaskForm::kZero
+            : m == 9  ? MaskForm::kRelax
+            : m == 10 ? MaskForm::kRelaxBlock
+                      : MaskForm::kArray;
   const int64_t start = driver.ref(0).Offset();
   // A rectangle over the write's queries; a block also reaches back into a window's older
   // keys, where a decode's ring gather decides which of them it hits.
@@ -160,7 +161,8 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
     r.k_hi = r.k_lo + rng_.Range(1, length + 4);
     return r;
   };
-  if (HasRect(op.mask)) op.rect = rect(op.mask == MaskForm::kBlock ? 8 : 4);
+  const bool blocks = op.mask == MaskForm::kBlock || op.mask == MaskForm::kArray;
+  if (HasRect(op.mask)) op.rect = rect(blocks ? 8 : 4);
   if (HasBlockRect(op.mask)) op.block = rect(8);
   return op;
 }

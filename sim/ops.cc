@@ -86,13 +86,15 @@ const char* MaskFormName(MaskForm mask) {
       return "block";
     case MaskForm::kRelaxBlock:
       return "relax_block";
+    case MaskForm::kArray:
+      return "array";
   }
   return "?";
 }
 
 std::optional<MaskForm> ParseMaskForm(std::string_view name) {
   for (const MaskForm m : {MaskForm::kCausal, MaskForm::kZero, MaskForm::kRelax, MaskForm::kBlock,
-                           MaskForm::kRelaxBlock}) {
+                           MaskForm::kRelaxBlock, MaskForm::kArray}) {
     if (name == MaskFormName(m)) return m;
   }
   return std::nullopt;

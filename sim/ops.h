@@ -39,7 +39,10 @@ enum class OpKind : uint8_t {
 // kRelaxBlock: both in one mask, `rect` relaxed and `block` blocked
 // (a tree-attention relaxation inside a padded batch): blocked cells stay blocked even where
 // the relaxation reopens them, which only a mask holding both can get wrong.
-enum class MaskForm : uint8_t { kCausal, kZero, kRelax, kBlock, kRelaxBlock };
+// kArray: a pure additive array (no causal flag) whose -inf cells are the rectangle: every
+// other key of the history is visible, later ones too (a bidirectional span with padding).
+// The one form a rotating decode must gather as an array of its own, not rebuild from causal.
+enum class MaskForm : uint8_t { kCausal, kZero, kRelax, kBlock, kRelaxBlock, kArray };
 
 // A mask rectangle in absolute positions: queries [q_lo, q_hi) x keys [k_lo, k_hi).
 struct MaskRect {
@@ -81,13 +84,18 @@ struct Op {
 int64_t SpeculationSplit(const Op& op);
 
 const char* OpKindName(OpKind kind);
-// "causal", "zero", "relax", "block", "relax_block" (the trace format's names), and back.
+// "causal", "zero", "relax", "block", "relax_block", "array" (the trace format's names), and
+// back.
 const char* MaskFormName(MaskForm mask);
 // Whether the form carries the op's `rect`: relax and relax_block reopen it,
-// block blocks it.
+// block and array block it.
 inline bool HasRect(MaskForm mask) { return mask != MaskForm::kCausal && mask != MaskForm::kZero; }
 // Whether the form carries a second, blocked rectangle (`block`).
 inline bool HasBlockRect(MaskForm mask) { return mask == MaskForm::kRelaxBlock; }
+// Whether the form has no causal flag: every key of the history is open unless blocked.
+inline bool IsNonCausal(MaskForm mask) {
+  return mask == MaskForm::kZero || mask == MaskForm::kArray;
+}
 std::optional<MaskForm> ParseMaskForm(std::string_view name);
 
 }  // namespace kvtwin::sim

@@ -392,12 +392,14 @@ Status DecodeMask(const Fields& f, Op* op) {
   const std::optional<MaskForm> form = ParseMaskForm(mask);
   if (!form) {
     return f.Error(
-        "mask", fmt::format("unknown mask {} (expected causal, zero, relax, block or relax_block)",
-                            Quote(mask)));
+        "mask",
+        fmt::format("unknown mask {} (expected causal, zero, relax, block, relax_block or array)",
+                    Quote(mask)));
   }
   op->mask = *form;
   KV_RETURN_IF_ERROR(DecodeRect(f, "rect", HasRect(op->mask),
-                                "\"relax\", \"block\" or \"relax_block\"", mask, &op->rect));
+                                "\"relax\", \"block\", \"relax_block\" or \"array\"", mask,
+                                &op->rect));
   KV_RETURN_IF_ERROR(
       DecodeRect(f, "block", HasBlockRect(op->mask), "\"relax_block\"", mask, &op->block));
   return Status::Ok();

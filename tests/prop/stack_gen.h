@@ -53,7 +53,8 @@ inline Op GenWrite(const StackModel& m, int64_t length) {
                                                  {2, MaskForm::kZero},
                                                  {2, MaskForm::kRelax},
                                                  {2, MaskForm::kBlock},
-                                                 {1, MaskForm::kRelaxBlock}});
+                                                 {1, MaskForm::kRelaxBlock},
+                                                 {2, MaskForm::kArray}});
   if (!HasRect(op.mask)) return op;
   // Rectangles are absolute; layers may stand at different offsets, so anchor at one.
   const int32_t anchor = *rc::gen::inRange<int32_t>(0, m.num_layers());
@@ -67,7 +68,7 @@ inline Op GenWrite(const StackModel& m, int64_t length) {
     r.k_hi = r.k_lo + *rc::gen::inRange<int64_t>(1, length + 4);
     return r;
   };
-  op.rect = rect(op.mask == MaskForm::kBlock ? 8 : 3);
+  op.rect = rect(op.mask == MaskForm::kBlock || op.mask == MaskForm::kArray ? 8 : 3);
   if (HasBlockRect(op.mask)) op.block = rect(8);
   return op;
 }

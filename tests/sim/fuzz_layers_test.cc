@@ -79,6 +79,7 @@ void CollectShapes(const Op& op, std::set<std::string>& shapes) {
     if (op.mask == MaskForm::kZero) shapes.insert("zero mask");
     if (op.mask == MaskForm::kBlock) shapes.insert("block mask");
     if (op.mask == MaskForm::kRelaxBlock) shapes.insert("relax_block mask");
+    if (op.mask == MaskForm::kArray) shapes.insert("array mask");
     if (op.pad > 0) shapes.insert("padded forward");
     if (op.segmented) shapes.insert("segmented forward");
   }
@@ -160,7 +161,7 @@ TEST_P(LayerFuzz, ReachesEveryOpKindAndArgumentShape) {
     EXPECT_TRUE(s.kinds.count(k)) << "never reached " << OpKindName(k);
   }
   for (const char* shape :
-       {"relax mask", "zero mask", "block mask", "relax_block mask", "padded forward",
+       {"relax mask", "zero mask", "block mask", "relax_block mask", "array mask", "padded forward",
         "segmented forward", "isolated speculation", "abandoned speculation", "accepted in range",
         "accepted clamped", "restore held", "restore null", "merge held", "split held",
         "prepare several"}) {

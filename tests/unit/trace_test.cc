@@ -134,6 +134,9 @@ std::vector<Op> EveryOpKind() {
   both.mask = MaskForm::kRelaxBlock;
   both.block = MaskRect{2, 4, 1, 9};
   ops.push_back(both);
+  Op pure = write;
+  pure.mask = MaskForm::kArray;
+  ops.push_back(pure);
   Op speculate = write;
   speculate.kind = OpKind::kSpeculate;
   speculate.value = -2;  // out of range on purpose: legal, it tests the clamp
@@ -640,9 +643,9 @@ TEST(TraceReaderErrors, OpFields) {
       {R"({"op":"write","segmented":"yes","tokens":[1]})",
        "/segmented: expected true or false, got string"},
       {R"({"mask":"full","op":"write","tokens":[1]})",
-       R"(/mask: unknown mask "full" (expected causal, zero, relax, block or relax_block))"},
+       R"(/mask: unknown mask "full" (expected causal, zero, relax, block, relax_block or array))"},
       {R"({"mask":"zero","op":"write","rect":[0,1,0,1],"tokens":[1]})",
-       R"(/rect: only allowed with mask "relax", "block" or "relax_block")"},
+       R"(/rect: only allowed with mask "relax", "block", "relax_block" or "array")"},
       {R"({"block":[0,1,0,1],"mask":"relax","op":"write","rect":[0,1,0,1],"tokens":[1]})",
        R"(/block: only allowed with mask "relax_block")"},
       {R"({"mask":"relax_block","op":"write","rect":[0,1,0,1],"tokens":[1]})",
