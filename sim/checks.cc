@@ -325,11 +325,27 @@ Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref
         return Mismatch{"recurrent state exists", ref.HasState() ? "yes" : "no",
                         rec.HasState() ? "yes" : "no"};
       }
+      if (Check c = CheckRecurrentLiveBytes(rec)) return c;
       if (!rec.HasState()) return std::nullopt;
       return CheckRecurrentState(rec.conv(), rec.delta(), ref.log(), ref.Offset(), "live");
     }
   }
   return std::nullopt;
+}
+
+Check LayerOracle::CheckRecurrentLiveBytes(const RecurrentCache& cache) const {
+  // A state is a conv tail and a delta matrix, nothing else, whatever was written.
+  const int64_t bytes = cache.HasState() ? RecurrentStateBytes() : 0;
+  if (cache.LiveBytes() == bytes) return std::nullopt;
+  return Mismatch{"recurrent LiveBytes (spec §2.3)", std::to_string(bytes),
+                  std::to_string(cache.LiveBytes())};
+}
+
+int64_t LayerOracle::RecurrentStateBytes() const {
+  // Spec §2.3, B = 1: conv [tail x conv_dim] in the activation dtype, delta [Hv x Dv x Dk]
+  // always float32.
+  return dims_.conv_tail * dims_.conv_dim() * ElementBytes(dtype_) +
+         dims_.delta_rows() * dims_.head_k_dim * ElementBytes(DType::kFloat32);
 }
 
 Check LayerOracle::CheckLiveContent(const LayerCache& cache, std::span<const model::Token> log) {
@@ -347,6 +363,7 @@ Check LayerOracle::CheckLiveContent(const LayerCache& cache, std::span<const mod
     case CacheKind::kRecurrent: {
       const auto& rec = static_cast<const RecurrentCache&>(cache);
       if (!rec.HasState()) return Mismatch{"recurrent state exists", "yes", "no"};
+      if (Check c = CheckRecurrentLiveBytes(rec)) return c;
       return CheckRecurrentState(rec.conv(), rec.delta(), log, offset, "live");
     }
   }
@@ -386,6 +403,13 @@ Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::Re
   if (cache.HasBuffer() != ref.HasState()) {
     return Mismatch{"window buffer exists", ref.HasState() ? "yes" : "no",
                     cache.HasBuffer() ? "yes" : "no"};
+  }
+  // LiveBytes is the K and V buffers of Dim rows each, the rows the content check reads
+  // (RotatingWindowSlotsInto validates Dim against the offset and the window).
+  const int64_t bytes =
+      cache.HasBuffer() ? 2 * cache.buffer_rows() * cols_ * ElementBytes(dtype_) : 0;
+  if (cache.LiveBytes() != bytes) {
+    return Mismatch{"window LiveBytes", std::to_string(bytes), std::to_string(cache.LiveBytes())};
   }
   if (!cache.HasBuffer()) return std::nullopt;
   return CheckRotatingContent(cache, ref.log());
@@ -450,13 +474,11 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
 }
 
 Check LayerOracle::CheckSnapshotBytes(const CacheSnapshot& prod, int64_t kv_rows) const {
-  // Spec §7. B = 1; K and V rows are kv_cols wide in the activation dtype; the recurrent
-  // conv tail is in the activation dtype and the delta state float32 whatever the dtype.
-  const int64_t expected =
-      prod.kind() == CacheKind::kRecurrent
-          ? dims_.conv_tail * dims_.conv_dim() * ElementBytes(dtype_) +
-                dims_.delta_rows() * dims_.head_k_dim * ElementBytes(DType::kFloat32)
-          : 2 * kv_rows * cols_ * ElementBytes(dtype_);
+  // Spec §7. B = 1; K and V rows are kv_cols wide in the activation dtype; a recurrent
+  // snapshot is one whole state.
+  const int64_t expected = prod.kind() == CacheKind::kRecurrent
+                               ? RecurrentStateBytes()
+                               : 2 * kv_rows * cols_ * ElementBytes(dtype_);
   if (prod.SizeBytes() == expected) return std::nullopt;
   return Mismatch{"snapshot SizeBytes (spec §7)", std::to_string(expected),
                   std::to_string(prod.SizeBytes())};
@@ -555,7 +577,12 @@ Check LayerOracle::CheckHistory(const History& history, std::span<const model::T
         fmt::format("history row {} of {} (write [{}, {}))", s, k_len, start, start + query_len),
         ExpectedTag(p, t.h, layer_, is_value), DescribeRow(is_value ? *history.v : *history.k, s)};
   }
-  return CheckVisible(history, row_positions, start, query_len, write, kind);
+  BuildMasks(write, start, query_len, history.length);
+  if (Check c = CheckVisible(history, row_positions, start, query_len, write, kind)) return c;
+  // Attention reads every row; only over rows compared just now does a difference convict
+  // attention itself rather than a trusted row.
+  if (skip > 0) return std::nullopt;
+  return CheckAttention(history, log_after, start, query_len, kind);
 }
 
 Check LayerOracle::CheckView(const History& view, std::span<const model::Token> log) {
@@ -568,155 +595,6 @@ Check LayerOracle::CheckView(const History& view, std::span<const model::Token> 
   if (Check c = CheckHistory(view, log, offset - 1, 1, Op{})) {
     c->what = "View(): " + c->what;
     return c;
-  }
-  return std::nullopt;
-}
-
-namespace {
-
-// Appends the positions of history rows [r.lo, r.hi) as ranges; false if the rows are not
-// all in the history. row_positions is a rotation
-// of consecutive positions (CheckHistory builds it: identity plus the oldest position, or
-// the ring order of a decode), so a row range whose end positions are as far apart as its
-// rows maps to one position range; only the range holding a ring's wrap goes row by row.
-bool AddPositions(const RowRange& r, const std::vector<int64_t>& row_positions,
-                  std::vector<model::PositionRange>& out) {
-  if (r.lo < 0 || r.lo >= r.hi || r.hi > static_cast<int64_t>(row_positions.size())) return false;
-  const int64_t first = row_positions[static_cast<size_t>(r.lo)];
-  const int64_t last = row_positions[static_cast<size_t>(r.hi - 1)];
-  if (last - first == r.hi - 1 - r.lo) {
-    out.push_back(model::PositionRange{first, last + 1});
-    return true;
-  }
-  for (int64_t row = r.lo; row < r.hi; ++row) {
-    const int64_t p = row_positions[static_cast<size_t>(row)];
-    out.push_back(model::PositionRange{p, p + 1});
-  }
-  return true;
-}
-
-// "0..4,7,9..12": positions, runs written first..last.
-std::string FormatRanges(const std::vector<model::PositionRange>& ranges) {
-  std::string out;
-  for (const model::PositionRange& r : ranges) {
-    if (!out.empty()) out += ',';
-    out += r.end - r.first == 1 ? fmt::format("{}", r.first)
-                                : fmt::format("{}..{}", r.first, r.end - 1);
-  }
-  return out;
-}
-
-// The additive array of a blocked rectangle [q_lo, q_hi) x [k_lo, k_hi) over the forward's
-// history of `key_len` keys, its columns oldest first from max(0, start + L - K) (spec §2.5
-// AsArray): -inf on the block's cells, 0 elsewhere. In the narrowest shape that says it, so
-// the dispatch's broadcasts are exercised too: [1 x K] when the block spans every query of
-// the forward, [L x 1] when it spans every key, else [L x K].
-MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, int64_t key_len) {
-  const int64_t oldest = std::max<int64_t>(0, start + query_len - key_len);
-  const bool every_query = block.q_lo <= start && start + query_len <= block.q_hi;
-  const bool every_key = block.k_lo <= oldest && oldest + key_len <= block.k_hi;
-  const bool key_broadcast = every_key && !every_query;
-  const int64_t rows = every_query ? 1 : query_len;
-  const int64_t cols = key_broadcast ? 1 : key_len;
-  MatF a = MatF::Zero(rows, cols);
-  for (int64_t q = 0; q < rows; ++q) {
-    const int64_t p = start + q;
-    if (!every_query && (p < block.q_lo || p >= block.q_hi)) continue;
-    for (int64_t k = 0; k < cols; ++k) {
-      const int64_t pk = oldest + k;
-      if (key_broadcast || (block.k_lo <= pk && pk < block.k_hi)) {
-        a(q, k) = -std::numeric_limits<float>::infinity();
-      }
-    }
-  }
-  return a;
-}
-
-// Masks up to this many cells are also resolved through the materialized L x K array, the
-// form an attention kernel consumes; larger ones only in place (building the array per
-// forward is what the in-place resolution exists to avoid).
-constexpr int64_t kMaterializedCells = 4096;
-
-}  // namespace
-
-Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
-                                int64_t start, int64_t query_len, const Op& write,
-                                model::RefKind kind) {
-  AttentionMask logical = IsNonCausal(write.mask) ? AttentionMask::Zero() : AttentionMask::Causal();
-  model::RefMask ref_mask;
-  ref_mask.causal = !IsNonCausal(write.mask);
-  const auto ref_rect = [](const MaskRect& r) {
-    return model::RefRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi};
-  };
-  const model::RefRect rect = ref_rect(write.rect);
-  const auto relax = [](const AttentionMask& m, const model::RefRect& r) {
-    Result<AttentionMask> relaxed = m.Relax({RelaxRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi}});
-    KV_CHECK(relaxed.ok(), relaxed.status().ToString());
-    return std::move(relaxed).value();
-  };
-  if (write.mask == MaskForm::kRelax) {
-    logical = relax(logical, rect);
-    ref_mask.rects.push_back(rect);
-  }
-  if (write.mask == MaskForm::kRelaxBlock) {
-    // Composed as a model would stack two relaxed masks, the rectangle and a wider one
-    // around it (strictly wider on every side that can grow), whose intersection (spec
-    // §2.5: pairwise geometric) is the rectangle again: the same logical mask, built
-    // through the algebra's two-sided case.
-    const model::RefRect wider{std::max<int64_t>(0, rect.q_lo - 1), rect.q_hi + 2,
-                               std::max<int64_t>(0, rect.k_lo - 2), rect.k_hi + 1};
-    logical = AttentionMask::Intersect(relax(logical, rect), relax(AttentionMask::Causal(), wider));
-    ref_mask.rects.push_back(rect);
-  }
-  if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock ||
-      write.mask == MaskForm::kArray) {
-    // On a zero mask (kArray) the intersection is the array alone: a pure array mask.
-    const model::RefRect block = HasBlockRect(write.mask) ? ref_rect(write.block) : rect;
-    logical = AttentionMask::Intersect(
-        logical, AttentionMask::Array(BlockArray(block, start, query_len, history.length)));
-    ref_mask.blocks.push_back(block);
-  }
-  const Status dispatch = VisibleRowsInto(history, logical, start, query_len, visible_);
-  if (!dispatch.ok()) return Mismatch{"attention dispatch", "visible rows", dispatch.message()};
-  if (Check c = CompareVisible(visible_, row_positions, start, query_len, ref_mask, kind)) return c;
-  if (!HasRect(write.mask) || query_len * history.length > kMaterializedCells) return std::nullopt;
-  const Status materialized =
-      MaterializedVisibleRowsInto(history, logical, start, query_len, materialized_);
-  if (!materialized.ok()) {
-    return Mismatch{"attention dispatch through the materialized mask", "visible rows",
-                    materialized.message()};
-  }
-  if (materialized_.begin == visible_.begin && materialized_.ranges == visible_.ranges) {
-    return std::nullopt;
-  }
-  Check c = CompareVisible(materialized_, row_positions, start, query_len, ref_mask, kind);
-  // The in-place rows matched the reference, so the materialized ones cannot.
-  KV_CHECK(c.has_value(), "two different visible sets both matched the reference");
-  c->what = "through the materialized mask, " + c->what;
-  return c;
-}
-
-Check LayerOracle::CompareVisible(const VisibleSet& seen_rows,
-                                  const std::vector<int64_t>& row_positions, int64_t start,
-                                  int64_t query_len, const model::RefMask& mask,
-                                  model::RefKind kind) {
-  std::vector<model::PositionRange>& seen = seen_ranges_;
-  std::vector<model::PositionRange>& want = want_ranges_;
-  for (int64_t q = 0; q < query_len; ++q) {
-    seen.clear();
-    for (const RowRange& r : seen_rows.Of(q)) {
-      if (!AddPositions(r, row_positions, seen)) {
-        return Mismatch{fmt::format("rows attended by the query at {}", start + q),
-                        fmt::format("within [0, {})", row_positions.size()),
-                        fmt::format("[{}, {})", r.lo, r.hi)};
-      }
-    }
-    model::CanonicalizeRanges(seen);
-    model::ExpectedVisibleRangesInto(kind, spec_.window, start, query_len, start + q, mask, want);
-    if (seen != want) {
-      return Mismatch{fmt::format("positions attended by the query at {}", start + q),
-                      FormatRanges(want), FormatRanges(seen)};
-    }
   }
   return std::nullopt;
 }

@@ -74,7 +74,8 @@ class LayerOracle {
   // reference log yet, and may never be).
   // `trusted_rows` (full KV layers only, else ignored): history rows [0, trusted_rows)
   // are not compared, because the caller verified them at an earlier check and amortizes
-  // re-reading them (RequestDriver::TrustedHistoryRows); their visibility still is.
+  // re-reading them (RequestDriver::TrustedHistoryRows); their visibility still is, but
+  // not what attention computes over them (CheckAttention runs on untrusted histories).
   Check CheckHistory(const History& history, std::span<const model::Token> log_after, int64_t start,
                      int64_t query_len, const Op& write, int64_t trusted_rows = 0);
 
@@ -95,6 +96,10 @@ class LayerOracle {
   // Slots 0 .. n-1 (a linear buffer), from a buffer grown on demand. Growing it moves it:
   // a span handed out earlier is dangling after a call with a larger n.
   std::span<const int64_t> Identity(int64_t n);
+  // Bytes of one recurrent state (a live one or a snapshot's): spec §2.3's shapes.
+  int64_t RecurrentStateBytes() const;
+  // LiveBytes() against RecurrentStateBytes() (0 without a state).
+  Check CheckRecurrentLiveBytes(const RecurrentCache& cache) const;
   Check CheckKvLive(const KvCache& cache, const model::RefCache& ref);
   Check CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref);
   // The rows of a KV / rotating buffer against `log` (its size is the offset); the buffer
@@ -105,8 +110,20 @@ class LayerOracle {
   Check CheckSnapshotBytes(const CacheSnapshot& prod, int64_t kv_rows) const;
   Check CheckRecurrentState(const Tensor& conv, const MatF& delta,
                             std::span<const model::Token> log, int64_t length, const char* where);
+  // The logical mask of `write` over a forward of query_len tokens at `start` and a
+  // history of key_len keys, as production attention takes it (logical_) and as the
+  // reference states it (ref_mask_).
+  void BuildMasks(const Op& write, int64_t start, int64_t query_len, int64_t key_len);
+  // The rows each query attends under logical_ (in place, and through the materialized
+  // mask for a write with a rectangle) against the reference's positions under ref_mask_.
   Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                      int64_t start, int64_t query_len, const Op& write, model::RefKind kind);
+  // For small forwards: Sdpa over the history under logical_, for deterministic queries,
+  // against a double-precision softmax over the reference's positions of the rows the
+  // synthetic forward wrote there. Catches what visible rows cannot: a bias read from the
+  // wrong column, rows summed with the wrong weights.
+  Check CheckAttention(const History& history, std::span<const model::Token> log_after,
+                       int64_t start, int64_t query_len, model::RefKind kind);
   // `seen` (one forward's visible rows) against the reference's positions per query.
   Check CompareVisible(const VisibleSet& seen, const std::vector<int64_t>& row_positions,
                        int64_t start, int64_t query_len, const model::RefMask& mask,
@@ -150,6 +167,12 @@ class LayerOracle {
   std::vector<int64_t> identity_, window_slots_, row_positions_;
   std::vector<model::PositionRange> seen_ranges_, want_ranges_;
   VisibleSet visible_, materialized_;
+  AttentionMask logical_;        // BuildMasks' production mask
+  model::RefMask ref_mask_;      // and the reference's
+  MatF query_;                   // CheckAttention's queries,
+  std::vector<double> weights_;  // one query's scores
+  VecD expected_;                // and its reference output;
+  MatF ref_k_, ref_v_;           // the expected rows at the history's positions
   MatF conv_row_;
   MatF gdn_qkv_, gdn_ba_;  // the folder's input rows (its input function writes them)
 };

@@ -97,7 +97,8 @@ Status MaterializedVisibleRowsInto(const History& history, const AttentionMask& 
                                    int64_t offset, int64_t query_len, VisibleSet& out);
 
 // Plain scaled dot-product attention of q [L x D] over the history through the same
-// dispatch (float math), for parity tests.
+// dispatch (float math), for parity tests and the simulator's attention check. A query
+// whose mask leaves it no row gets a zero output row (not the NaN of an empty softmax).
 Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
                   int64_t offset, float scale);
 

@@ -1,0 +1,265 @@
+// LayerOracle's attention checks: which history rows each query of a forward attends
+// (the SDPA dispatch of spec §2.5 in place and through the materialized mask, against the
+// reference's positions) and, for small forwards, what production attention computes over
+// them (Sdpa against a double-precision softmax over the reference's positions and the
+// synthetic rows written there).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "sim/checks.h"
+#include "src/core/rng.h"
+
+namespace kvtwin::sim {
+
+namespace {
+
+// Appends the positions of history rows [r.lo, r.hi) as ranges; false if the rows are not
+// all in the history. row_positions is a rotation
+// of consecutive positions (CheckHistory builds it: identity plus the oldest position, or
+// the ring order of a decode), so a row range whose end positions are as far apart as its
+// rows maps to one position range; only the range holding a ring's wrap goes row by row.
+bool AddPositions(const RowRange& r, const std::vector<int64_t>& row_positions,
+                  std::vector<model::PositionRange>& out) {
+  if (r.lo < 0 || r.lo >= r.hi || r.hi > static_cast<int64_t>(row_positions.size())) return false;
+  const int64_t first = row_positions[static_cast<size_t>(r.lo)];
+  const int64_t last = row_positions[static_cast<size_t>(r.hi - 1)];
+  if (last - first == r.hi - 1 - r.lo) {
+    out.push_back(model::PositionRange{first, last + 1});
+    return true;
+  }
+  for (int64_t row = r.lo; row < r.hi; ++row) {
+    const int64_t p = row_positions[static_cast<size_t>(row)];
+    out.push_back(model::PositionRange{p, p + 1});
+  }
+  return true;
+}
+
+// "0..4,7,9..12": positions, runs written first..last.
+std::string FormatRanges(const std::vector<model::PositionRange>& ranges) {
+  std::string out;
+  for (const model::PositionRange& r : ranges) {
+    if (!out.empty()) out += ',';
+    out += r.end - r.first == 1 ? fmt::format("{}", r.first)
+                                : fmt::format("{}..{}", r.first, r.end - 1);
+  }
+  return out;
+}
+
+// The additive array of a blocked rectangle [q_lo, q_hi) x [k_lo, k_hi) over the forward's
+// history of `key_len` keys, its columns oldest first from max(0, start + L - K) (spec §2.5
+// AsArray): -inf on the block's cells, 0 elsewhere. In the narrowest shape that says it, so
+// the dispatch's broadcasts are exercised too: [1 x K] when the block spans every query of
+// the forward, [L x 1] when it spans every key, else [L x K].
+MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, int64_t key_len) {
+  const int64_t oldest = std::max<int64_t>(0, start + query_len - key_len);
+  const bool every_query = block.q_lo <= start && start + query_len <= block.q_hi;
+  const bool every_key = block.k_lo <= oldest && oldest + key_len <= block.k_hi;
+  const bool key_broadcast = every_key && !every_query;
+  const int64_t rows = every_query ? 1 : query_len;
+  const int64_t cols = key_broadcast ? 1 : key_len;
+  MatF a = MatF::Zero(rows, cols);
+  for (int64_t q = 0; q < rows; ++q) {
+    const int64_t p = start + q;
+    if (!every_query && (p < block.q_lo || p >= block.q_hi)) continue;
+    for (int64_t k = 0; k < cols; ++k) {
+      const int64_t pk = oldest + k;
+      if (key_broadcast || (block.k_lo <= pk && pk < block.k_hi)) {
+        a(q, k) = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  return a;
+}
+
+// Masks up to this many cells are also resolved through the materialized L x K array, the
+// form an attention kernel consumes; larger ones only in place (building the array per
+// forward is what the in-place resolution exists to avoid).
+constexpr int64_t kMaterializedCells = 4096;
+
+// Forwards up to this many query x key cells also run production attention (Sdpa) against
+// the reference's softmax. Smaller than kMaterializedCells: it reads every visible row, and
+// a decode on a long history would make each check O(history) again.
+constexpr int64_t kAttendedCells = 64;
+// |production - reference| <= tolerance * max(1, |reference|) per output element: float
+// accumulation over at most kAttendedCells keys against double.
+constexpr double kAttentionTolerance = 1e-4;
+
+// A deterministic query row for position p: the provenance tag columns (bytes up to 255)
+// get small weights so every score stays O(1), the others uniform in [-1, 1).
+void FillQuery(MatF& q, int64_t row, int32_t layer, int64_t p) {
+  uint64_t state = (static_cast<uint64_t>(p) << 8) ^ static_cast<uint64_t>(layer) ^ 0x9E3779B9ull;
+  for (int64_t c = 0; c < q.cols(); ++c) {
+    const float u = static_cast<float>(SplitMix64(state) >> 40) / static_cast<float>(1 << 24);
+    q(row, c) = (2.0f * u - 1.0f) * (c < kTagElements ? 1.0f / 256.0f : 1.0f);
+  }
+}
+
+}  // namespace
+
+void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, int64_t key_len) {
+  AttentionMask& logical = logical_;
+  model::RefMask& ref_mask = ref_mask_;
+  logical = IsNonCausal(write.mask) ? AttentionMask::Zero() : AttentionMask::Causal();
+  ref_mask.causal = !IsNonCausal(write.mask);
+  ref_mask.rects.clear();
+  ref_mask.blocks.clear();
+  const auto ref_rect = [](const MaskRect& r) {
+    return model::RefRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi};
+  };
+  const model::RefRect rect = ref_rect(write.rect);
+  const auto relax = [](const AttentionMask& m, const model::RefRect& r) {
+    Result<AttentionMask> relaxed = m.Relax({RelaxRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi}});
+    KV_CHECK(relaxed.ok(), relaxed.status().ToString());
+    return std::move(relaxed).value();
+  };
+  if (write.mask == MaskForm::kRelax) {
+    logical = relax(logical, rect);
+    ref_mask.rects.push_back(rect);
+  }
+  if (write.mask == MaskForm::kRelaxBlock) {
+    // Composed as a model would stack two relaxed masks, the rectangle and a wider one
+    // around it (strictly wider on every side that can grow), whose intersection (spec
+    // §2.5: pairwise geometric) is the rectangle again: the same logical mask, built
+    // through the algebra's two-sided case.
+    const model::RefRect wider{std::max<int64_t>(0, rect.q_lo - 1), rect.q_hi + 2,
+                               std::max<int64_t>(0, rect.k_lo - 2), rect.k_hi + 1};
+    logical = AttentionMask::Intersect(relax(logical, rect), relax(AttentionMask::Causal(), wider));
+    ref_mask.rects.push_back(rect);
+  }
+  if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock ||
+      write.mask == MaskForm::kArray) {
+    // On a zero mask (kArray) the intersection is the array alone: a pure array mask.
+    const model::RefRect block = HasBlockRect(write.mask) ? ref_rect(write.block) : rect;
+    logical = AttentionMask::Intersect(
+        logical, AttentionMask::Array(BlockArray(block, start, query_len, key_len)));
+    ref_mask.blocks.push_back(block);
+  }
+}
+
+Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
+                                int64_t start, int64_t query_len, const Op& write,
+                                model::RefKind kind) {
+  const AttentionMask& logical = logical_;
+  const Status dispatch = VisibleRowsInto(history, logical, start, query_len, visible_);
+  if (!dispatch.ok()) return Mismatch{"attention dispatch", "visible rows", dispatch.message()};
+  if (Check c = CompareVisible(visible_, row_positions, start, query_len, ref_mask_, kind))
+    return c;
+  if (!HasRect(write.mask) || query_len * history.length > kMaterializedCells) return std::nullopt;
+  const Status materialized =
+      MaterializedVisibleRowsInto(history, logical, start, query_len, materialized_);
+  if (!materialized.ok()) {
+    return Mismatch{"attention dispatch through the materialized mask", "visible rows",
+                    materialized.message()};
+  }
+  if (materialized_.begin == visible_.begin && materialized_.ranges == visible_.ranges) {
+    return std::nullopt;
+  }
+  Check c = CompareVisible(materialized_, row_positions, start, query_len, ref_mask_, kind);
+  // The in-place rows matched the reference, so the materialized ones cannot.
+  KV_CHECK(c.has_value(), "two different visible sets both matched the reference");
+  c->what = "through the materialized mask, " + c->what;
+  return c;
+}
+
+Check LayerOracle::CheckAttention(const History& history, std::span<const model::Token> log_after,
+                                  int64_t start, int64_t query_len, model::RefKind kind) {
+  if (query_len * history.length > kAttendedCells) return std::nullopt;
+  MatF& q = query_;
+  q.resize(query_len, cols_);
+  for (int64_t i = 0; i < query_len; ++i) FillQuery(q, i, layer_, start + i);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(cols_));
+  const Result<MatF> got = Sdpa(q, history, logical_, start, scale);
+  if (!got.ok()) return Mismatch{"attention (Sdpa)", "an output", got.status().message()};
+  // The rows the synthetic forward wrote at the history's positions, as float, once.
+  const model::PositionRange held =
+      model::ExpectedHistoryRange(kind, spec_.window, start, query_len);
+  const int64_t n_held = held.end - held.first;
+  ref_k_.resize(n_held, cols_);
+  ref_v_.resize(n_held, cols_);
+  for (int64_t j = 0; j < n_held; ++j) {
+    const int64_t p = held.first + j;
+    const model::Token& t = log_after[static_cast<size_t>(p)];
+    ExpectedRow(p, t, false).Visit([&](const auto& m) {
+      ref_k_.row(j) = m.row(p).template cast<float>();
+    });
+    ExpectedRow(p, t, true).Visit([&](const auto& m) {
+      ref_v_.row(j) = m.row(p).template cast<float>();
+    });
+  }
+  std::vector<model::PositionRange>& want = want_ranges_;
+  std::vector<double>& weights = weights_;
+  VecD& expected = expected_;
+  expected.resize(cols_);
+  for (int64_t i = 0; i < query_len; ++i) {
+    // The reference: softmax over the positions the query may attend (all additive values
+    // there are 0), of the rows the synthetic forward wrote at those positions.
+    model::ExpectedVisibleRangesInto(kind, spec_.window, start, query_len, start + i, ref_mask_,
+                                     want);
+    weights.clear();
+    double max_score = -std::numeric_limits<double>::infinity();
+    for (const model::PositionRange& r : want) {
+      for (int64_t p = r.first; p < r.end; ++p) {
+        const float* k = ref_k_.row(p - held.first).data();
+        double dot = 0;
+        for (int64_t c = 0; c < cols_; ++c) dot += double{q(i, c)} * double{k[c]};
+        weights.push_back(double{scale} * dot);
+        max_score = std::max(max_score, weights.back());
+      }
+    }
+    expected.setZero();
+    double denom = 0;
+    size_t n = 0;
+    for (const model::PositionRange& r : want) {
+      for (int64_t p = r.first; p < r.end; ++p, ++n) {
+        const double w = std::exp(weights[n] - max_score);
+        denom += w;
+        expected += w * ref_v_.row(p - held.first).transpose().cast<double>();
+      }
+    }
+    if (n > 0) expected /= denom;  // a query that may attend nothing gets a zero row
+    for (int64_t c = 0; c < cols_; ++c) {
+      const double e = expected[c];
+      const double a =
+          got->rows() == query_len && got->cols() == cols_ ? double{(*got)(i, c)} : std::nan("");
+      if (!(std::abs(a - e) <= kAttentionTolerance * std::max(1.0, std::abs(e)))) {
+        return Mismatch{fmt::format("attention output of the query at {}, element {} "
+                                    "(write [{}, {}), tolerance {})",
+                                    start + i, c, start, start + query_len, kAttentionTolerance),
+                        fmt::format("{:.7g}", e), fmt::format("{:.7g}", a)};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+Check LayerOracle::CompareVisible(const VisibleSet& seen_rows,
+                                  const std::vector<int64_t>& row_positions, int64_t start,
+                                  int64_t query_len, const model::RefMask& mask,
+                                  model::RefKind kind) {
+  std::vector<model::PositionRange>& seen = seen_ranges_;
+  std::vector<model::PositionRange>& want = want_ranges_;
+  for (int64_t q = 0; q < query_len; ++q) {
+    seen.clear();
+    for (const RowRange& r : seen_rows.Of(q)) {
+      if (!AddPositions(r, row_positions, seen)) {
+        return Mismatch{fmt::format("rows attended by the query at {}", start + q),
+                        fmt::format("within [0, {})", row_positions.size()),
+                        fmt::format("[{}, {})", r.lo, r.hi)};
+      }
+    }
+    model::CanonicalizeRanges(seen);
+    model::ExpectedVisibleRangesInto(kind, spec_.window, start, query_len, start + q, mask, want);
+    if (seen != want) {
+      return Mismatch{fmt::format("positions attended by the query at {}", start + q),
+                      FormatRanges(want), FormatRanges(seen)};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvtwin::sim
