@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "sim/checks.h"
-#include "src/core/rng.h"
 
 namespace kvtwin::sim {
 
@@ -89,16 +88,6 @@ constexpr int64_t kAttendedCells = 64;
 // accumulation over at most kAttendedCells keys against double.
 constexpr double kAttentionTolerance = 1e-4;
 
-// A deterministic query row for position p: the provenance tag columns (bytes up to 255)
-// get small weights so every score stays O(1), the others uniform in [-1, 1).
-void FillQuery(MatF& q, int64_t row, int32_t layer, int64_t p) {
-  uint64_t state = (static_cast<uint64_t>(p) << 8) ^ static_cast<uint64_t>(layer) ^ 0x9E3779B9ull;
-  for (int64_t c = 0; c < q.cols(); ++c) {
-    const float u = static_cast<float>(SplitMix64(state) >> 40) / static_cast<float>(1 << 24);
-    q(row, c) = (2.0f * u - 1.0f) * (c < kTagElements ? 1.0f / 256.0f : 1.0f);
-  }
-}
-
 }  // namespace
 
 void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, int64_t key_len) {
@@ -171,7 +160,7 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
   if (query_len * history.length > kAttendedCells) return std::nullopt;
   MatF& q = query_;
   q.resize(query_len, cols_);
-  for (int64_t i = 0; i < query_len; ++i) FillQuery(q, i, layer_, start + i);
+  for (int64_t i = 0; i < query_len; ++i) synth_.FillQueryRow(q, i, layer_, start + i);
   const float scale = 1.0f / std::sqrt(static_cast<float>(cols_));
   const Result<MatF> got = Sdpa(q, history, logical_, start, scale);
   if (!got.ok()) return Mismatch{"attention (Sdpa)", "an output", got.status().message()};

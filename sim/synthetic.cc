@@ -12,7 +12,7 @@ namespace kvtwin::sim {
 namespace {
 
 // Stream tags keep the value families of one (layer, p, h) independent.
-enum Stream : uint64_t { kKey = 1, kValue = 2, kConv = 3, kGdn = 4, kParams = 5 };
+enum Stream : uint64_t { kKey = 1, kValue = 2, kConv = 3, kGdn = 4, kParams = 5, kQuery = 6 };
 
 uint64_t RowSeed(uint64_t run_seed, Stream stream, int32_t layer, int64_t p, uint64_t h) {
   const uint64_t words[4] = {static_cast<uint64_t>(stream), static_cast<uint64_t>(layer),
@@ -69,6 +69,14 @@ void SyntheticForward::FillKvRow(Tensor& out, int64_t row, int32_t layer, int64_
     for (int64_t c = kTagElements; c < m.cols(); ++c)
       m(row, c) = static_cast<Scalar>(Uniform(state, -1.0f, 1.0f));
   });
+}
+
+void SyntheticForward::FillQueryRow(MatF& out, int64_t row, int32_t layer, int64_t p) const {
+  uint64_t state = RowSeed(seed_, kQuery, layer, p, 0);
+  for (int64_t c = 0; c < out.cols(); ++c) {
+    const float bound = c < kTagElements ? 1.0f / 256.0f : 1.0f;
+    out(row, c) = Uniform(state, -bound, bound);
+  }
 }
 
 void SyntheticForward::FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer, int64_t p,

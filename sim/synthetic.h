@@ -48,6 +48,11 @@ class SyntheticForward {
   void FillKvRow(Tensor& out, int64_t row, int32_t layer, int64_t p, uint64_t h,
                  bool is_value) const;
 
+  // An attention query row for (layer, p) (the simulator's attention check; no cache
+  // stores it): the first kTagElements columns, which meet K's provenance tag (bytes up to
+  // 255), in [-1/256, 1/256) so every score stays O(1), the others in [-1, 1).
+  void FillQueryRow(MatF& out, int64_t row, int32_t layer, int64_t p) const;
+
   // The raw conv input row (conv_dim values in [-1, 1)) for (layer, p, h), in `dtype`.
   void FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer, int64_t p, uint64_t h,
                      int64_t conv_dim) const;
