@@ -80,10 +80,6 @@ MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, i
 // forward is what the in-place resolution exists to avoid).
 constexpr int64_t kMaterializedCells = 4096;
 
-// Forwards up to this many query x key cells also run production attention (Sdpa) against
-// the reference's softmax. Smaller than kMaterializedCells: it reads every visible row, and
-// a decode on a long history would make each check O(history) again.
-constexpr int64_t kAttendedCells = 64;
 // |production - reference| <= tolerance * max(1, |reference|) per output element: float
 // accumulation over at most kAttendedCells keys against double.
 constexpr double kAttentionTolerance = 1e-4;
@@ -162,24 +158,23 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
   q.resize(query_len, cols_);
   for (int64_t i = 0; i < query_len; ++i) synth_.FillQueryRow(q, i, layer_, start + i);
   const float scale = 1.0f / std::sqrt(static_cast<float>(cols_));
-  const Result<MatF> got = Sdpa(q, history, logical_, start, scale);
-  if (!got.ok()) return Mismatch{"attention (Sdpa)", "an output", got.status().message()};
-  // The rows the synthetic forward wrote at the history's positions, as float, once.
+  MatF& got = attention_out_;
+  if (Status s = SdpaInto(q, history, logical_, start, scale, sdpa_scratch_, got); !s.ok()) {
+    return Mismatch{"attention (Sdpa)", "an output", s.message()};
+  }
+  // The rows the synthetic forward wrote at the history's positions, as float, once: the
+  // memo holds them (the row check just read them) at their positions, so rows
+  // [held.first, held.end) of the memo, in one conversion.
   const model::PositionRange held =
       model::ExpectedHistoryRange(kind, spec_.window, start, query_len);
   const int64_t n_held = held.end - held.first;
-  ref_k_.resize(n_held, cols_);
-  ref_v_.resize(n_held, cols_);
-  for (int64_t j = 0; j < n_held; ++j) {
-    const int64_t p = held.first + j;
+  for (int64_t p = held.first; p < held.end; ++p) {
     const model::Token& t = log_after[static_cast<size_t>(p)];
-    ExpectedRow(p, t, false).Visit([&](const auto& m) {
-      ref_k_.row(j) = m.row(p).template cast<float>();
-    });
-    ExpectedRow(p, t, true).Visit([&](const auto& m) {
-      ref_v_.row(j) = m.row(p).template cast<float>();
-    });
+    static_cast<void>(ExpectedRow(p, t, false));
+    static_cast<void>(ExpectedRow(p, t, true));
   }
+  memo_k_.RowsToFloatInto(held.first, n_held, ref_k_);
+  memo_v_.RowsToFloatInto(held.first, n_held, ref_v_);
   std::vector<model::PositionRange>& want = want_ranges_;
   std::vector<double>& weights = weights_;
   VecD& expected = expected_;
@@ -214,7 +209,7 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
     for (int64_t c = 0; c < cols_; ++c) {
       const double e = expected[c];
       const double a =
-          got->rows() == query_len && got->cols() == cols_ ? double{(*got)(i, c)} : std::nan("");
+          got.rows() == query_len && got.cols() == cols_ ? double{got(i, c)} : std::nan("");
       if (!(std::abs(a - e) <= kAttentionTolerance * std::max(1.0, std::abs(e)))) {
         return Mismatch{fmt::format("attention output of the query at {}, element {} "
                                     "(write [{}, {}), tolerance {})",

@@ -118,6 +118,19 @@ class LayerOracle {
   // mask for a write with a rectangle) against the reference's positions under ref_mask_.
   Check CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
                      int64_t start, int64_t query_len, const Op& write, model::RefKind kind);
+  // Forwards up to this many query x key cells also run production attention (Sdpa) against
+  // the reference's softmax. Smaller than the materialized-mask check's cap: it reads every
+  // visible row, and a decode on a long history would make each check O(history) again.
+  static constexpr int64_t kAttendedCells = 64;
+  // CheckHistory without CheckAttention; *all_compared says whether every row was compared
+  // (none trusted), i.e. whether attention over them may be checked.
+  Check CheckHistoryRows(const History& history, std::span<const model::Token> log_after,
+                         int64_t start, int64_t query_len, const Op& write, int64_t trusted_rows,
+                         bool* all_compared);
+  // CheckAttention for forwards up to kAttendedCells cells, but for a zero or plain causal
+  // mask only on the first forward of each shape in the run (why: see the definition).
+  Check CheckAttentionOnce(const History& history, std::span<const model::Token> log_after,
+                           int64_t start, int64_t query_len);
   // For small forwards: Sdpa over the history under logical_, for deterministic queries,
   // against a double-precision softmax over the reference's positions of the rows the
   // synthetic forward wrote there. Catches what visible rows cannot: a bias read from the
@@ -173,6 +186,18 @@ class LayerOracle {
   std::vector<double> weights_;  // one query's scores
   VecD expected_;                // and its reference output;
   MatF ref_k_, ref_v_;           // the expected rows at the history's positions
+  SdpaScratch sdpa_scratch_;     // production attention's buffers
+  MatF attention_out_;           // and its output
+  // The forward shapes whose attention CheckAttentionOnce has checked in this run, sorted.
+  struct AttendedShape {
+    int64_t query_len, key_len;
+    bool causal;
+    bool has_applier;
+    int64_t applier_key_len, applier_query_len, window, ring_idx;
+    DType dtype;
+    friend auto operator<=>(const AttendedShape&, const AttendedShape&) = default;
+  };
+  std::vector<AttendedShape> attended_;
   MatF conv_row_;
   MatF gdn_qkv_, gdn_ba_;  // the folder's input rows (its input function writes them)
 };

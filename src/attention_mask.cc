@@ -266,9 +266,9 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
 // the float result independent of vectorization (gcc and clang digests must agree).
 void AttendOne(const MatF& q, int64_t i, const MatF& keys, const MatF& values,
                std::span<const int64_t> rows, const std::optional<MatF>& bias, float scale,
-               MatF& out) {
+               std::vector<float>& scores, MatF& out) {
   if (rows.empty()) return;  // a query that sees nothing keeps its zero row
-  std::vector<float> scores(rows.size());
+  scores.resize(rows.size());
   float max_score = kNegInf;
   for (size_t n = 0; n < rows.size(); ++n) {
     float dot = 0.0f;
@@ -409,26 +409,34 @@ Status MaterializedVisibleRowsInto(const History& history, const AttentionMask& 
 
 Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
                   int64_t offset, float scale) {
+  SdpaScratch scratch;
+  MatF out;
+  if (Status s = SdpaInto(q, history, logical, offset, scale, scratch, out); !s.ok()) return s;
+  return out;
+}
+
+Status SdpaInto(const MatF& q, const History& history, const AttentionMask& logical, int64_t offset,
+                float scale, SdpaScratch& scratch, MatF& out) {
   KV_CHECK(history.length == 0 || (history.k != nullptr && history.v != nullptr),
            "history rows without K/V tensors");
   if (history.k != nullptr && q.cols() != history.k->cols()) {
     return InvalidArgument("Sdpa: query width " + std::to_string(q.cols()) +
                            " differs from key width " + std::to_string(history.k->cols()));
   }
-  VisibleSet visible;
   Result<std::optional<MatF>> bias =
-      Resolve(history, logical, offset, q.rows(), visible, /*want_bias=*/true);
+      Resolve(history, logical, offset, q.rows(), scratch.visible, /*want_bias=*/true);
   if (!bias.ok()) return bias.status();
-  MatF out = MatF::Zero(q.rows(), history.v != nullptr ? history.v->cols() : 0);
-  if (history.length == 0) return out;
-  const MatF keys = history.k->RowsToFloat(0, history.length);
-  const MatF values = history.v->RowsToFloat(0, history.length);
+  out.setZero(q.rows(), history.v != nullptr ? history.v->cols() : 0);
+  if (history.length == 0) return Status::Ok();
+  // Rows past the history's length are stale: AttendOne reads only visible rows.
+  history.k->RowsToFloatInto(0, history.length, scratch.keys);
+  history.v->RowsToFloatInto(0, history.length, scratch.values);
   for (int64_t i = 0; i < q.rows(); ++i) {
-    std::vector<int64_t> rows;
-    ExpandRows(visible.Of(i), rows);
-    AttendOne(q, i, keys, values, rows, *bias, scale, out);
+    scratch.rows.clear();
+    ExpandRows(scratch.visible.Of(i), scratch.rows);
+    AttendOne(q, i, scratch.keys, scratch.values, scratch.rows, *bias, scale, scratch.scores, out);
   }
-  return out;
+  return Status::Ok();
 }
 
 }  // namespace kvtwin

@@ -101,5 +101,17 @@ Status MaterializedVisibleRowsInto(const History& history, const AttentionMask& 
 // whose mask leaves it no row gets a zero output row (not the NaN of an empty softmax).
 Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
                   int64_t offset, float scale);
+// Sdpa's buffers, kept by a caller that runs it often (the simulator checks attention after
+// every small forward), so that a call allocates nothing once they have grown; only a mask
+// that must be materialized still is.
+struct SdpaScratch {
+  VisibleSet visible;
+  MatF keys, values;
+  std::vector<int64_t> rows;
+  std::vector<float> scores;
+};
+// Sdpa into `out` (resized to [L x Dv]), through `scratch`: the same result and errors.
+Status SdpaInto(const MatF& q, const History& history, const AttentionMask& logical, int64_t offset,
+                float scale, SdpaScratch& scratch, MatF& out);
 
 }  // namespace kvtwin

@@ -1,5 +1,6 @@
 #include "src/core/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -75,6 +76,18 @@ MatF Tensor::RowsToFloat(int64_t begin, int64_t count) const {
   KV_CHECK(begin >= 0 && count >= 0 && begin + count <= rows(), "row range out of tensor");
   return std::visit(
       [&](const auto& m) -> MatF { return m.middleRows(begin, count).template cast<float>(); },
+      data_);
+}
+
+void Tensor::RowsToFloatInto(int64_t begin, int64_t count, MatF& out) const {
+  KV_CHECK(begin >= 0 && count >= 0 && begin + count <= rows(), "row range out of tensor");
+  if (out.rows() < count || out.cols() != cols()) {
+    out.resize(std::max(count, out.cols() == cols() ? 2 * out.rows() : int64_t{0}), cols());
+  }
+  std::visit(
+      [&](const auto& m) {
+        out.topRows(count) = m.middleRows(begin, count).template cast<float>();
+      },
       data_);
 }
 

@@ -54,6 +54,9 @@ class Tensor {
   void Set(int64_t row, int64_t col, float value);  // rounds to dtype
   MatF ToFloat() const;
   MatF RowsToFloat(int64_t begin, int64_t count) const;
+  // The same into rows [0, count) of `out`, which grows (never shrinks) to hold them, so a
+  // buffer reused across calls stops allocating; rows past `count` are left as they were.
+  void RowsToFloatInto(int64_t begin, int64_t count, MatF& out) const;
 
   // Copy of rows [begin, begin + count). REQUIRES: the range is inside the tensor.
   Tensor Rows(int64_t begin, int64_t count) const;

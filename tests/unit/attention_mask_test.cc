@@ -8,10 +8,13 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <vector>
+
+#include "src/core/rng.h"
 
 namespace kvtwin {
 namespace {
@@ -449,6 +452,47 @@ TEST(Sdpa, QueryWidthMismatchIsAnError) {
   const Result<MatF> out = Sdpa(MatF::Ones(1, 3), h, AttentionMask::Zero(), 1, 1.0f);
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+}
+
+// One scratch reused across histories that grow, shrink and change dtype, mask and query
+// count gives exactly what a fresh Sdpa gives: rows a longer history left in the scratch
+// are never read. A scratch that kept stale keys or an old row count would fail here.
+TEST(Sdpa, IntoWithAReusedScratchEqualsAFreshCall) {
+  Rng rng(20261126);
+  SdpaScratch scratch;
+  MatF out;
+  const int64_t lengths[] = {7, 3, 12, 1, 12, 5, 0, 9};
+  for (const int64_t len : lengths) {
+    const DType dtype = rng.Chance(1, 2) ? DType::kBFloat16 : DType::kFloat32;
+    const int64_t queries = rng.Range(1, 3);
+    MatF kf(len, 4), vf(len, 3), q(queries, 4);
+    for (int64_t i = 0; i < kf.size(); ++i) kf.data()[i] = rng.Unit() - 0.5f;
+    for (int64_t i = 0; i < vf.size(); ++i) vf.data()[i] = rng.Unit() - 0.5f;
+    for (int64_t i = 0; i < q.size(); ++i) q.data()[i] = rng.Unit() - 0.5f;
+    const Tensor k = Tensor::FromFloat(dtype, kf);
+    const Tensor v = Tensor::FromFloat(dtype, vf);
+    const History h{&k, &v, len, false, {}};
+    const int64_t offset = std::max<int64_t>(len, queries) - queries;
+    MatF bias = MatF::Zero(queries, std::max<int64_t>(len, 1));
+    for (int64_t i = 0; i < bias.size(); ++i) {
+      if (rng.Chance(1, 4)) bias.data()[i] = -kInf;
+    }
+    const AttentionMask masks[] = {AttentionMask::Causal(), AttentionMask::Zero(),
+                                   AttentionMask::Array(bias)};
+    for (const AttentionMask& mask : masks) {
+      if (mask.array().has_value() && len == 0) continue;
+      const Result<MatF> fresh = Sdpa(q, h, mask, offset, 0.5f);
+      const Status reused = SdpaInto(q, h, mask, offset, 0.5f, scratch, out);
+      ASSERT_EQ(fresh.ok(), reused.ok()) << "length " << len;
+      if (!fresh.ok()) continue;
+      ASSERT_EQ(out.rows(), fresh->rows());
+      ASSERT_EQ(out.cols(), fresh->cols());
+      for (int64_t i = 0; i < out.size(); ++i) {
+        // Bit-equal: the same loops in the same order over the same values.
+        EXPECT_EQ(out.data()[i], fresh->data()[i]) << "length " << len << ", element " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -135,5 +135,28 @@ TEST(Tensor, NewTensorsAndGrownRowsAreZero) {
   }
 }
 
+// RowsToFloatInto writes rows [0, count) of the buffer as RowsToFloat would return them, in
+// both dtypes, growing the buffer when it is short or of another width and never shrinking
+// it (rows past count stay as they were).
+TEST(Tensor, RowsToFloatIntoEqualsRowsToFloatAndKeepsItsBuffer) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    MatF values(6, 3);
+    for (int64_t i = 0; i < values.size(); ++i) values.data()[i] = 0.25f * static_cast<float>(i);
+    const Tensor t = Tensor::FromFloat(dtype, values);
+    MatF buffer(1, 5);  // another width: replaced
+    t.RowsToFloatInto(1, 4, buffer);
+    ASSERT_GE(buffer.rows(), 4);
+    ASSERT_EQ(buffer.cols(), 3);
+    EXPECT_EQ(MatF(buffer.topRows(4)), t.RowsToFloat(1, 4));
+    const MatF kept = buffer;
+    t.RowsToFloatInto(5, 1, buffer);  // fewer rows: the buffer keeps its size
+    EXPECT_EQ(buffer.rows(), kept.rows());
+    EXPECT_EQ(MatF(buffer.topRows(1)), t.RowsToFloat(5, 1));
+    EXPECT_EQ(MatF(buffer.bottomRows(buffer.rows() - 1)), MatF(kept.bottomRows(kept.rows() - 1)));
+    t.RowsToFloatInto(0, 6, buffer);  // more rows than it has: grows
+    EXPECT_EQ(MatF(buffer.topRows(6)), t.RowsToFloat(0, 6));
+  }
+}
+
 }  // namespace
 }  // namespace kvtwin
