@@ -131,9 +131,9 @@ class LayerOracle {
   // mask only on the first forward of each shape in the run (why: see the definition).
   Check CheckAttentionOnce(const History& history, std::span<const model::Token> log_after,
                            int64_t start, int64_t query_len);
-  // For small forwards: Sdpa over the history under logical_, for deterministic queries,
-  // against a double-precision softmax over the reference's positions of the rows the
-  // synthetic forward wrote there. Catches what visible rows cannot: a bias read from the
+  // For forwards up to kAttendedCells cells: Sdpa over the history under logical_, for
+  // deterministic queries, against a double-precision softmax over the reference's
+  // positions of the rows the synthetic forward wrote there. Catches what visible rows cannot: a bias read from the
   // wrong column, rows summed with the wrong weights.
   Check CheckAttention(const History& history, std::span<const model::Token> log_after,
                        int64_t start, int64_t query_len, model::RefKind kind);
