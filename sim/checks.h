@@ -133,8 +133,8 @@ class LayerOracle {
                            int64_t start, int64_t query_len);
   // For forwards up to kAttendedCells cells: Sdpa over the history under logical_, for
   // deterministic queries, against a double-precision softmax over the reference's
-  // positions of the rows the synthetic forward wrote there. Catches what visible rows cannot: a
-  // bias read from the wrong column, rows summed with the wrong weights.
+  // positions of the rows the synthetic forward wrote there. Catches what visible rows
+  // cannot: a bias read from the wrong column, rows summed with the wrong weights.
   Check CheckAttention(const History& history, std::span<const model::Token> log_after,
                        int64_t start, int64_t query_len, model::RefKind kind);
   // `seen` (one forward's visible rows) against the reference's positions per query.

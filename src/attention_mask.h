@@ -101,9 +101,9 @@ Status MaterializedVisibleRowsInto(const History& history, const AttentionMask& 
 // whose mask leaves it no row gets a zero output row (not the NaN of an empty softmax).
 Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
                   int64_t offset, float scale);
-// Sdpa's buffers, kept by a caller that runs it often (the simulator checks attention after
-// every small forward), so that a call allocates nothing once they have grown; only a mask
-// that must be materialized still is.
+// Sdpa's buffers, kept by a caller that runs it often (the simulator's attention check), so
+// that a call allocates nothing once they have grown; only a mask that must be materialized
+// still is.
 struct SdpaScratch {
   VisibleSet visible;
   MatF keys, values;
