@@ -564,7 +564,10 @@ Check LayerOracle::CheckAttentionOnce(const History& history,
   // after every step, so without this the attention check was over half of a layer fuzz
   // target's time (O(cells x columns) scalar work per forward, the row check one memcmp).
   // A rectangle or an array is checked on every forward: there the rows depend on it.
-  const bool shaped = logical_.IsZero() || logical_.IsPureCausal();
+  const model::RefKind kind = ToRefKind(spec_.kind);
+  if (!logical_.IsZero() && !logical_.IsPureCausal()) {
+    return CheckAttention(history, log_after, start, query_len, kind);
+  }
   const AttendedShape shape{query_len,
                             history.length,
                             logical_.IsPureCausal(),
@@ -577,10 +580,9 @@ Check LayerOracle::CheckAttentionOnce(const History& history,
   // Sorted, cleared per run with its capacity kept: once a run as large has been, a run
   // allocates nothing here.
   const auto at = std::lower_bound(attended_.begin(), attended_.end(), shape);
-  const bool seen = at != attended_.end() && *at == shape;
-  if (shaped && seen) return std::nullopt;
-  Check c = CheckAttention(history, log_after, start, query_len, ToRefKind(spec_.kind));
-  if (!c && shaped) attended_.insert(at, shape);
+  if (at != attended_.end() && *at == shape) return std::nullopt;
+  Check c = CheckAttention(history, log_after, start, query_len, kind);
+  if (!c) attended_.insert(at, shape);
   return c;
 }
 
