@@ -6,7 +6,7 @@
 #include "model/ref_eviction.h"
 
 #include <algorithm>
-#include <set>
+#include <functional>
 
 #include "src/core/check.h"
 
@@ -72,19 +72,30 @@ std::unique_ptr<RefNode> RemoveLeaf(RefNode& leaf) {
 }
 
 // The victim per the tie-breaks (oldest, deeper, larger, first in pre-order), or null.
-RefNode* PickVictim(RefNode& root, const std::set<const RefNode*>& active) {
+// `active` is sorted by address (an identity set: its order reaches no output).
+RefNode* PickVictim(RefNode& root, const std::vector<const RefNode*>& active) {
   RefNode* best = nullptr;
-  for (RefNode* n : RefPreOrder(root)) {
-    if (n->is_root() || active.count(n) != 0 || n->children.size() > 1) continue;
+  ForEachRefNode(root, [&](RefNode& node) {
+    RefNode* n = &node;
+    if (n->is_root() || n->children.size() > 1 ||
+        std::binary_search(active.begin(), active.end(), n, std::less<const RefNode*>())) {
+      return;
+    }
     if (best == nullptr || n->last_used < best->last_used) {
       best = n;
-      continue;
+      return;
     }
-    if (n->last_used != best->last_used) continue;
+    if (n->last_used != best->last_used) return;
     // Strict comparisons keep the earlier node in pre-order on a full tie.
     if (n->end > best->end || (n->end == best->end && n->Bytes() > best->Bytes())) best = n;
-  }
+  });
   return best;
+}
+
+// Whether `n` is a node of `root`'s tree: its parent links lead there.
+bool InTree(const RefNode& root, const RefNode* n) {
+  while (n != nullptr && n != &root) n = n->parent;
+  return n == &root;
 }
 
 }  // namespace
@@ -96,21 +107,22 @@ std::string RefEviction::ToString() const {
 
 int64_t RefTrieBytes(const RefNode& root) {
   int64_t total = 0;
-  for (const RefNode* n : RefPreOrder(root)) total += n->Bytes();
+  ForEachRefNode(root, [&](const RefNode& n) { total += n.Bytes(); });
   return total;
 }
 
 std::vector<RefEviction> RefEvictionPass(RefNode& root, const std::vector<const RefNode*>& active,
                                          int64_t budget) {
   KV_CHECK(!active.empty() && active.front() == &root, "the active path starts at the root");
-  const std::vector<RefNode*> all = RefPreOrder(root);
-  const std::set<const RefNode*> in_tree(all.begin(), all.end());
-  // Identity only: the set is never iterated, so pointer order reaches no output.
-  std::set<const RefNode*> protected_nodes;
+  // Identity only: sorted by address for lookup, never iterated, so pointer order reaches
+  // no output.
+  std::vector<const RefNode*> protected_nodes;
+  protected_nodes.reserve(active.size());
   for (const RefNode* n : active) {
-    KV_CHECK(in_tree.count(n) != 0, "an active-path node is not in the tree");
-    protected_nodes.insert(n);
+    KV_CHECK(InTree(root, n), "an active-path node is not in the tree");
+    protected_nodes.push_back(n);
   }
+  std::sort(protected_nodes.begin(), protected_nodes.end(), std::less<const RefNode*>());
   std::vector<RefEviction> evictions;
   // A protected node detached by a merge (the child of a non-active victim, only possible
   // when `active` is not a chain) just stops matching, as in the spec's identity set; the

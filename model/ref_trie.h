@@ -62,6 +62,14 @@ std::unique_ptr<RefNode> DetachRefChild(RefNode* child);
 // Depth-first pre-order, children in list order (the spec's walk).
 std::vector<RefNode*> RefPreOrder(RefNode& root);
 std::vector<const RefNode*> RefPreOrder(const RefNode& root);
+// The same walk calling f(node) in place of a list: the eviction pass walks the tree once
+// per victim, and a list per walk was most of what a checked eviction allocated. `f` must
+// not add or remove children while it runs.
+template <typename Node, typename F>
+void ForEachRefNode(Node& node, F&& f) {
+  f(node);
+  for (const auto& child : node.children) ForEachRefNode(*child, f);
+}
 
 // Canonical text of a trie, one line per node in pre-order:
 //   "<indent>[start,end) keys k1 k2 ... user? t<tick> | <slot> | <slot> ..."

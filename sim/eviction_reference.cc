@@ -4,7 +4,6 @@
 
 #include <utility>
 
-#include "model/ref_eviction.h"
 #include "sim/trie_mirror.h"
 
 namespace kvtwin::sim {
@@ -16,6 +15,12 @@ EvictionReference::EvictionReference(PrefixCache& manager) : manager_(manager) {
 EvictionReference::~EvictionReference() { manager_.set_eviction_hook(nullptr); }
 
 Check EvictionReference::TakeMismatch() { return std::exchange(mismatch_, std::nullopt); }
+
+std::string EvictionReference::Victims() const {
+  std::string s;
+  for (const model::RefEviction& e : victims_) s += (s.empty() ? "" : ", ") + e.ToString();
+  return s.empty() ? "none" : s;
+}
 
 void EvictionReference::OnPass(bool ended) {
   // The hook's own contract, on every pass (checked or not): passes that evict only, so
@@ -39,29 +44,28 @@ void EvictionReference::OnPass(bool ended) {
     in_pass_ = true;
     ++passes_;
     budget_ = manager_.options().max_paged_out_bytes;
-    TrieMirror m = MirrorTrie(manager_.trie(), manager_.active_path());
-    const std::vector<model::RefEviction> evictions =
-        model::RefEvictionPass(*m.root, m.active, budget_);
-    evictions_ += static_cast<int64_t>(evictions.size());
-    victims_.clear();
-    for (const model::RefEviction& e : evictions) {
-      victims_ += (victims_.empty() ? "" : ", ") + e.ToString();
-    }
+    pool_.Recycle(std::move(expected_));  // a pass that ended unchecked left its result
+    TrieMirror m = MirrorTrie(manager_.trie(), manager_.active_path(), &pool_);
+    victims_ = model::RefEvictionPass(*m.root, m.active, budget_);
+    evictions_ += static_cast<int64_t>(victims_.size());
     expected_ = std::move(m.root);
     return;
   }
   // Renders only on a difference: the lock-step walk decides equality without the mirror.
-  if (mismatch_ || SameTrie(manager_.trie(), *expected_, /*with_bytes=*/true)) return;
+  if (mismatch_ || SameTrie(manager_.trie(), *expected_, /*with_bytes=*/true)) {
+    pool_.Recycle(std::move(expected_));
+    return;
+  }
   const TrieMirror got = MirrorTrie(manager_.trie(), manager_.active_path());
   const std::string want =
       model::RenderRefTrie(*expected_, /*with_bytes=*/true, /*raw_ticks=*/true);
   const std::string actual =
       model::RenderRefTrie(*got.root, /*with_bytes=*/true, /*raw_ticks=*/true);
   if (actual == want) return;
-  mismatch_ = Mismatch{fmt::format("trie after eviction pass #{} under budget {} B, {}", passes_,
-                                   budget_, model::FirstDifference(want, actual)),
-                       "the reference pass's victims: " + (victims_.empty() ? "none" : victims_),
-                       "a different trie (the line above)"};
+  mismatch_ =
+      Mismatch{fmt::format("trie after eviction pass #{} under budget {} B, {}", passes_, budget_,
+                           model::FirstDifference(want, actual)),
+               "the reference pass's victims: " + Victims(), "a different trie (the line above)"};
 }
 
 }  // namespace kvtwin::sim

@@ -15,9 +15,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "model/ref_eviction.h"
 #include "model/ref_trie.h"
 #include "sim/checks.h"
+#include "sim/trie_mirror.h"
 #include "src/prefix_cache.h"
 
 namespace kvtwin::sim {
@@ -38,11 +41,13 @@ class EvictionReference {
 
  private:
   void OnPass(bool ended);
+  std::string Victims() const;  // "remove [5,9), merge [0,5) into its child" or "none"
 
   PrefixCache& manager_;
   int64_t budget_ = 0;
   std::unique_ptr<model::RefNode> expected_;  // the reference result of the pass under way
-  std::string victims_;                       // its evictions, for the report
+  std::vector<model::RefEviction> victims_;   // its evictions, for the report
+  MirrorPool pool_;                           // the mirrors' nodes, reused pass after pass
   Check mismatch_;
   int64_t passes_ = 0, evictions_ = 0;
   bool enabled_ = true;

@@ -74,6 +74,7 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
   KV_CHECK(valid.ok(), valid.ToString());
   KV_CHECK(options_.chunk >= 1, "prefill chunks hold at least one token");
   caches_ = BuildCaches(config_);
+  for (const auto& c : caches_) cache_ptrs_.push_back(c.get());
   for (size_t i = 0; i < caches_.size(); ++i) {
     const auto layer = static_cast<int32_t>(i);
     oracles_.push_back(std::make_unique<LayerOracle>(synth_, config_, layer));
@@ -103,12 +104,6 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
 RequestDriver::~RequestDriver() {
   eviction_ref_.reset();
   manager_.reset();
-}
-
-std::vector<LayerCache*> RequestDriver::Caches() const {
-  std::vector<LayerCache*> out;
-  for (const auto& c : caches_) out.push_back(c.get());
-  return out;
 }
 
 std::vector<LayerCache*> RequestDriver::ManagerCaches() const {

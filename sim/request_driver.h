@@ -184,7 +184,8 @@ class RequestDriver {
   // unread (0: read them all); counts a forward that trusts any as unaudited.
   int64_t TrustedHistoryRows(int64_t start, int64_t n);
 
-  std::vector<LayerCache*> Caches() const;
+  // caches_ as raw pointers (null holes stay null), kept rather than rebuilt per call.
+  std::span<LayerCache* const> Caches() const { return cache_ptrs_; }
   // What the manager is given: the caches behind LoggedCaches that log into manager_calls_
   // (null holes stay null).
   std::vector<LayerCache*> ManagerCaches() const;
@@ -207,6 +208,7 @@ class RequestDriver {
   RequestDriverOptions options_;
   SyntheticForward synth_;
   std::vector<std::unique_ptr<LayerCache>> caches_;
+  std::vector<LayerCache*> cache_ptrs_;   // Caches()
   std::vector<CacheCall> manager_calls_;  // the manager's Restore and Free calls since Begin
   std::vector<std::unique_ptr<LoggedCache>> logged_;  // one per cache (null for a hole)
   std::vector<std::unique_ptr<LayerOracle>> oracles_;
@@ -238,6 +240,10 @@ class RequestDriver {
   int64_t last_request_ = -1;     // the index of the last plan run (FinalAudit)
   bool audit_ = true;
   SoundnessMemo soundness_memo_;
+  // Session::Squeeze's scratch: each active-path node with its slot count, and the slots,
+  // flat, as they were before the pass.
+  std::vector<std::pair<TrieNode*, size_t>> squeeze_held_;
+  std::vector<const CacheSnapshot*> squeeze_slots_;
 };
 
 }  // namespace kvtwin::sim

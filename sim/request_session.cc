@@ -32,10 +32,17 @@ Check StatusIsOk(const Status& s, const char* call) {
 
 class RequestDriver::Session {
  public:
-  Session(RequestDriver& driver, const RequestPlan& plan) : d_(driver), plan_(plan) {
-    std::vector<int32_t> stored = plan.inputs;
-    stored.insert(stored.end(), plan.outputs.begin(), plan.outputs.end());
-    stored_ = WithHashes(stored, d_.synth_.seed());
+  Session(RequestDriver& driver, const RequestPlan& plan)
+      : d_(driver), plan_(plan), capture_offsets_(PrefillCaptureOffsets(d_.options_, plan)) {
+    // WithHashes(inputs ++ outputs), without building the concatenation first.
+    stored_.reserve(plan.inputs.size() + plan.outputs.size());
+    uint64_t h = d_.synth_.seed();
+    for (const std::vector<int32_t>* part : {&plan.inputs, &plan.outputs}) {
+      for (const int32_t t : *part) {
+        h = NextHash(h, t);
+        stored_.push_back({t, h});
+      }
+    }
   }
 
   std::optional<RequestDivergence> Run() {
@@ -87,7 +94,7 @@ class RequestDriver::Session {
       case model::SessionCall::kBeginEmpty:
         return d_.manager_->Begin({}).status();
       case model::SessionCall::kSchedule:
-        return d_.manager_->SchedulePrefillSnapshots(PrefillCaptureOffsets(d_.options_, plan_));
+        return d_.manager_->SchedulePrefillSnapshots(capture_offsets_);
       case model::SessionCall::kAttach:
         return d_.manager_->AttachPrefillSnapshots();
       case model::SessionCall::kAddOutputs:
@@ -260,7 +267,7 @@ class RequestDriver::Session {
 
   Check Prefill() {
     if (plan_.schedule) {
-      const std::vector<int64_t> requested = PrefillCaptureOffsets(d_.options_, plan_);
+      const std::vector<int64_t>& requested = capture_offsets_;
       phase_ = "SchedulePrefillSnapshots";
       ++d_.steps_;
       if (Check c = StatusIsOk(d_.manager_->SchedulePrefillSnapshots(requested),
@@ -423,11 +430,13 @@ class RequestDriver::Session {
   // with the very same snapshots, whatever else the pass evicted.
   Check Squeeze() {
     phase_ = "eviction pass under half the budget, between sessions";
-    std::vector<std::pair<TrieNode*, std::vector<const CacheSnapshot*>>> held;
+    std::vector<std::pair<TrieNode*, size_t>>& held = d_.squeeze_held_;
+    std::vector<const CacheSnapshot*>& slots = d_.squeeze_slots_;
+    held.clear();
+    slots.clear();
     for (TrieNode* n : pc().active_path()) {
-      std::vector<const CacheSnapshot*> slots;
+      held.emplace_back(n, n->snapshots().size());
       for (const SnapshotPtr& s : n->snapshots()) slots.push_back(s.get());
-      held.emplace_back(n, std::move(slots));
     }
     budget_bytes_ = std::max<int64_t>(1, budget_bytes_ / 2);
     d_.manager_->set_max_paged_out_bytes(budget_bytes_);
@@ -444,16 +453,19 @@ class RequestDriver::Session {
     ++d_.steps_;
     d_.manager_->EnforceEvictionPolicy();
     if (Check c = AfterEvictionPoint(audit)) return c;
+    size_t first = 0;  // the entry's first slot in `slots`
     for (size_t i = 0; i < held.size(); ++i) {
-      const auto& [node, slots] = held[i];
-      std::vector<const CacheSnapshot*> now;
-      for (const SnapshotPtr& s : node->snapshots()) now.push_back(s.get());
-      if (now != slots) {
+      const auto [node, count] = held[i];
+      const std::vector<SnapshotPtr>& now = node->snapshots();
+      bool same = now.size() == count;
+      for (size_t j = 0; same && j < count; ++j) same = now[j].get() == slots[first + j];
+      if (!same) {
         return Mismatch{
             fmt::format("active path entry {} of {} ({})", i, held.size(), DescribeNode(*node)),
-            fmt::format("its {} snapshot(s) untouched by eviction", slots.size()),
+            fmt::format("its {} snapshot(s) untouched by eviction", count),
             fmt::format("{} snapshot slot(s), changed", now.size())};
       }
+      first += count;
     }
     return std::nullopt;
   }
@@ -538,6 +550,9 @@ class RequestDriver::Session {
 
   RequestDriver& d_;
   const RequestPlan& plan_;
+  // PrefillCaptureOffsets of the plan: scheduled once, and offered again by every refused
+  // SchedulePrefillSnapshots probe.
+  const std::vector<int64_t> capture_offsets_;
   model::TokenLog stored_;  // inputs then outputs, with provenance hashes
   std::string phase_;
   BeginReport report_;

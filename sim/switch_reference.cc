@@ -59,20 +59,16 @@ void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches
   // every node's PathLog is a prefix of the deepest node's: one log serves them all.
   bool chained = true;
   for (size_t i = 1; i < path.size(); ++i) chained = chained && path[i]->parent() == path[i - 1];
-  const model::TokenLog full = chained ? PathLog(*path.back(), hash_seed) : model::TokenLog{};
-  model::TokenLog own;
+  // Shared, so each node's reference is a slice of it rather than a copy.
+  const model::SharedLog full =
+      chained ? model::SharedLog(PathLog(*path.back(), hash_seed)) : model::SharedLog();
   size_t keys = 0;  // along `path`, through the current node
   for (const TrieNode* node : path) {
     keys += node->edge().size();
     if (!node->HasSnapshots()) continue;
     const int64_t target = std::min(node->end_offset(), matched);
-    std::span<const model::Token> node_path;
-    if (chained) {
-      node_path = std::span<const model::Token>(full).first(keys);
-    } else {
-      own = PathLog(*node, hash_seed);
-      node_path = own;
-    }
+    const model::SharedLog node_path =
+        chained ? full.Slice(0, keys) : model::SharedLog(PathLog(*node, hash_seed));
     for (size_t j = 0; j < caches.size(); ++j) {
       const CacheSnapshot* s = node->snapshot(j);
       if (!caches[j] || s == nullptr || caches[j]->Offset() >= target) continue;

@@ -82,8 +82,7 @@ Check CheckChildren(const TrieNode& n, std::vector<std::pair<TrieKey, size_t>>& 
 
 // `path`: the node's key path as a token log (PathLog), size == the node's end.
 Check CheckNodeSnapshots(const PrefixTrie& trie, const TrieNode& n,
-                         std::span<LayerOracle* const> oracles,
-                         std::span<const model::Token> path) {
+                         std::span<LayerOracle* const> oracles, const model::SharedLog& path) {
   if (n.is_root()) {
     return n.HasSnapshots() ? Check(AtNode(n, "snapshots", "none", "some")) : std::nullopt;
   }
@@ -184,13 +183,16 @@ std::string DescribeNode(const TrieNode& node) {
 }
 
 model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind,
-                                 std::span<const model::Token> path) {
+                                 const model::SharedLog& path) {
   const int64_t end = node.end_offset();
   if (kind == CacheKind::kFullKv) {
-    return {model::RefKind::kKv, node.start_offset(), end,
-            model::TokenLog(path.begin() + node.start_offset(), path.end())};
+    // Clamped, not checked: on a broken trie an unaudited page-in may pass a path that
+    // disagrees with the node's range, and the reference it gets then makes the Restore
+    // comparison fail rather than the checker abort.
+    const size_t start = std::min(static_cast<size_t>(node.start_offset()), path.size());
+    return {model::RefKind::kKv, node.start_offset(), end, path.Slice(start, path.size())};
   }
-  return {ToRefKind(kind), 0, end, model::TokenLog(path.begin(), path.end())};
+  return {ToRefKind(kind), 0, end, path};
 }
 
 model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed) {
@@ -205,13 +207,19 @@ model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed) 
 }
 
 model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed) {
-  std::vector<const TrieNode*> chain;
-  for (const TrieNode* n = &node; n != nullptr; n = n->parent()) chain.push_back(n);
-  std::vector<int32_t> tokens;
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    for (const TrieKey k : (*it)->edge()) tokens.push_back(KeyToken(k));
+  // One allocation: the edges are written back to front while climbing to the root, then
+  // hashed front to back (what WithHashes of the concatenated edges gives).
+  size_t n = 0;
+  for (const TrieNode* p = &node; p != nullptr; p = p->parent()) n += p->edge().size();
+  model::TokenLog log(n);
+  size_t at = n;
+  for (const TrieNode* p = &node; p != nullptr; p = p->parent()) {
+    at -= p->edge().size();
+    for (size_t i = 0; i < p->edge().size(); ++i) log[at + i].id = KeyToken(p->edge()[i]);
   }
-  return WithHashes(tokens, hash_seed);
+  uint64_t h = hash_seed;
+  for (model::Token& t : log) t.h = h = NextHash(h, t.id);
+  return log;
 }
 
 Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
@@ -290,7 +298,8 @@ Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> o
   if (memo == nullptr) {
     trie.Walk([&](TrieNode* n) {
       if (found) return;
-      const model::TokenLog path = n->is_root() ? model::TokenLog{} : PathLog(*n, hash_seed);
+      const model::SharedLog path =
+          n->is_root() ? model::SharedLog() : model::SharedLog(PathLog(*n, hash_seed));
       found = CheckNodeSnapshots(trie, *n, oracles, path);
     });
     return found;
@@ -301,19 +310,20 @@ Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> o
   // node's start, is its parent's key path, and its own edge extends it. Each edge is
   // hashed once per check, where a PathLog per node rehashed every path from the root
   // (quadratic along a long conversation with a capture every few tokens).
-  model::TokenLog& path = memo->path;
-  path.clear();
+  model::SharedLog& path = memo->path;
+  path.Clear();
   trie.Walk([&](TrieNode* n) {
     if (found) return;
     if (!n->is_root()) {
       KV_CHECK(n->start_offset() <= static_cast<int64_t>(path.size()),
                "pre-order reached a node before its parent");
-      path.resize(static_cast<size_t>(n->start_offset()));
+      path.Truncate(static_cast<size_t>(n->start_offset()));
       uint64_t h = path.empty() ? hash_seed : path.back().h;
       for (const TrieKey k : n->edge()) {
         const int32_t t = KeyToken(k);
         h = NextHash(h, t);
-        path.push_back({t, h});
+        const model::Token token{t, h};
+        path.Append({&token, 1});
       }
     }
     if (!n->HasSnapshots()) return;

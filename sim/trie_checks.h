@@ -60,9 +60,10 @@ void WalkEndHashes(const PrefixTrie& trie, uint64_t hash_seed, EndHashStack& end
 
 // The reference snapshot a node holds for a layer of `kind`, given its key path `path`
 // (PathLog): KV the tokens of its edge [start, end); whole-state kinds the tokens [0, end)
-// at to == end (`from` is informational for them). REQUIRES: path.size() == node's end.
+// at to == end (`from` is informational for them). Slices of `path`, sharing its buffer: a
+// check of every node on a path copies no tokens. REQUIRES: path.size() == node's end.
 model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind,
-                                 std::span<const model::Token> path);
+                                 const model::SharedLog& path);
 
 // Spec §4.2 structure: the root is an empty edge at 0; parent / children links agree;
 // every non-root edge is non-empty with start == parent end and length == end - start; no
@@ -87,7 +88,9 @@ struct SoundnessMemo {
   std::vector<uint64_t> verified;  // sorted fingerprints
   std::vector<uint64_t> next;      // scratch: this check's fingerprints
   std::string bytes;               // scratch: one node's fingerprinted bytes
-  model::TokenLog path;            // scratch: the key path of the node being checked
+  // Scratch: the key path of the node being checked, shared with the references sliced
+  // from it (a node's reference copies no tokens).
+  model::SharedLog path;
 };
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo = nullptr);

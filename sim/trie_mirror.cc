@@ -17,25 +17,70 @@ model::RefSnap MirrorSlot(const CacheSnapshot* s) {
   return model::RefSnapshot{ToRefKind(s->kind()), s->from(), s->to(), {}};
 }
 
+// `n` as a default node whose vectors keep their capacity (a field added to RefNode later
+// is reset by the assignment without being listed here).
+void EmptyKeepingCapacity(model::RefNode& n) {
+  std::vector<int32_t> edge = std::move(n.edge), child_keys = std::move(n.child_keys);
+  std::vector<model::RefSnap> snaps = std::move(n.snaps);
+  std::vector<int64_t> bytes = std::move(n.bytes);
+  std::vector<std::unique_ptr<model::RefNode>> children = std::move(n.children);
+  KV_CHECK(children.empty(), "a node is emptied after its children were taken");
+  n = model::RefNode();
+  edge.clear();
+  child_keys.clear();
+  snaps.clear();
+  bytes.clear();
+  n.edge = std::move(edge);
+  n.child_keys = std::move(child_keys);
+  n.snaps = std::move(snaps);
+  n.bytes = std::move(bytes);
+  n.children = std::move(children);
+}
+
 }  // namespace
 
-TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path) {
+void MirrorPool::Recycle(std::unique_ptr<model::RefNode> root) {
+  if (root == nullptr) return;
+  stack_.push_back(std::move(root));
+  while (!stack_.empty()) {
+    std::unique_ptr<model::RefNode> n = std::move(stack_.back());
+    stack_.pop_back();
+    for (auto& child : n->children) stack_.push_back(std::move(child));
+    n->children.clear();
+    EmptyKeepingCapacity(*n);
+    free_.push_back(std::move(n));
+  }
+}
+
+std::unique_ptr<model::RefNode> MirrorPool::Take() {
+  if (free_.empty()) return std::make_unique<model::RefNode>();
+  std::unique_ptr<model::RefNode> n = std::move(free_.back());
+  free_.pop_back();
+  return n;
+}
+
+TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
+                      MirrorPool* pool) {
   TrieMirror m;
+  MirrorPool local;
+  MirrorPool& p = pool != nullptr ? *pool : local;
   // (node, mirror) in walk order, sorted afterwards to look up the active path; the chain
   // root -> current node (pre-order: a parent is visited before its children) finds parents.
-  std::vector<std::pair<const TrieNode*, model::RefNode*>> mirror_of;
+  std::vector<std::pair<const TrieNode*, model::RefNode*>>& mirror_of = p.mirror_of_;
+  std::vector<std::pair<const TrieNode*, model::RefNode*>>& chain = p.chain_;
+  mirror_of.clear();
+  chain.clear();
   mirror_of.reserve(static_cast<size_t>(std::max<int64_t>(trie.num_nodes(), 1)));
-  std::vector<std::pair<const TrieNode*, model::RefNode*>> chain;
   trie.Walk([&](TrieNode* n) {
     model::RefNode* node = nullptr;
     while (!chain.empty() && chain.back().first != n->parent()) chain.pop_back();
     if (n->is_root()) {
-      m.root = std::make_unique<model::RefNode>();
+      m.root = p.Take();
       node = m.root.get();
     } else {
       KV_CHECK(!chain.empty(), "pre-order reached a node before its parent");
       model::RefNode* parent = chain.back().second;
-      auto child = std::make_unique<model::RefNode>();
+      std::unique_ptr<model::RefNode> child = p.Take();
       child->edge.reserve(n->edge().size());
       for (const TrieKey k : n->edge()) child->edge.push_back(static_cast<int32_t>(k));
       node = model::AdoptRefChild(*parent, std::move(child));

@@ -22,7 +22,25 @@ struct TrieMirror {
   std::vector<const model::RefNode*> active;
 };
 
-TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path);
+// Nodes kept between mirrors with their vectors' capacities, and the walk's scratch: a
+// checked eviction pass mirrors the whole trie, and building every node anew was most of
+// what checking a pass allocated.
+class MirrorPool {
+ public:
+  // Takes back every node of the tree under `root` (null: nothing), emptied.
+  void Recycle(std::unique_ptr<model::RefNode> root);
+
+ private:
+  friend TrieMirror MirrorTrie(const PrefixTrie&, std::span<TrieNode* const>, MirrorPool*);
+  std::unique_ptr<model::RefNode> Take();  // an empty node, recycled when one is free
+  std::vector<std::unique_ptr<model::RefNode>> free_;
+  std::vector<std::unique_ptr<model::RefNode>> stack_;  // Recycle's walk
+  std::vector<std::pair<const TrieNode*, model::RefNode*>> mirror_of_, chain_;
+};
+
+// `pool` (optional) supplies the nodes and the scratch; the mirror is the same either way.
+TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
+                      MirrorPool* pool = nullptr);
 
 // Whether RenderRefTrie(*MirrorTrie(trie, ...).root, with_bytes, /*raw_ticks=*/true) would
 // equal RenderRefTrie(want, with_bytes, true), decided by walking both trees in lock step

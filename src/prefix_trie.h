@@ -106,9 +106,14 @@ class PrefixTrie {
   // otherwise be a heap allocation per walk.
   template <typename Visit>
   void Walk(Visit&& visit) const {
-    // Explicit stack, children pushed in reverse so they pop in list order.
-    std::vector<TrieNode*> pending;
-    pending.reserve(64);
+    // Explicit stack, children pushed in reverse so they pop in list order. The trie keeps
+    // the stack's buffer between walks (every eviction pass walks, and a buffer per walk was
+    // a heap allocation each time); a walk started inside another's visitor uses its own.
+    std::vector<TrieNode*> own;
+    const bool nested = walking_;
+    std::vector<TrieNode*>& pending = nested ? own : walk_stack_;
+    walking_ = true;
+    pending.clear();
     pending.push_back(root_.get());
     while (!pending.empty()) {
       TrieNode* node = pending.back();
@@ -118,6 +123,7 @@ class PrefixTrie {
         pending.push_back(it->get());
       }
     }
+    walking_ = nested;
   }
 
  private:
@@ -144,6 +150,8 @@ class PrefixTrie {
   std::unique_ptr<TrieNode> root_;
   int64_t paged_out_bytes_ = 0;
   int64_t num_nodes_ = 1;
+  mutable std::vector<TrieNode*> walk_stack_;  // Walk's stack, kept between walks
+  mutable bool walking_ = false;               // a Walk is under way (its visitor runs)
 };
 
 }  // namespace kvtwin
