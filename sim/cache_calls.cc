@@ -66,6 +66,16 @@ std::vector<CacheCall> StateMovingCalls(std::span<const CacheCall> calls) {
   return out;
 }
 
+bool SameStateMovingCalls(std::span<const CacheCall> calls, std::span<const CacheCall> want) {
+  size_t i = 0;
+  for (const CacheCall& c : calls) {
+    if (!c.moves_state()) continue;
+    if (i == want.size() || !(c == want[i])) return false;
+    ++i;
+  }
+  return i == want.size();
+}
+
 LoggedCache::LoggedCache(LayerCache* inner, int32_t index, std::vector<CacheCall>* log)
     : inner_(inner), index_(index), log_(log) {
   KV_CHECK(inner_ != nullptr && log_ != nullptr, "a logged cache wraps a cache and a log");

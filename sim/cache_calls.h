@@ -43,6 +43,8 @@ struct CacheCall {
 std::string DescribeCalls(std::span<const CacheCall> calls);
 // The Restore and Free calls of `calls`, in order.
 std::vector<CacheCall> StateMovingCalls(std::span<const CacheCall> calls);
+// StateMovingCalls(calls) == want, without building the list (every Begin compares).
+bool SameStateMovingCalls(std::span<const CacheCall> calls, std::span<const CacheCall> want);
 
 // Forwards every call to `inner` and appends each Restore, Free, Snapshot and Split to `log`.
 class LoggedCache final : public LayerCache {

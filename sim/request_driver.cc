@@ -140,7 +140,10 @@ int64_t RequestDriver::MinCacheOffset() const {
 
 Check RequestDriver::CheckWholeTrie() {
   const PrefixTrie& trie = manager_->trie();
-  if (Check c = CheckTrieStructure(trie, manager_->active_path(), MinCacheOffset())) return c;
+  if (Check c = CheckTrieStructure(trie, manager_->active_path(), MinCacheOffset(),
+                                   &structure_scratch_)) {
+    return c;
+  }
   return CheckTrieSoundness(trie, oracle_ptrs_, synth_.seed(), &soundness_memo_);
 }
 

@@ -240,6 +240,8 @@ class RequestDriver {
   int64_t last_request_ = -1;     // the index of the last plan run (FinalAudit)
   bool audit_ = true;
   SoundnessMemo soundness_memo_;
+  StructureScratch structure_scratch_;         // CheckWholeTrie's structure check
+  std::vector<NodeSketch> begin_path_sketch_;  // Session::Begin's expected active path
   // Session::Squeeze's scratch: each active-path node with its slot count, and the slots,
   // flat, as they were before the pass.
   std::vector<std::pair<TrieNode*, size_t>> squeeze_held_;

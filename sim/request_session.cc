@@ -17,9 +17,9 @@
 namespace kvtwin::sim {
 namespace {
 
-std::string DescribePath(std::span<const TrieNode* const> path) {
+std::string DescribePath(std::span<const NodeSketch> path) {
   std::string s;
-  for (const TrieNode* n : path) s += (s.empty() ? "" : " -> ") + DescribeNode(*n);
+  for (const NodeSketch& n : path) s += (s.empty() ? "" : " -> ") + DescribeNode(n);
   return s;
 }
 
@@ -139,8 +139,11 @@ class RequestDriver::Session {
     }
     const BeginExpectation want =
         ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(), plan_.inputs, d_.synth_.seed());
-    // Described now: a faulty eviction inside Begin may free these nodes.
-    const std::string want_path = DescribePath(want.active_path);
+    // Sketched now (rendered only on a failure): a faulty eviction inside Begin may free
+    // these nodes.
+    std::vector<NodeSketch>& want_path = d_.begin_path_sketch_;
+    want_path.clear();
+    for (const TrieNode* n : want.active_path) want_path.push_back(SketchNode(*n));
     const bool audit = d_.StartCall();
     d_.last_outcome_ = "(no Begin report)";
     ++d_.steps_;
@@ -158,9 +161,10 @@ class RequestDriver::Session {
     if (Check c = CheckReport()) return c;
     if (Check c = AfterEvictionPoint(audit)) return c;
     if (Check c = CheckExpectation(want, want_path)) return c;
-    if (const std::vector<CacheCall> got = StateMovingCalls(d_.manager_calls_); got != want.calls) {
+    if (!SameStateMovingCalls(d_.manager_calls_, want.calls)) {
       return Mismatch{"Begin cache calls (rewind, page-in, align; spec §3.4)",
-                      DescribeCalls(want.calls), DescribeCalls(got)};
+                      DescribeCalls(want.calls),
+                      DescribeCalls(StateMovingCalls(d_.manager_calls_))};
     }
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
     if (Check c = CheckLive()) return c;
@@ -191,7 +195,8 @@ class RequestDriver::Session {
         fmt::format("total {} matched {} cached {} left {}", r.total, r.matched, r.cached, r.left)};
   }
 
-  Check CheckExpectation(const BeginExpectation& want, const std::string& want_path) const {
+  Check CheckExpectation(const BeginExpectation& want,
+                         std::span<const NodeSketch> want_path) const {
     auto differs = [](const char* what, int64_t expected, int64_t actual) -> Check {
       if (expected == actual) return std::nullopt;
       return Mismatch{what, std::to_string(expected), std::to_string(actual)};
@@ -208,8 +213,9 @@ class RequestDriver::Session {
     }
     const std::vector<TrieNode*>& got = pc().active_path();
     if (!std::equal(got.begin(), got.end(), want.active_path.begin(), want.active_path.end())) {
-      const std::vector<const TrieNode*> shown(got.begin(), got.end());
-      return Mismatch{"active path after Begin", want_path, DescribePath(shown)};
+      std::vector<NodeSketch> shown;
+      for (const TrieNode* n : got) shown.push_back(SketchNode(*n));
+      return Mismatch{"active path after Begin", DescribePath(want_path), DescribePath(shown)};
     }
     return std::nullopt;
   }

@@ -12,8 +12,6 @@
 namespace kvtwin::sim {
 namespace {
 
-constexpr size_t kShownKeys = 4;
-
 Mismatch AtNode(const TrieNode& node, const std::string& what, std::string expected,
                 std::string actual) {
   return Mismatch{DescribeNode(node) + ": " + what, std::move(expected), std::move(actual)};
@@ -173,14 +171,27 @@ int32_t KeyToken(TrieKey key) {
   return static_cast<int32_t>(key);
 }
 
-std::string DescribeNode(const TrieNode& node) {
-  if (node.is_root()) return "root";
-  std::string s = fmt::format("node [{},{}) keys", node.start_offset(), node.end_offset());
-  const size_t shown = std::min(node.edge().size(), kShownKeys);
-  for (size_t i = 0; i < shown; ++i) s += fmt::format(" {}", node.edge()[i]);
-  if (node.edge().size() > shown) s += " ...";
+NodeSketch SketchNode(const TrieNode& node) {
+  NodeSketch s;
+  s.root = node.is_root();
+  s.start = node.start_offset();
+  s.end = node.end_offset();
+  s.edge_size = node.edge().size();
+  const size_t shown = std::min(s.edge_size, NodeSketch::kShownKeys);
+  std::copy_n(node.edge().begin(), shown, s.keys.begin());
   return s;
 }
+
+std::string DescribeNode(const NodeSketch& node) {
+  if (node.root) return "root";
+  std::string s = fmt::format("node [{},{}) keys", node.start, node.end);
+  const size_t shown = std::min(node.edge_size, NodeSketch::kShownKeys);
+  for (size_t i = 0; i < shown; ++i) s += fmt::format(" {}", node.keys[i]);
+  if (node.edge_size > shown) s += " ...";
+  return s;
+}
+
+std::string DescribeNode(const TrieNode& node) { return DescribeNode(SketchNode(node)); }
 
 model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind,
                                  const model::SharedLog& path) {
@@ -223,16 +234,19 @@ model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed) {
 }
 
 Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
-                         int64_t min_offset) {
+                         int64_t min_offset, StructureScratch* scratch) {
   const TrieNode& root = *trie.root();
   if (!root.is_root() || !root.edge().empty() || root.end_offset() != 0) {
     return AtNode(root, "root", "an empty edge ending at 0",
                   fmt::format("{} keys ending at {}", root.edge().size(), root.end_offset()));
   }
+  StructureScratch local;
+  StructureScratch& buffers = scratch != nullptr ? *scratch : local;
   // Walk order, then sorted for membership: one buffer instead of a hash node per trie node.
-  std::vector<const TrieNode*> members;
+  std::vector<const TrieNode*>& members = buffers.members;
+  members.clear();
   members.reserve(static_cast<size_t>(std::max<int64_t>(trie.num_nodes(), 1)));
-  std::vector<std::pair<TrieKey, size_t>> keys;
+  std::vector<std::pair<TrieKey, size_t>>& keys = buffers.keys;
   int64_t bytes = 0;
   Check found;
   trie.Walk([&](TrieNode* n) {
@@ -247,7 +261,8 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
   // A node reached twice (a child linked under two parents) is a duplicate pointer among the
   // nodes visited, up to and including a failing one. Its second visit is reported when it
   // comes no later than the failure, as a check at every visit would have.
-  std::vector<const TrieNode*> sorted = members;
+  std::vector<const TrieNode*>& sorted = buffers.sorted;
+  sorted.assign(members.begin(), members.end());
   std::sort(sorted.begin(), sorted.end(), std::less<const TrieNode*>());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     std::vector<const TrieNode*> seen;  // a broken trie only: quadratic is fine
@@ -259,13 +274,13 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
     }
   }
   if (found) return found;
-  members = std::move(sorted);
+  // From here on membership is looked up in `sorted`.
   if (bytes != trie.paged_out_bytes()) {
     return Mismatch{"paged-out byte counter", fmt::format("{} (sum over the walk)", bytes),
                     std::to_string(trie.paged_out_bytes())};
   }
-  if (static_cast<int64_t>(members.size()) != trie.num_nodes()) {
-    return Mismatch{"node counter", fmt::format("{} (nodes in the walk)", members.size()),
+  if (static_cast<int64_t>(sorted.size()) != trie.num_nodes()) {
+    return Mismatch{"node counter", fmt::format("{} (nodes in the walk)", sorted.size()),
                     std::to_string(trie.num_nodes())};
   }
   if (active_path.empty() || active_path.front() != trie.root()) {
@@ -274,7 +289,7 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
   }
   for (size_t i = 1; i < active_path.size(); ++i) {
     // A node evicted or merged away is a dangling pointer: test membership before use.
-    if (!std::binary_search(members.begin(), members.end(), active_path[i],
+    if (!std::binary_search(sorted.begin(), sorted.end(), active_path[i],
                             std::less<const TrieNode*>())) {
       return Mismatch{fmt::format("active path entry {} of {}", i, active_path.size()),
                       "a node of the trie", "a node no longer in the trie (evicted or merged)"};
@@ -310,27 +325,27 @@ Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> o
   // node's start, is its parent's key path, and its own edge extends it. Each edge is
   // hashed once per check, where a PathLog per node rehashed every path from the root
   // (quadratic along a long conversation with a capture every few tokens).
-  model::SharedLog& path = memo->path;
-  path.Clear();
+  model::TokenLog& path = memo->path;
+  path.clear();
   trie.Walk([&](TrieNode* n) {
     if (found) return;
     if (!n->is_root()) {
       KV_CHECK(n->start_offset() <= static_cast<int64_t>(path.size()),
                "pre-order reached a node before its parent");
-      path.Truncate(static_cast<size_t>(n->start_offset()));
+      path.resize(static_cast<size_t>(n->start_offset()));
       uint64_t h = path.empty() ? hash_seed : path.back().h;
       for (const TrieKey k : n->edge()) {
         const int32_t t = KeyToken(k);
         h = NextHash(h, t);
-        const model::Token token{t, h};
-        path.Append({&token, 1});
+        path.push_back({t, h});
       }
     }
     if (!n->HasSnapshots()) return;
     const uint64_t h = path.empty() ? hash_seed : path.back().h;
     const uint64_t key = NodeFingerprint(*n, h, memo->bytes);
     if (!std::binary_search(memo->verified.begin(), memo->verified.end(), key)) {
-      found = CheckNodeSnapshots(trie, *n, oracles, path);
+      // One shared copy per node checked, which each layer's reference slices.
+      found = CheckNodeSnapshots(trie, *n, oracles, model::SharedLog(path));
     }
     if (!found) memo->next.push_back(key);
   });

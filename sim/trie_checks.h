@@ -13,6 +13,7 @@
 // LayerOracle memoizes recurrent folds, so the oracles are passed mutable. Single-threaded.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -30,6 +31,17 @@ namespace kvtwin::sim {
 
 // "node [5,9) keys 10 11 12 ..." (the root is "root").
 std::string DescribeNode(const TrieNode& node);
+// What DescribeNode shows of a node, kept by value: a check that may have to name nodes
+// a faulty call could free keeps these and renders text only when it fails.
+struct NodeSketch {
+  static constexpr size_t kShownKeys = 4;
+  bool root = false;
+  int64_t start = 0, end = 0;
+  size_t edge_size = 0;
+  std::array<TrieKey, kShownKeys> keys{};  // the first min(edge_size, kShownKeys)
+};
+NodeSketch SketchNode(const TrieNode& node);
+std::string DescribeNode(const NodeSketch& node);
 
 // The token ids of `tokens` with their rolling provenance hashes, h_{-1} = `hash_seed`.
 model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed);
@@ -72,8 +84,13 @@ model::RefSnapshot NodeReference(const TrieNode& node, CacheKind kind,
 // sum of SizeBytes over a Walk, and the node counter the number of nodes it visits. The active path
 // starts at the root, holds only nodes of the trie (checked before any of them is dereferenced),
 // runs parent -> child and ends at or below `min_offset` (the minimum cache offset).
+// `scratch` (optional) keeps the check's buffers between calls.
+struct StructureScratch {
+  std::vector<const TrieNode*> members, sorted;
+  std::vector<std::pair<TrieKey, size_t>> keys;
+};
 Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
-                         int64_t min_offset);
+                         int64_t min_offset, StructureScratch* scratch = nullptr);
 
 // Soundness of every snapshot of every node: the reference state of the node's key path
 // (KV: tokens [start, end); whole-state kinds: tokens [0, end) at `to == end`) compared by
@@ -88,9 +105,7 @@ struct SoundnessMemo {
   std::vector<uint64_t> verified;  // sorted fingerprints
   std::vector<uint64_t> next;      // scratch: this check's fingerprints
   std::string bytes;               // scratch: one node's fingerprinted bytes
-  // Scratch: the key path of the node being checked, shared with the references sliced
-  // from it (a node's reference copies no tokens).
-  model::SharedLog path;
+  model::TokenLog path;            // scratch: the key path of the node being checked
 };
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo = nullptr);
