@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "src/core/rng.h"
 #include "src/kv_cache.h"
 #include "unit/tagged_rows.h"
 
@@ -79,6 +80,64 @@ TEST(CacheCalls, SplitLogsItsTailAndStateMovingCallsFilters) {
             "c1 split(at 6) -> tail [6,8), c1 restore(-,3) ok, c1 free");
   EXPECT_EQ(StateMovingCalls(log),
             (std::vector<CacheCall>{CacheCall::Restore(1, nullptr, 3, true), CacheCall::Free(1)}));
+}
+
+// SameStateMovingCalls (Begin's comparison, with no list built) agrees with comparing
+// StateMovingCalls: seeded logs of restores, frees, snapshots and splits against wants that
+// are their filtered lists, one call changed, dropped, added or moved, or other logs' lists.
+TEST(CacheCalls, SameStateMovingCallsAgreesWithComparingTheFilteredList) {
+  KvCache inner;
+  Write(inner, 4);
+  const SnapshotPtr a = inner.Snapshot(0);
+  auto random_call = [&](Rng& rng) {
+    const auto layer = static_cast<int32_t>(rng.Below(2));
+    switch (rng.Below(3)) {
+      case 0:
+        return CacheCall::Free(layer);
+      case 1:
+        return CacheCall::Restore(layer, rng.Chance(1, 2) ? a.get() : nullptr,
+                                  static_cast<int64_t>(rng.Below(3)), rng.Chance(1, 2));
+      default: {
+        // A logged Snapshot or Split: kept in the log, filtered out of the comparison.
+        CacheCall c;
+        c.op = rng.Chance(1, 2) ? CacheCall::Op::kSnapshot : CacheCall::Op::kSplit;
+        c.cache = layer;
+        c.target = static_cast<int64_t>(rng.Below(3));
+        return c;
+      }
+    }
+  };
+  int equal = 0, different = 0;
+  for (uint64_t seed = 1; seed <= 400; ++seed) {
+    Rng rng(seed);
+    std::vector<CacheCall> log(rng.Below(7));
+    for (CacheCall& c : log) c = random_call(rng);
+    std::vector<CacheCall> want = StateMovingCalls(log);
+    switch (rng.Below(5)) {
+      case 0:
+        break;  // the list itself
+      case 1:
+        if (!want.empty()) want[rng.Below(want.size())] = random_call(rng);
+        break;
+      case 2:
+        if (!want.empty())
+          want.erase(want.begin() + static_cast<std::ptrdiff_t>(rng.Below(want.size())));
+        break;
+      case 3:
+        want.insert(want.begin() + static_cast<std::ptrdiff_t>(rng.Below(want.size() + 1)),
+                    random_call(rng));
+        break;
+      default:
+        if (want.size() > 1) std::swap(want.front(), want.back());
+        break;
+    }
+    const bool same = StateMovingCalls(log) == want;
+    ASSERT_EQ(SameStateMovingCalls(log, want), same) << "seed " << seed;
+    equal += same;
+    different += !same;
+  }
+  EXPECT_GT(equal, 100);
+  EXPECT_GT(different, 100);
 }
 
 TEST(CacheCalls, CallsDifferInEveryField) {

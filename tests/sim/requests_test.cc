@@ -361,6 +361,44 @@ TEST(TrieStructure, ReportsSiblingsSharingAFirstKeyAndABadActivePath) {
       << siblings->what;
 }
 
+// The driver reuses one scratch for every structure check: each result must be the one a
+// fresh check gives, e.g. a node of a trie checked before (still in the scratch's lists) is
+// not a node of this one.
+TEST(TrieStructure, AReusedScratchGivesTheResultsOfAFreshCheck) {
+  Rig rig;
+  PrefixTrie big(rig.Raw(), Tick{0});
+  TrieNode* far = big.AppendChild(big.root(), Keys({1, 2}), 2);
+  big.AppendChild(far, Keys({3}), 3);
+  big.AppendChild(big.root(), Keys({4}), 1);
+  PrefixTrie small(rig.Raw(), Tick{0});
+  TrieNode* a = small.AppendChild(small.root(), Keys({1}), 1);
+  StructureScratch scratch;
+  using Path = std::vector<TrieNode*>;
+  EXPECT_FALSE(CheckTrieStructure(big, Path{big.root(), far}, 2, &scratch).has_value());
+  const Check dangling = CheckTrieStructure(small, Path{small.root(), far}, 2, &scratch);
+  ASSERT_TRUE(dangling.has_value());
+  EXPECT_EQ(dangling->actual, CheckTrieStructure(small, Path{small.root(), far}, 2)->actual);
+  EXPECT_FALSE(CheckTrieStructure(small, Path{small.root(), a}, 1, &scratch).has_value());
+  small.AppendChild(small.root(), Keys({1, 5}), 2);  // two children on first key 1
+  const Check siblings = CheckTrieStructure(small, Path{small.root()}, 0, &scratch);
+  ASSERT_TRUE(siblings.has_value());
+  EXPECT_EQ(siblings->what, CheckTrieStructure(small, Path{small.root()}, 0)->what);
+  EXPECT_FALSE(CheckTrieStructure(big, Path{big.root()}, 0, &scratch).has_value());
+}
+
+// PathLog (one buffer, filled leaf to root) is WithHashes of the key path root -> node.
+TEST(TrieChecks, PathLogIsTheHashedKeyPath) {
+  Rig rig;
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* a = trie.AppendChild(trie.root(), Keys({4, 5}), 2);
+  TrieNode* b = trie.AppendChild(a, Keys({6}), 3);
+  TrieNode* c = trie.AppendChild(b, Keys({7, 8, 9}), 6);
+  EXPECT_TRUE(PathLog(*trie.root(), 11).empty());
+  EXPECT_EQ(PathLog(*a, 11), WithHashes(std::vector<int32_t>{4, 5}, 11));
+  EXPECT_EQ(PathLog(*c, 11), WithHashes(std::vector<int32_t>{4, 5, 6, 7, 8, 9}, 11));
+  EXPECT_NE(PathLog(*c, 11), PathLog(*c, 12));
+}
+
 TEST(TrieStructure, NamesTheFirstChildInListOrderThatRepeatsAFirstKey) {
   Rig rig;
   PrefixTrie trie(rig.Raw(), Tick{0});

@@ -5,7 +5,7 @@
 // stateless hole, user flags, ticks with ties); each mirror is mutated in one field at a
 // time (a key, an end, a user flag, a tick, a slot, a slot range, bytes, a child added,
 // removed or moved) and SameTrie is compared with rendering equality (raw ticks) with and
-// without bytes.
+// without bytes. A mirror built from a pool of recycled nodes equals a fresh one.
 #include "sim/trie_mirror.h"
 
 #include <gtest/gtest.h>
@@ -144,6 +144,54 @@ TEST(SameTrie, AgreesWithRenderingEqualityUnderSingleFieldMutations) {
   EXPECT_GT(checked, 1500);
   EXPECT_GT(differing, 1000);
   EXPECT_GT(same_after_mutation, 50);
+}
+
+// A mirror built from a pool's recycled nodes is the mirror built fresh: every node the
+// pool hands out is emptied, whatever the tree it came from held (other shapes, flags,
+// ticks, slots, bytes, and fields an eviction pass changed before the tree came back).
+TEST(MirrorPool, RecycledNodesMirrorAsFreshOnes) {
+  MirrorPool pool;
+  int compared = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    Rng rng(seed);
+    KvCache kv;
+    PrefixTrie trie({&kv, nullptr}, Tick{0});
+    const int inserts = static_cast<int>(rng.Range(1, 14));
+    for (int i = 0; i < inserts; ++i) {
+      Keys keys(static_cast<size_t>(rng.Range(1, 6)));
+      for (TrieKey& k : keys) k = rng.Below(3);
+      Insert(trie, keys);
+    }
+    std::vector<TrieNode*> active = {trie.root()};
+    trie.Walk([&](TrieNode* n) {
+      if (n->is_root()) return;
+      n->set_last_used(Tick{rng.Below(5)});
+      n->set_user(rng.Chance(1, 4));
+      if (rng.Chance(1, 2)) trie.SetSnapshots(n, KvSet(n->start_offset(), n->end_offset()));
+      if (n->parent() == active.back() && rng.Chance(2, 3)) active.push_back(n);
+    });
+    const TrieMirror fresh = MirrorTrie(trie, active);
+    TrieMirror pooled = MirrorTrie(trie, active, &pool);
+    for (const bool with_bytes : {false, true}) {
+      ASSERT_EQ(model::RenderRefTrie(*pooled.root, with_bytes, true),
+                model::RenderRefTrie(*fresh.root, with_bytes, true))
+          << "seed " << seed;
+      ASSERT_TRUE(SameTrie(trie, *pooled.root, with_bytes)) << "seed " << seed;
+    }
+    ASSERT_EQ(RenderPath(pooled.active), RenderPath(fresh.active)) << "seed " << seed;
+    ASSERT_EQ(pooled.active.size(), active.size());
+    ++compared;
+    // Dirty the tree before it goes back, as a reference eviction pass would.
+    for (model::RefNode* n : Nodes(*pooled.root)) {
+      n->user = !n->user;
+      n->last_used += 100;
+      n->end += 1;
+      n->snaps.emplace_back(model::RefSnapshot{model::RefKind::kRecurrent, 0, 9, {}});
+      n->bytes.push_back(99);
+    }
+    pool.Recycle(std::move(pooled.root));
+  }
+  EXPECT_EQ(compared, 60);
 }
 
 // The reference's list of child first keys is a cache: SameTrie, which reads every edge,

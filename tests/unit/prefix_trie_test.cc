@@ -494,6 +494,35 @@ TEST(PrefixTrie, DeepChainWalksAndDestroysWithoutOverflowingTheStack) {
   trie.reset();  // a recursive teardown would need one stack frame per node
 }
 
+// Walk keeps its stack between walks; a walk started inside another's visitor gets one of
+// its own, so both still visit every node once in pre-order.
+TEST(PrefixTrie, AWalkInsideAWalkVisitsEveryNodeInPreOrder) {
+  PrefixTrie trie(std::vector<LayerCache*>{}, Tick{0});
+  TrieNode* a = trie.AppendChild(trie.root(), Keys{1, 2}, 2);
+  trie.AppendChild(a, Keys{3}, 3);
+  trie.AppendChild(a, Keys{4}, 3);
+  trie.AppendChild(trie.root(), Keys{5}, 1);
+  std::vector<const TrieNode*> order;
+  trie.Walk([&](TrieNode* n) { order.push_back(n); });
+  ASSERT_EQ(order.size(), 5u);
+  EXPECT_EQ(order[0], trie.root());
+  EXPECT_EQ(order[1], a);
+  std::vector<const TrieNode*> outer;
+  int inner_walks = 0;
+  trie.Walk([&](TrieNode* n) {
+    outer.push_back(n);
+    std::vector<const TrieNode*> inner;
+    trie.Walk([&](TrieNode* m) { inner.push_back(m); });
+    EXPECT_EQ(inner, order);
+    ++inner_walks;
+  });
+  EXPECT_EQ(outer, order);
+  EXPECT_EQ(inner_walks, 5);
+  std::vector<const TrieNode*> again;
+  trie.Walk([&](TrieNode* n) { again.push_back(n); });
+  EXPECT_EQ(again, order);
+}
+
 }  // namespace
 }  // namespace kvtwin
 

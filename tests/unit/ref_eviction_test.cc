@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,18 @@ TEST(RefEvictionDeathTest, ActivePathMustStartAtTheRoot) {
   RefNode root;
   RefNode* a = Leaf(&root, {1}, 1, 10);
   EXPECT_DEATH(RefEvictionPass(root, {a}, 0), "starts at the root");
+}
+
+// Every active-path entry must be a node of the tree: one of another tree, or one detached
+// from this one, aborts (the mirror of a broken production trie leaves such entries out).
+TEST(RefEvictionDeathTest, ActivePathNodesMustBeInTheTree) {
+  RefNode root;
+  RefNode* a = Leaf(&root, {1}, 1, 10);
+  RefNode other;
+  RefNode* stranger = Leaf(&other, {2}, 1, 10);
+  EXPECT_DEATH(RefEvictionPass(root, {&root, stranger}, 0), "not in the tree");
+  std::unique_ptr<RefNode> detached = DetachRefChild(a);
+  EXPECT_DEATH(RefEvictionPass(root, {&root, detached.get()}, 0), "not in the tree");
 }
 
 TEST(RenderRefTrie, RanksAreDenseAndNodesWithoutSnapshotsShowNoSlots) {

@@ -75,6 +75,24 @@ TEST(RefTrie, ChildKeysFollowEveryChangeOfTheChildren) {
   EXPECT_TRUE(AllConsistent(root));
 }
 
+// ForEachRefNode (the eviction pass's walk) visits exactly RefPreOrder's list, in order.
+TEST(RefTrie, ForEachRefNodeWalksInPreOrder) {
+  RefNode root;
+  RefNode* a = AppendRefChild(&root, {1, 2}, 2);
+  AppendRefChild(a, {3}, 3);
+  RefNode* b = AppendRefChild(a, {4, 5}, 4);
+  AppendRefChild(b, {6}, 5);
+  AppendRefChild(&root, {7}, 1);
+  std::vector<RefNode*> walked;
+  ForEachRefNode(root, [&](RefNode& n) { walked.push_back(&n); });
+  EXPECT_EQ(walked, RefPreOrder(root));
+  EXPECT_EQ(walked.size(), 6u);
+  std::vector<const RefNode*> walked_const;
+  const RefNode& croot = root;
+  ForEachRefNode(croot, [&](const RefNode& n) { walked_const.push_back(&n); });
+  EXPECT_EQ(walked_const, RefPreOrder(croot));
+}
+
 TEST(RefTrie, AReplacementMustKeepTheFirstKey) {
   RefNode root;
   RefNode* a = AppendRefChild(&root, {1, 2}, 2);
