@@ -41,6 +41,13 @@ void ConvertInto(Tensor& out, DType dtype, const MatF& x) {
 
 }  // namespace
 
+ForwardInputs& ForwardScratch::For(int64_t rows) {
+  const auto r = static_cast<size_t>(rows);
+  if (r >= kInputsByRows) return larger;
+  if (by_rows.size() <= r) by_rows.resize(r + 1);
+  return by_rows[r];
+}
+
 History ForwardSynthetic(LayerCache& target, const StackConfig& config,
                          const SyntheticForward& synth, int32_t layer, int64_t start,
                          std::span<const model::Token> tokens, const ConvWeights* conv,
@@ -48,8 +55,9 @@ History ForwardSynthetic(LayerCache& target, const StackConfig& config,
                          ForwardScratch* scratch) {
   // Built only without a caller's scratch: an empty one still costs a dozen destructors.
   std::optional<ForwardScratch> local;
-  ForwardScratch& s = scratch != nullptr ? *scratch : local.emplace();
+  ForwardScratch& buffers = scratch != nullptr ? *scratch : local.emplace();
   const auto real = static_cast<int64_t>(tokens.size());
+  ForwardInputs& s = buffers.For(target.kind() == CacheKind::kRecurrent ? real + pad : real);
   if (target.kind() != CacheKind::kRecurrent) {
     s.k.EnsureShape(config.dtype, real, config.kv_cols());  // FillKvRow rewrites every row
     s.v.EnsureShape(config.dtype, real, config.kv_cols());
@@ -80,7 +88,7 @@ History ForwardSynthetic(LayerCache& target, const StackConfig& config,
   GdnParams derived_gdn;
   if (conv == nullptr) conv = &(derived_conv = synth.ConvParams(layer, dims));
   if (gdn == nullptr) gdn = &(derived_gdn = synth.GdnParamsFor(layer, dims));
-  RunRecurrentForward(static_cast<RecurrentLayer&>(target), in, *conv, *gdn, &s.kernels);
+  RunRecurrentForward(static_cast<RecurrentLayer&>(target), in, *conv, *gdn, &buffers.kernels);
   return History{};
 }
 

@@ -34,11 +34,20 @@ LayerKernels DeriveLayerKernels(const SyntheticForward& synth, const StackConfig
 // The input buffers of ForwardSynthetic, kept by a driver across forwards so a forward
 // allocates only when its shape changes (every layer of one forward has the same shape).
 // Reuse is transparent: every real row is rewritten in full and every padded row is reset.
-struct ForwardScratch {
+// Eigen and Tensor keep a buffer only while the element count stays, and forwards of
+// varying token counts (prefill chunks, speculative drafts) reallocated them nearly every
+// time: the inputs are kept per token count below kInputsByRows, a set each.
+struct ForwardInputs {
   Tensor k, v;
   MatF conv;                         // float conv inputs, converted into recurrent.conv_inputs
   RecurrentForwardInputs recurrent;  // scan.qkv and scan.ba are filled in place
-  RecurrentForwardScratch kernels;   // the recurrent kernels' buffers
+};
+struct ForwardScratch {
+  static constexpr size_t kInputsByRows = 64;
+  std::vector<ForwardInputs> by_rows;  // [rows], grown on demand
+  ForwardInputs larger;                // any longer forward
+  RecurrentForwardScratch kernels;     // the recurrent kernels' buffers
+  ForwardInputs& For(int64_t rows);
 };
 
 History ForwardSynthetic(LayerCache& target, const StackConfig& config,
