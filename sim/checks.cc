@@ -64,7 +64,7 @@ Check CheckKind(const char* what, CacheKind layer, CacheKind actual) {
   return Mismatch{what, CacheKindName(layer), CacheKindName(actual)};
 }
 
-std::string DescribeRow(const Tensor& t, int64_t row) { return DecodeRow(t, row).ToString(); }
+std::string DescribeRow(TensorView t, int64_t row) { return DecodeRow(t, row).ToString(); }
 
 std::string ExpectedTag(int64_t p, uint64_t h, int32_t layer, bool is_value) {
   return fmt::format("pos {} h=0x{:06x} L{} {}", p, h & 0xFFFFFF, layer, is_value ? "V" : "K");
@@ -72,7 +72,7 @@ std::string ExpectedTag(int64_t p, uint64_t h, int32_t layer, bool is_value) {
 
 // Element-wise as floats, NaN equal to NaN. Typed loops: this runs on every stored row
 // after every op, and a per-element dtype dispatch was a third of a fuzz execution.
-bool RowEquals(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb) {
+bool RowEquals(TensorView a, int64_t ra, TensorView b, int64_t rb) {
   if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
   KV_CHECK(ra >= 0 && ra < a.rows() && rb >= 0 && rb < b.rows(), "row out of range");
   return a.Visit([&](const auto& ma) {
@@ -89,7 +89,7 @@ bool RowEquals(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb) {
 
 }  // namespace
 
-bool SameBits(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb, int64_t n) {
+bool SameBits(TensorView a, int64_t ra, TensorView b, int64_t rb, int64_t n) {
   if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
   if (ra < 0 || ra + n > a.rows() || rb < 0 || rb + n > b.rows()) return false;
   return a.Visit([&](const auto& ma) {
@@ -217,18 +217,18 @@ const Tensor& LayerOracle::ExpectedRow(int64_t p, const model::Token& t, bool is
 
 namespace {}  // namespace
 
-bool LayerOracle::MatchesExpected(const Tensor& actual, int64_t row, int64_t p,
-                                  const model::Token& t, bool is_value) {
+bool LayerOracle::MatchesExpected(TensorView actual, int64_t row, int64_t p, const model::Token& t,
+                                  bool is_value) {
   const Tensor& want = ExpectedRow(p, t, is_value);
   return SameBits(actual, row, want, p, 1) || RowEquals(actual, row, want, p);
 }
 
-bool LayerOracle::SameBlock(const Tensor& actual, int64_t row, int64_t p, int64_t n,
+bool LayerOracle::SameBlock(TensorView actual, int64_t row, int64_t p, int64_t n,
                             bool is_value) const {
   return SameBits(actual, row, is_value ? memo_v_ : memo_k_, p, n);
 }
 
-size_t LayerOracle::FirstMismatch(const Tensor& k, const Tensor& v, std::span<const int64_t> rows,
+size_t LayerOracle::FirstMismatch(TensorView k, TensorView v, std::span<const int64_t> rows,
                                   std::span<const int64_t> positions,
                                   std::span<const model::Token> tokens, int64_t token_base,
                                   bool* is_value) {
@@ -279,7 +279,7 @@ std::span<const int64_t> LayerOracle::Identity(int64_t n) {
   return std::span<const int64_t>(identity_).first(static_cast<size_t>(n));
 }
 
-Check LayerOracle::CheckKvRows(const Tensor& k, const Tensor& v, std::span<const int64_t> slots,
+Check LayerOracle::CheckKvRows(TensorView k, TensorView v, std::span<const int64_t> slots,
                                std::span<const model::Token> tokens, int64_t first_position,
                                const char* where) {
   KV_CHECK(tokens.size() >= slots.size(), "a checked slot without its token");
@@ -298,7 +298,7 @@ Check LayerOracle::CheckKvRows(const Tensor& k, const Tensor& v, std::span<const
   if (j == slots.size()) return std::nullopt;
   const int64_t p = positions[j];
   const model::Token& t = tokens[j];
-  const Tensor& actual = is_value ? v : k;
+  const TensorView actual = is_value ? v : k;
   const Provenance got = DecodeRow(actual, slots[j]);
   const bool same_tag = got.valid && got.position == p && got.hash24 == (t.h & 0xFFFFFF);
   return Mismatch{fmt::format("{} slot {} (logical position {})", where, slots[j], p),

@@ -39,7 +39,7 @@ using Check = std::optional<Mismatch>;
 
 // Bit-equality of `n` rows of two tensors of one element type (a memcmp); false for
 // differing dtypes or widths, or rows out of range.
-bool SameBits(const Tensor& a, int64_t ra, const Tensor& b, int64_t rb, int64_t n);
+bool SameBits(TensorView a, int64_t ra, TensorView b, int64_t rb, int64_t n);
 
 // The reference kind that models a production cache kind.
 model::RefKind ToRefKind(CacheKind kind);
@@ -90,7 +90,7 @@ class LayerOracle {
 
  private:
   // Rows slots[j] of k and v hold position first_position + j, whose token is tokens[j].
-  Check CheckKvRows(const Tensor& k, const Tensor& v, std::span<const int64_t> slots,
+  Check CheckKvRows(TensorView k, TensorView v, std::span<const int64_t> slots,
                     std::span<const model::Token> tokens, int64_t first_position,
                     const char* where);
   // Slots 0 .. n-1 (a linear buffer), from a buffer grown on demand. Growing it moves it:
@@ -150,18 +150,18 @@ class LayerOracle {
   const Tensor& ExpectedRow(int64_t p, const model::Token& t, bool is_value);
   // actual[row] against the memo's row p of the same kind: bit-equal rows are equal;
   // otherwise RowEquals decides (NaN == NaN, -0 == +0, other dtypes).
-  bool MatchesExpected(const Tensor& actual, int64_t row, int64_t p, const model::Token& t,
+  bool MatchesExpected(TensorView actual, int64_t row, int64_t p, const model::Token& t,
                        bool is_value);
   // Pairs j of [0, rows.size()): rows[j] of k and of v against the expected K and V rows of
   // position positions[j], whose token is tokens[positions[j] - token_base]. Returns the
   // first j where either differs (*is_value says which), or rows.size(). Same verdict as
   // MatchesExpected pair by pair; runs of consecutive rows and positions are compared as
   // one block of bits first (a whole live buffer is one run), row by row only on a miss.
-  size_t FirstMismatch(const Tensor& k, const Tensor& v, std::span<const int64_t> rows,
+  size_t FirstMismatch(TensorView k, TensorView v, std::span<const int64_t> rows,
                        std::span<const int64_t> positions, std::span<const model::Token> tokens,
                        int64_t token_base, bool* is_value);
   // Whether rows [row, row + n) of `actual` are bit-equal to the memo's rows [p, p + n).
-  bool SameBlock(const Tensor& actual, int64_t row, int64_t p, int64_t n, bool is_value) const;
+  bool SameBlock(TensorView actual, int64_t row, int64_t p, int64_t n, bool is_value) const;
 
   const SyntheticForward& synth_;
   int32_t layer_;

@@ -120,7 +120,7 @@ GdnParams SyntheticForward::GdnParamsFor(int32_t layer, const RecurrentDims& dim
   return g;
 }
 
-Provenance DecodeRow(const Tensor& t, int64_t row) {
+Provenance DecodeRow(TensorView t, int64_t row) {
   Provenance out;
   if (t.cols() < kTagElements || row < 0 || row >= t.rows()) return out;
   uint32_t bytes[kTagElements];

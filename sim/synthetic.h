@@ -68,7 +68,7 @@ class SyntheticForward {
 };
 
 // Decodes the provenance tag of row `row` of `t`.
-Provenance DecodeRow(const Tensor& t, int64_t row);
+Provenance DecodeRow(TensorView t, int64_t row);
 
 // The RoPE shift of a synthetic K row: RoPE rotates by position, so moving a key moves its
 // position and leaves its content; here that is re-encoding the position tag of row `row`

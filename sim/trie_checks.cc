@@ -133,7 +133,7 @@ uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash, std::string& byt
   };
   // The stored elements themselves, with dtype and shape (no float copy: this runs on every
   // snapshot of every audited trie).
-  auto fold_tensor = [&fold](const Tensor& t) {
+  auto fold_tensor = [&fold](TensorView t) {
     const int64_t shape[3] = {static_cast<int64_t>(t.dtype()), t.rows(), t.cols()};
     fold(shape, sizeof(shape));
     t.Visit(

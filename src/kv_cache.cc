@@ -2,7 +2,11 @@
 // is no lazy list, no own-lazy restore fast path and nothing to materialize before a write.
 #include "src/kv_cache.h"
 
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -10,6 +14,18 @@
 
 namespace kvtwin {
 namespace {
+
+// A KV snapshot's allocation is [object | K rows | V rows], each part starting at a multiple
+// of the allocator's alignment (the allocation itself is that aligned), so every element is
+// aligned whatever the dtypes. Offsets from the start of the allocation:
+static_assert(alignof(std::max_align_t) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
+              "operator new returns memory aligned for any element type");
+constexpr size_t RoundUpToAlign(size_t n) {
+  constexpr size_t kAlign = alignof(std::max_align_t);
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+constexpr size_t kKRowsOffset = RoundUpToAlign(sizeof(KvSnapshot));
+size_t VRowsOffset(size_t k_bytes) { return RoundUpToAlign(kKRowsOffset + k_bytes); }
 
 // ceil(rows / step) * step: the capacity a grow adds (spec §2.1 append step 2).
 int64_t RoundUpToStep(int64_t rows, int64_t step) { return (rows + step - 1) / step * step; }
@@ -22,11 +38,57 @@ const KvSnapshot& AsKv(const CacheSnapshot& snap) {
 
 }  // namespace
 
-KvSnapshot::KvSnapshot(int64_t from, int64_t to, Tensor k, Tensor v)
-    : from_(from), to_(to), k_(std::move(k)), v_(std::move(v)) {
-  KV_CHECK(from_ >= 0 && to_ > from_, "KV snapshot range must be non-empty and non-negative");
-  KV_CHECK(k_.rows() == to_ - from_ && v_.rows() == to_ - from_,
-           "KV snapshot rows must equal its range length");
+KvSnapshot::KvSnapshot(int64_t from, int64_t to, TensorView k_shape, TensorView v_shape)
+    : from_(from),
+      to_(to),
+      k_dtype_(k_shape.dtype()),
+      v_dtype_(v_shape.dtype()),
+      k_cols_(k_shape.cols()),
+      v_cols_(v_shape.cols()) {}
+
+std::unique_ptr<KvSnapshot> KvSnapshot::Make(int64_t from, int64_t to,
+                                             std::initializer_list<TensorView> k_pieces,
+                                             std::initializer_list<TensorView> v_pieces) {
+  KV_CHECK(from >= 0 && to > from, "KV snapshot range must be non-empty and non-negative");
+  KV_CHECK(k_pieces.size() > 0 && v_pieces.size() > 0, "a KV snapshot side has a piece");
+  // Σ bytes of one side, whose pieces must share the first piece's dtype and columns.
+  const auto side_bytes = [&](std::initializer_list<TensorView> pieces) {
+    const TensorView& first = *pieces.begin();
+    int64_t rows = 0;
+    for (const TensorView& p : pieces) {
+      KV_CHECK(p.dtype() == first.dtype() && p.cols() == first.cols(),
+               "KV snapshot pieces of one side must share a dtype and column count");
+      rows += p.rows();
+    }
+    KV_CHECK(rows == to - from, "KV snapshot rows must equal its range length");
+    return static_cast<size_t>(rows * first.cols() * ElementBytes(first.dtype()));
+  };
+  const size_t k_bytes = side_bytes(k_pieces);
+  const size_t v_bytes = side_bytes(v_pieces);
+  char* memory = static_cast<char*>(::operator new(VRowsOffset(k_bytes) + v_bytes));
+  std::unique_ptr<KvSnapshot> snap(new (memory)
+                                       KvSnapshot(from, to, *k_pieces.begin(), *v_pieces.begin()));
+  const auto copy = [](std::initializer_list<TensorView> pieces, char* out) {
+    for (const TensorView& p : pieces) {
+      const auto n = static_cast<size_t>(p.Bytes());
+      if (n > 0) std::memcpy(out, p.data(), n);
+      out += n;
+    }
+  };
+  copy(k_pieces, memory + kKRowsOffset);
+  copy(v_pieces, memory + VRowsOffset(k_bytes));
+  return snap;
+}
+
+TensorView KvSnapshot::k() const {
+  return TensorView(k_dtype_, reinterpret_cast<const char*>(this) + kKRowsOffset, to_ - from_,
+                    k_cols_);
+}
+
+TensorView KvSnapshot::v() const {
+  const auto k_bytes = static_cast<size_t>(k().Bytes());
+  return TensorView(v_dtype_, reinterpret_cast<const char*>(this) + VRowsOffset(k_bytes),
+                    to_ - from_, v_cols_);
 }
 
 void KvCache::Free() {
@@ -77,8 +139,7 @@ SnapshotPtr KvCache::Merge(SnapshotPtr parent, SnapshotPtr child) {
   KV_CHECK(p.to() == c.from(), "KV Merge of non-adjacent snapshots [" + std::to_string(p.from()) +
                                    "," + std::to_string(p.to()) + ") and [" +
                                    std::to_string(c.from()) + "," + std::to_string(c.to()) + ")");
-  return std::make_unique<KvSnapshot>(p.from(), c.to(), Tensor::Concat(p.k(), c.k()),
-                                      Tensor::Concat(p.v(), c.v()));
+  return KvSnapshot::Make(p.from(), c.to(), {p.k(), c.k()}, {p.v(), c.v()});
 }
 
 std::pair<SnapshotPtr, SnapshotPtr> KvCache::Split(SnapshotPtr snap, int64_t at) {
@@ -88,8 +149,8 @@ std::pair<SnapshotPtr, SnapshotPtr> KvCache::Split(SnapshotPtr snap, int64_t at)
   const int64_t n = s.to() - s.from();
   if (i <= 0) return {nullptr, std::move(snap)};
   if (i >= n) return {std::move(snap), nullptr};
-  auto parent = std::make_unique<KvSnapshot>(s.from(), at, s.k().Rows(0, i), s.v().Rows(0, i));
-  auto child = std::make_unique<KvSnapshot>(at, s.to(), s.k().Rows(i, n - i), s.v().Rows(i, n - i));
+  SnapshotPtr parent = KvSnapshot::Make(s.from(), at, {s.k().Rows(0, i)}, {s.v().Rows(0, i)});
+  SnapshotPtr child = KvSnapshot::Make(at, s.to(), {s.k().Rows(i, n - i)}, {s.v().Rows(i, n - i)});
   return {std::move(parent), std::move(child)};
 }
 
@@ -114,7 +175,7 @@ History KvCache::View() const {
   return h;
 }
 
-void KvCache::Append(const Tensor& k, const Tensor& v) {
+void KvCache::Append(TensorView k, TensorView v) {
   const int64_t n = k.rows();
   KV_CHECK(n >= 1 && v.rows() == n, "KV write needs K and V with the same row count >= 1");
   if (has_buffer_) {
@@ -149,7 +210,8 @@ SnapshotPtr KvCache::Capture(int64_t from, int64_t to) const {
   KV_CHECK(from >= 0, "KV snapshot from a negative offset");
   if (!has_buffer_ || to <= from) return nullptr;
   KV_CHECK(to <= offset_, "KV capture beyond the live offset");
-  return std::make_unique<KvSnapshot>(from, to, k_.Rows(from, to - from), v_.Rows(from, to - from));
+  return KvSnapshot::Make(from, to, {TensorView(k_).Rows(from, to - from)},
+                          {TensorView(v_).Rows(from, to - from)});
 }
 
 }  // namespace kvtwin

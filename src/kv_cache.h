@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -15,22 +17,34 @@
 
 namespace kvtwin {
 
+// Holds K rows then V rows in the same allocation as the object itself: a prefix trie keeps
+// one snapshot per layer per node, and three allocations each (object, K, V) were most of
+// the production replay's allocations.
 class KvSnapshot final : public CacheSnapshot {
  public:
-  // REQUIRES: k.rows() == v.rows() == to - from > 0.
-  KvSnapshot(int64_t from, int64_t to, Tensor k, Tensor v);
+  // The rows [from, to): K is the concatenation of `k_pieces`, V of `v_pieces`, copied.
+  // REQUIRES: 0 <= from < to; the pieces of one side share a dtype and column count (K's
+  // and V's may differ); Σ rows of each side == to - from.
+  static std::unique_ptr<KvSnapshot> Make(int64_t from, int64_t to,
+                                          std::initializer_list<TensorView> k_pieces,
+                                          std::initializer_list<TensorView> v_pieces);
+  // Make allocates the object and its rows as one block of raw memory.
+  static void operator delete(void* p) { ::operator delete(p); }
+
   CacheKind kind() const override { return CacheKind::kFullKv; }
-  int64_t SizeBytes() const override { return k_.Bytes() + v_.Bytes(); }
+  int64_t SizeBytes() const override { return k().Bytes() + v().Bytes(); }
   int64_t from() const override { return from_; }
   int64_t to() const override { return to_; }
-  const Tensor& k() const { return k_; }
-  const Tensor& v() const { return v_; }
+  TensorView k() const;
+  TensorView v() const;
 
  private:
+  KvSnapshot(int64_t from, int64_t to, TensorView k_shape, TensorView v_shape);
+
   int64_t from_;
   int64_t to_;
-  Tensor k_;
-  Tensor v_;
+  DType k_dtype_, v_dtype_;
+  int64_t k_cols_, v_cols_;
 };
 
 class KvCache final : public AttentionCache {
@@ -60,7 +74,7 @@ class KvCache final : public AttentionCache {
 
  private:
   // Grows if needed, writes rows at [offset, offset + L), advances offset.
-  void Append(const Tensor& k, const Tensor& v);
+  void Append(TensorView k, TensorView v);
   // Owned copy of slots [from, to), or null if the range is empty or there is no buffer.
   SnapshotPtr Capture(int64_t from, int64_t to) const;
 

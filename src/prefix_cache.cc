@@ -35,7 +35,7 @@ void AppendKeys(std::span<const int32_t> tokens, std::vector<TrieKey>& keys) {
 // a copy of the kept one. Owned snapshots never change, so the copy is indistinguishable.
 SnapshotPtr CopySnapshot(const CacheSnapshot& s) {
   if (const auto* kv = dynamic_cast<const KvSnapshot*>(&s)) {
-    return std::make_unique<KvSnapshot>(kv->from(), kv->to(), kv->k(), kv->v());
+    return KvSnapshot::Make(kv->from(), kv->to(), {kv->k()}, {kv->v()});
   }
   if (const auto* rot = dynamic_cast<const RotatingSnapshot*>(&s)) {
     return std::make_unique<RotatingSnapshot>(rot->from(), rot->to(), rot->idx(), rot->k(),

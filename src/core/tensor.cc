@@ -27,6 +27,38 @@ void ResizeKeep(Mat& m, int64_t new_rows) {
 
 }  // namespace
 
+TensorView::TensorView(const Tensor& t)
+    : dtype_(t.dtype()),
+      data_(t.Visit([](const auto& m) { return static_cast<const void*>(m.data()); })),
+      rows_(t.rows()),
+      cols_(t.cols()) {}
+
+TensorView::TensorView(DType dtype, const void* data, int64_t rows, int64_t cols)
+    : dtype_(dtype), data_(data), rows_(rows), cols_(cols) {
+  KV_CHECK(rows >= 0 && cols >= 0, "negative tensor view shape");
+  KV_CHECK(data != nullptr || rows * cols == 0, "a tensor view of elements needs their storage");
+}
+
+float TensorView::At(int64_t row, int64_t col) const {
+  KV_CHECK(row >= 0 && row < rows_ && col >= 0 && col < cols_, "tensor view index out of range");
+  return Visit([&](const auto& m) { return static_cast<float>(m(row, col)); });
+}
+
+TensorView TensorView::Rows(int64_t begin, int64_t count) const {
+  KV_CHECK(begin >= 0 && count >= 0 && begin + count <= rows_, "row range out of tensor view");
+  const auto row_bytes = static_cast<size_t>(cols_ * ElementBytes(dtype_));
+  const char* first = static_cast<const char*>(data_);
+  return TensorView(dtype_,
+                    first == nullptr ? nullptr : first + static_cast<size_t>(begin) * row_bytes,
+                    count, cols_);
+}
+
+bool TensorView::Equals(TensorView other) const {
+  if (dtype_ != other.dtype_ || rows_ != other.rows_ || cols_ != other.cols_) return false;
+  const auto bytes = static_cast<size_t>(Bytes());
+  return bytes == 0 || std::memcmp(data_, other.data_, bytes) == 0;
+}
+
 const char* DTypeName(DType dtype) { return dtype == DType::kFloat32 ? "f32" : "bf16"; }
 
 int64_t ElementBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
@@ -43,6 +75,13 @@ Tensor::Tensor(DType dtype, int64_t rows, int64_t cols) : dtype_(dtype) {
   } else {
     ZeroRows(data_.emplace<MatBf16>(rows, cols), 0, rows);
   }
+}
+
+Tensor::Tensor(TensorView view) : dtype_(view.dtype()) {
+  view.Visit([&](const auto& m) {
+    using M = RowMatrix<typename std::decay_t<decltype(m)>::Scalar>;
+    data_.emplace<M>(m);
+  });
 }
 
 Tensor Tensor::FromFloat(DType dtype, const MatF& values) {
@@ -118,23 +157,23 @@ void Tensor::AssignRows(const Tensor& src, int64_t begin, int64_t count) {
   CopyRows(0, src, begin, count);
 }
 
-void Tensor::CopyRows(int64_t dst_row, const Tensor& src, int64_t src_row, int64_t count) {
-  KV_CHECK(dtype_ == src.dtype_, "CopyRows across dtypes");
+void Tensor::CopyRows(int64_t dst_row, TensorView src, int64_t src_row, int64_t count) {
+  KV_CHECK(dtype_ == src.dtype(), "CopyRows across dtypes");
   KV_CHECK(cols() == src.cols(), "CopyRows across column counts");
   KV_CHECK(count >= 0 && dst_row >= 0 && dst_row + count <= rows(), "CopyRows target range");
   KV_CHECK(src_row >= 0 && src_row + count <= src.rows(), "CopyRows source range");
   // Row-major storage with equal column counts: the rows are one contiguous range on each
   // side, so one memmove copies them bit-exactly (and handles a self-copy that overlaps).
   if (count == 0 || cols() == 0) return;  // no bytes (and maybe no buffer) to move
+  const auto row_bytes = static_cast<size_t>(cols() * ElementBytes(dtype_));
   std::visit(
       [&](auto& m) {
-        using M = std::decay_t<decltype(m)>;
-        const M& s = std::get<M>(src.data_);
-        const auto cols = static_cast<size_t>(m.cols());
-        static_assert(M::IsRowMajor, "rows are contiguous only in row-major storage");
-        std::memmove(static_cast<void*>(m.data() + static_cast<size_t>(dst_row) * cols),
-                     static_cast<const void*>(s.data() + static_cast<size_t>(src_row) * cols),
-                     static_cast<size_t>(count) * cols * sizeof(typename M::Scalar));
+        static_assert(std::decay_t<decltype(m)>::IsRowMajor,
+                      "rows are contiguous only in row-major storage");
+        std::memmove(
+            reinterpret_cast<char*>(m.data()) + static_cast<size_t>(dst_row) * row_bytes,
+            static_cast<const char*>(src.data()) + static_cast<size_t>(src_row) * row_bytes,
+            static_cast<size_t>(count) * row_bytes);
       },
       data_);
 }
@@ -173,17 +212,7 @@ Tensor Tensor::Concat(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-bool Tensor::Equals(const Tensor& other) const {
-  if (dtype_ != other.dtype_ || rows() != other.rows() || cols() != other.cols()) return false;
-  return std::visit(
-      [&](const auto& m) {
-        using M = std::decay_t<decltype(m)>;
-        const M& o = std::get<M>(other.data_);
-        return m.size() == 0 ||
-               std::memcmp(m.data(), o.data(), static_cast<size_t>(m.size()) * sizeof(m(0))) == 0;
-      },
-      data_);
-}
+bool Tensor::Equals(TensorView other) const { return TensorView(*this).Equals(other); }
 
 std::string Tensor::ShapeString() const {
   return std::string(DTypeName(dtype_)) + "[" + std::to_string(rows()) + "x" +

@@ -37,7 +37,7 @@ void Insert(PrefixTrie& trie, const Keys& keys) {
 std::vector<SnapshotPtr> KvSet(int64_t from, int64_t to) {
   const std::vector<float> tags = tagged::Positions(from, to - from);
   std::vector<SnapshotPtr> set;
-  set.push_back(std::make_unique<KvSnapshot>(from, to, tagged::Keys(tags), tagged::Values(tags)));
+  set.push_back(KvSnapshot::Make(from, to, {tagged::Keys(tags)}, {tagged::Values(tags)}));
   set.push_back(nullptr);  // the stateless hole
   return set;
 }

@@ -10,7 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -314,6 +316,50 @@ TEST(KvCache, Bf16RowsRoundTripThroughSnapshotAndRestoreBitExactly) {
   EXPECT_EQ(fresh.keys().dtype(), DType::kBFloat16);
   EXPECT_TRUE(fresh.keys().Rows(0, 5).Equals(kb));
   EXPECT_TRUE(fresh.values().Rows(0, 5).Equals(vb));
+}
+
+// A snapshot keeps its K and V rows in its own allocation (KvSnapshot::Make); whatever the
+// two sides' dtypes and widths, each side reads back exactly its pieces in order, starts
+// aligned for any element type, and neither overlaps the other nor the object.
+TEST(KvSnapshot, MakeJoinsEachSidesPiecesApartAndAligned) {
+  // K: bf16 rows 3 columns wide, an odd byte count per side, so a V placed right after K
+  // would be misaligned for f32.
+  MatF k(5, 3);
+  MatF v(5, 4);
+  for (Eigen::Index r = 0; r < 5; ++r) {
+    for (Eigen::Index c = 0; c < 3; ++c) k(r, c) = static_cast<float>(10 * r + c);
+    for (Eigen::Index c = 0; c < 4; ++c) v(r, c) = -static_cast<float>(10 * r + c) - 0.5f;
+  }
+  const Tensor kb = Tensor::FromFloat(DType::kBFloat16, k);
+  const Tensor vf = Tensor::FromFloat(DType::kFloat32, v);
+  const std::unique_ptr<KvSnapshot> s =
+      KvSnapshot::Make(7, 12, {TensorView(kb).Rows(0, 2), TensorView(kb).Rows(2, 3)},
+                       {TensorView(vf).Rows(0, 4), TensorView(vf).Rows(4, 1)});
+  EXPECT_EQ(s->from(), 7);
+  EXPECT_EQ(s->to(), 12);
+  EXPECT_TRUE(s->k().Equals(kb));
+  EXPECT_TRUE(s->v().Equals(vf));
+  EXPECT_EQ(s->SizeBytes(), kb.Bytes() + vf.Bytes());
+  const auto at = [](TensorView t) { return reinterpret_cast<uintptr_t>(t.data()); };
+  EXPECT_EQ(at(s->k()) % alignof(std::max_align_t), 0u);
+  EXPECT_EQ(at(s->v()) % alignof(std::max_align_t), 0u);
+  EXPECT_GE(at(s->k()), reinterpret_cast<uintptr_t>(s.get() + 1));
+  EXPECT_GE(at(s->v()), at(s->k()) + static_cast<uintptr_t>(kb.Bytes()));
+  // Owned: the sources going away or changing leaves the snapshot as it was.
+  Tensor source = Keys(Positions(0, 2));
+  const std::unique_ptr<KvSnapshot> copy = KvSnapshot::Make(0, 2, {source}, {source});
+  source.Set(1, 0, 99.0f);
+  EXPECT_EQ(copy->k().At(1, 0), 2.0f);
+}
+
+TEST(KvSnapshotDeathTest, MakeChecksEachSidesRowsAndShape) {
+  const Tensor k = Keys(Positions(0, 3));
+  const Tensor v = Values(Positions(0, 3));
+  EXPECT_DEATH(KvSnapshot::Make(0, 4, {k}, {v}), "rows must equal its range length");
+  EXPECT_DEATH(KvSnapshot::Make(0, 3, {k}, {TensorView(v).Rows(0, 2)}),
+               "rows must equal its range length");
+  EXPECT_DEATH(KvSnapshot::Make(0, 6, {k, v}, {v, v}), "share a dtype and column count");
+  EXPECT_DEATH(KvSnapshot::Make(3, 3, {k}, {v}), "non-empty");
 }
 
 TEST(KvCache, UpdateReturnsEveryPositionWithoutAnApplier) {

@@ -584,7 +584,7 @@ TEST(PrefixCache, HasAllSnapshotsIgnoresStatelessLayers) {
   const std::vector<float> tags = tagged::Positions(0, 3);
   auto set = [&](bool with_recurrent) {
     std::vector<SnapshotPtr> s(3);
-    s[0] = std::make_unique<KvSnapshot>(0, 3, tagged::Keys(tags), tagged::Values(tags));
+    s[0] = KvSnapshot::Make(0, 3, {tagged::Keys(tags)}, {tagged::Values(tags)});
     if (with_recurrent) {
       const RecurrentDims d = specfx::Dims();
       s[2] = std::make_unique<RecurrentSnapshot>(

@@ -390,8 +390,7 @@ class PrefixEnv {
   }
 
   // Rows tagged for positions [first, first + rows) of `tokens`, or why not.
-  static std::string RowsMatch(const Tensor& k, const Tensor& v, int64_t first,
-                               const Tokens& tokens) {
+  static std::string RowsMatch(TensorView k, TensorView v, int64_t first, const Tokens& tokens) {
     const std::vector<float> got = tagged::Tags(k, v, 0, k.rows());
     std::vector<float> want;
     for (int64_t p = first; p < first + k.rows(); ++p) {

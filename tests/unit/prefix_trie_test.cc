@@ -47,7 +47,7 @@ Nodes Children(const TrieNode* node) {
 // A tagged KV snapshot of positions [from, to).
 SnapshotPtr KvSnap(int64_t from, int64_t to) {
   const std::vector<float> tags = tagged::Positions(from, to - from);
-  return std::make_unique<KvSnapshot>(from, to, tagged::Keys(tags), tagged::Values(tags));
+  return KvSnapshot::Make(from, to, {tagged::Keys(tags)}, {tagged::Values(tags)});
 }
 
 std::vector<SnapshotPtr> KvSet(int64_t from, int64_t to) {

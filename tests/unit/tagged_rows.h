@@ -40,7 +40,7 @@ inline Tensor Values(const std::vector<float>& tags, DType dtype = DType::kFloat
 
 // The tag of one row; fails the test if the row is not uniformly tagged or V does not
 // mirror K.
-inline float TagAt(const Tensor& k, const Tensor& v, int64_t row) {
+inline float TagAt(TensorView k, TensorView v, int64_t row) {
   const float tag = k.At(row, 0);
   for (int64_t c = 0; c < k.cols(); ++c) EXPECT_EQ(k.At(row, c), tag) << "K row " << row;
   for (int64_t c = 0; c < v.cols(); ++c) EXPECT_EQ(v.At(row, c), -tag) << "V row " << row;
@@ -48,7 +48,7 @@ inline float TagAt(const Tensor& k, const Tensor& v, int64_t row) {
 }
 
 // The tags of rows [begin, begin + count).
-inline std::vector<float> Tags(const Tensor& k, const Tensor& v, int64_t begin, int64_t count) {
+inline std::vector<float> Tags(TensorView k, TensorView v, int64_t begin, int64_t count) {
   std::vector<float> tags;
   for (int64_t r = begin; r < begin + count; ++r) tags.push_back(TagAt(k, v, r));
   return tags;

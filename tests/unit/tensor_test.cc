@@ -2,7 +2,8 @@
 // and kernel scratch): the same shape keeps the tensor untouched, any other dtype, row or
 // column count gives a zero-filled tensor of the new shape. AssignRows, built on it, equals
 // Rows() whatever the target held before; Rows() itself copies its range bit for bit. CopyRows
-// moves whole rows bit-exactly, also within one tensor when the ranges overlap. Method: mark a
+// moves whole rows bit-exactly, also within one tensor when the ranges overlap. A TensorView
+// reads exactly the rows it was given from storage it does not own. Method: mark a
 // tensor, ask for each shape, and look at the marks and the shape; copy row ranges and compare
 // every element with the rows read one by one before the copy.
 #include "src/core/tensor.h"
@@ -155,6 +156,48 @@ TEST(Tensor, RowsToFloatIntoEqualsRowsToFloatAndKeepsItsBuffer) {
     EXPECT_EQ(MatF(buffer.bottomRows(buffer.rows() - 1)), MatF(kept.bottomRows(kept.rows() - 1)));
     t.RowsToFloatInto(0, 6, buffer);  // more rows than it has: grows
     EXPECT_EQ(MatF(buffer.topRows(6)), t.RowsToFloat(0, 6));
+  }
+}
+
+// A view reads the rows it was given from storage it does not own: shape, elements and
+// sub-ranges agree with the tensor's own rows, an owned copy of a view equals those rows,
+// and CopyRows from a view moves exactly its rows.
+TEST(TensorView, ReadsTheRowsOfItsStorageAndCopiesAsTheTensorsRows) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const Tensor src = Numbered(dtype, 6, 3);
+    const TensorView whole = src;
+    EXPECT_EQ(whole.dtype(), dtype);
+    EXPECT_EQ(whole.rows(), 6);
+    EXPECT_EQ(whole.cols(), 3);
+    EXPECT_EQ(whole.Bytes(), src.Bytes());
+    EXPECT_TRUE(whole.Equals(src));
+    for (const auto& [begin, count] : {std::pair{0, 6}, {1, 3}, {5, 1}, {4, 0}, {6, 0}}) {
+      const TensorView part = whole.Rows(begin, count).Rows(0, count);
+      ASSERT_EQ(part.rows(), count);
+      EXPECT_TRUE(part.Equals(src.Rows(begin, count))) << begin << "+" << count;
+      EXPECT_TRUE(Tensor(part).Equals(src.Rows(begin, count))) << begin << "+" << count;
+      for (int64_t r = 0; r < count; ++r) {
+        for (int64_t c = 0; c < 3; ++c) {
+          const float want = src.At(begin + r, c);  // bits: Numbered holds a NaN
+          const float have = part.At(r, c);
+          EXPECT_EQ(std::memcmp(&want, &have, sizeof(float)), 0) << "row " << begin + r;
+        }
+      }
+      Tensor into(dtype, 8, 3);
+      into.CopyRows(2, part, 0, count);
+      EXPECT_TRUE(into.Rows(2, count).Equals(src.Rows(begin, count)));
+      EXPECT_TRUE(into.Rows(0, 2).Equals(Tensor(dtype, 2, 3)));
+    }
+    // Equal shapes, one element apart; or the same bits under another shape or dtype.
+    Tensor other = src;
+    other.Set(4, 2, other.At(4, 2) + 1.0f);
+    EXPECT_FALSE(whole.Equals(other));
+    EXPECT_FALSE(whole.Rows(0, 2).Equals(whole.Rows(0, 3)));
+    const TensorView flat(dtype, whole.data(), 1, 9);  // rows 0-2's bits as one row
+    EXPECT_FALSE(flat.Equals(whole.Rows(0, 3)));
+    const TensorView other_dtype(dtype == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32,
+                                 whole.data(), 2, 3);
+    EXPECT_FALSE(other_dtype.Equals(whole.Rows(0, 2)));
   }
 }
 
