@@ -40,7 +40,7 @@ class TensorView {
   TensorView() = default;
   // Implicit by design: every reader of rows takes a view, and a Tensor is one.
   TensorView(const Tensor& t);  // NOLINT(google-explicit-constructor)
-  // `data` holds rows x cols elements of `dtype`, row-major (no alignment needed).
+  // `data` holds rows x cols elements of `dtype`, row-major, aligned for the element type.
   TensorView(DType dtype, const void* data, int64_t rows, int64_t cols);
 
   DType dtype() const { return dtype_; }
