@@ -201,5 +201,19 @@ TEST(TensorView, ReadsTheRowsOfItsStorageAndCopiesAsTheTensorsRows) {
   }
 }
 
+// A view names storage it cannot size itself, so its shape and every range read through it
+// are checked: a negative shape, elements without storage, rows or an element past the end.
+TEST(TensorViewDeathTest, ShapesAndRangesAreChecked) {
+  const Tensor t = Numbered(DType::kFloat32, 4, 3);
+  const TensorView v = t;
+  EXPECT_DEATH(TensorView(DType::kFloat32, v.data(), -1, 3), "negative tensor view shape");
+  EXPECT_DEATH(TensorView(DType::kFloat32, nullptr, 2, 3), "needs their storage");
+  EXPECT_DEATH(v.Rows(3, 2), "row range out of tensor view");
+  EXPECT_DEATH(v.Rows(-1, 1), "row range out of tensor view");
+  EXPECT_DEATH(v.At(4, 0), "index out of range");
+  EXPECT_DEATH(v.Rows(1, 2).At(0, 3), "index out of range");
+  EXPECT_EQ(TensorView(DType::kFloat32, nullptr, 0, 3).rows(), 0);  // no elements, no storage
+}
+
 }  // namespace
 }  // namespace kvtwin
