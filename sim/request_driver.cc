@@ -139,24 +139,24 @@ int64_t RequestDriver::MinCacheOffset() const {
 }
 
 Check RequestDriver::CheckWholeTrie() {
-  const PrefixTrie& trie = manager_->trie();
-  if (Check c = CheckTrieStructure(trie, manager_->active_path(), MinCacheOffset(),
-                                   &structure_scratch_)) {
-    return c;
-  }
-  return CheckTrieSoundness(trie, oracle_ptrs_, synth_.seed(), &soundness_memo_);
+  census_walked_ = false;
+  Check c = AuditTrie(manager_->trie(), manager_->active_path(), MinCacheOffset(), oracle_ptrs_,
+                      synth_.seed(), audit_scratch_, &census_next_.start_by_end);
+  census_walked_ = !c;
+  return c;
 }
 
-void RequestDriver::TakeCensus(Census& census) {
-  census.start_by_end.clear();
-  census.active_key_path.clear();
-  WalkEndHashes(manager_->trie(), synth_.seed(), census_ends_, [&](TrieNode* n, uint64_t h) {
-    if (!n->is_root()) census.start_by_end.emplace_back(h, n->start_offset());
-  });
+void RequestDriver::TakeCensus() {
+  // Every session call that updates the census audited the trie first, and the checks in
+  // between only read it.
+  KV_CHECK(census_walked_, "a census without this call's audit walk");
+  census_walked_ = false;
+  Census& census = census_next_;
   std::sort(census.start_by_end.begin(), census.start_by_end.end());
   // Every position of the active key path, not only node ends: a node compaction folded
   // into the path ended at what is now an interior position of the merged node. The path
   // starts at the root, so hashing its edges in order gives PathLog's hashes.
+  census.active_key_path.clear();
   uint64_t h = synth_.seed();
   for (const TrieNode* n : manager_->active_path()) {
     for (const TrieKey k : n->edge()) {
@@ -170,7 +170,7 @@ void RequestDriver::TakeCensus(Census& census) {
 void RequestDriver::UpdateCensus() {
   // Double-buffered: the previous census's vectors become the next one's, so a census
   // allocates only while the trie grows.
-  TakeCensus(census_next_);
+  TakeCensus();
   if (has_census_) CountChanges(census_, census_next_);
   std::swap(census_, census_next_);
   has_census_ = true;

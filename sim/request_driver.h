@@ -190,13 +190,15 @@ class RequestDriver {
   // (null holes stay null).
   std::vector<LayerCache*> ManagerCaches() const;
   int64_t MinCacheOffset() const;  // the least offset of the stateful caches (-1: none)
-  // Structure and soundness of the whole trie (the first two of an audit's checks).
+  // Structure and soundness of the whole trie (the first two of an audit's checks), in one
+  // walk that also takes the nodes of the next census (census_next_.start_by_end).
   Check CheckWholeTrie();
   std::vector<std::optional<model::RefCache>> Shadows() const;
-  void TakeCensus(Census& census);  // into `census`, reusing its buffers
-  // After an audited call: counts the changes since the previous audited call's census
-  // (splits and evictions, approximate: a node that came and went between two audits is
-  // not seen) and keeps the new census.
+  // Completes census_next_ from this call's CheckWholeTrie (the nodes) and the active path.
+  void TakeCensus();
+  // After an audited call (whose CheckWholeTrie passed): counts the changes since the previous
+  // audited call's census (splits and evictions, approximate: a node that came and went between two
+  // audits is not seen) and keeps the new census.
   void UpdateCensus();
   void CountChanges(const Census& before, const Census& after);
   void Fold(uint64_t value);
@@ -231,7 +233,7 @@ class RequestDriver {
   Census census_;       // at the last audited call, if has_census_
   Census census_next_;  // UpdateCensus's scratch
   bool has_census_ = false;
-  EndHashStack census_ends_;  // TakeCensus's scratch
+  bool census_walked_ = false;  // census_next_'s nodes are this call's (CheckWholeTrie)
   int64_t audit_credit_ = 0;
   int64_t history_credit_ = 0;    // rows a full history check may read (TrustedHistoryRows)
   int64_t history_skips_ = 0;     // forwards that trusted rows since the last full check
@@ -239,8 +241,7 @@ class RequestDriver {
   int64_t forwarded_tokens_ = 0;  // since the last call started (StartCall)
   int64_t last_request_ = -1;     // the index of the last plan run (FinalAudit)
   bool audit_ = true;
-  SoundnessMemo soundness_memo_;
-  StructureScratch structure_scratch_;         // CheckWholeTrie's structure check
+  AuditScratch audit_scratch_;                 // CheckWholeTrie's buffers and soundness memo
   std::vector<NodeSketch> begin_path_sketch_;  // Session::Begin's expected active path
   // Session::Squeeze's scratch: each active-path node with its slot count, and the slots,
   // flat, as they were before the pass.

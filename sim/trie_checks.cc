@@ -233,84 +233,166 @@ model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed) {
   return log;
 }
 
+namespace {
+
+// CheckTrieStructure's walk, one node at a time, so an audit can share its walk with the
+// soundness check (AuditTrie).
+class StructureWalk {
+ public:
+  StructureWalk(const PrefixTrie& trie, StructureScratch& buffers) : trie_(trie), b_(buffers) {
+    b_.members.clear();
+    b_.members.reserve(static_cast<size_t>(std::max<int64_t>(trie.num_nodes(), 1)));
+  }
+
+  // The root's own shape, before any walk.
+  Check Root() const {
+    const TrieNode& root = *trie_.root();
+    if (!root.is_root() || !root.edge().empty() || root.end_offset() != 0) {
+      return AtNode(root, "root", "an empty edge ending at 0",
+                    fmt::format("{} keys ending at {}", root.edge().size(), root.end_offset()));
+    }
+    return std::nullopt;
+  }
+
+  void Visit(const TrieNode* n) {
+    if (found_) return;
+    b_.members.push_back(n);
+    found_ = CheckSlots(trie_, *n, bytes_);
+    if (!found_) found_ = CheckChildren(*n, b_.keys);
+  }
+  // Set from the first node that failed on: the links below it may not hold.
+  bool failed() const { return found_.has_value(); }
+
+  // What needs the whole walk: duplicates, the counters and the active path.
+  Check Finish(std::span<TrieNode* const> active_path, int64_t min_offset) {
+    // A node reached twice (a child linked under two parents) is a duplicate pointer among
+    // the nodes visited, up to and including a failing one. Its second visit is reported
+    // when it comes no later than the failure, as a check at every visit would have.
+    std::vector<const TrieNode*>& sorted = b_.sorted;
+    sorted.assign(b_.members.begin(), b_.members.end());
+    std::sort(sorted.begin(), sorted.end(), std::less<const TrieNode*>());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      std::vector<const TrieNode*> seen;  // a broken trie only: quadratic is fine
+      for (const TrieNode* n : b_.members) {
+        if (std::find(seen.begin(), seen.end(), n) != seen.end()) {
+          return AtNode(*n, "reached by the walk", "once", "twice");
+        }
+        seen.push_back(n);
+      }
+    }
+    if (found_) return found_;
+    // From here on membership is looked up in `sorted`.
+    if (bytes_ != trie_.paged_out_bytes()) {
+      return Mismatch{"paged-out byte counter", fmt::format("{} (sum over the walk)", bytes_),
+                      std::to_string(trie_.paged_out_bytes())};
+    }
+    if (static_cast<int64_t>(sorted.size()) != trie_.num_nodes()) {
+      return Mismatch{"node counter", fmt::format("{} (nodes in the walk)", sorted.size()),
+                      std::to_string(trie_.num_nodes())};
+    }
+    if (active_path.empty() || active_path.front() != trie_.root()) {
+      return Mismatch{"active path start", "the root",
+                      active_path.empty() ? "an empty path" : "another node"};
+    }
+    for (size_t i = 1; i < active_path.size(); ++i) {
+      // A node evicted or merged away is a dangling pointer: test membership before use.
+      if (!std::binary_search(sorted.begin(), sorted.end(), active_path[i],
+                              std::less<const TrieNode*>())) {
+        return Mismatch{fmt::format("active path entry {} of {}", i, active_path.size()),
+                        "a node of the trie", "a node no longer in the trie (evicted or merged)"};
+      }
+      if (active_path[i]->parent() != active_path[i - 1]) {
+        return Mismatch{fmt::format("active path entry {} ({})", i, DescribeNode(*active_path[i])),
+                        "the child of entry " + std::to_string(i - 1), "not its child"};
+      }
+    }
+    if (active_path.back()->end_offset() > min_offset) {
+      return Mismatch{"active path end (" + DescribeNode(*active_path.back()) + ")",
+                      fmt::format("<= {} (the minimum cache offset)", min_offset),
+                      std::to_string(active_path.back()->end_offset())};
+    }
+    return std::nullopt;
+  }
+
+ private:
+  const PrefixTrie& trie_;
+  StructureScratch& b_;
+  int64_t bytes_ = 0;
+  Check found_;
+};
+
+// CheckTrieSoundness's memoized walk, one node at a time. REQUIRES: the structure checks of
+// every node visited so far passed, so the walk is pre-order along parent links and every
+// node starts where its parent ends: the log of the path walked so far, cut back to a
+// node's start, is its parent's key path, and its own edge extends it. Each edge is hashed
+// once per check, where a PathLog per node rehashed every path from the root (quadratic
+// along a long conversation with a capture every few tokens).
+class SoundnessWalk {
+ public:
+  SoundnessWalk(const PrefixTrie& trie, std::span<LayerOracle* const> oracles, uint64_t hash_seed,
+                SoundnessMemo& memo)
+      : trie_(trie), oracles_(oracles), seed_(hash_seed), memo_(memo) {
+    memo_.next.clear();
+    memo_.path.clear();
+  }
+
+  void Visit(const TrieNode* n) {
+    if (found_) return;
+    model::TokenLog& path = memo_.path;
+    if (!n->is_root()) {
+      KV_CHECK(n->start_offset() <= static_cast<int64_t>(path.size()),
+               "pre-order reached a node before its parent");
+      path.resize(static_cast<size_t>(n->start_offset()));
+      uint64_t h = end_hash();
+      for (const TrieKey k : n->edge()) {
+        const int32_t t = KeyToken(k);
+        h = NextHash(h, t);
+        path.push_back({t, h});
+      }
+    }
+    if (!n->HasSnapshots()) return;
+    const uint64_t key = NodeFingerprint(*n, end_hash(), memo_.bytes);
+    if (!std::binary_search(memo_.verified.begin(), memo_.verified.end(), key)) {
+      // One shared copy per node checked, which each layer's reference slices.
+      found_ = CheckNodeSnapshots(trie_, *n, oracles_, model::SharedLog(path));
+    }
+    if (!found_) memo_.next.push_back(key);
+  }
+  // The provenance hash at the end of the node visited last (hash_seed at the root).
+  uint64_t end_hash() const { return memo_.path.empty() ? seed_ : memo_.path.back().h; }
+
+  // The verdict; on a pass the memo keeps exactly this trie's fingerprints.
+  Check Finish() {
+    if (!found_) {
+      std::sort(memo_.next.begin(), memo_.next.end());
+      std::swap(memo_.verified, memo_.next);
+    }
+    return found_;
+  }
+
+ private:
+  const PrefixTrie& trie_;
+  std::span<LayerOracle* const> oracles_;
+  uint64_t seed_;
+  SoundnessMemo& memo_;
+  Check found_;
+};
+
+}  // namespace
+
 Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
                          int64_t min_offset, StructureScratch* scratch) {
-  const TrieNode& root = *trie.root();
-  if (!root.is_root() || !root.edge().empty() || root.end_offset() != 0) {
-    return AtNode(root, "root", "an empty edge ending at 0",
-                  fmt::format("{} keys ending at {}", root.edge().size(), root.end_offset()));
-  }
   StructureScratch local;
-  StructureScratch& buffers = scratch != nullptr ? *scratch : local;
-  // Walk order, then sorted for membership: one buffer instead of a hash node per trie node.
-  std::vector<const TrieNode*>& members = buffers.members;
-  members.clear();
-  members.reserve(static_cast<size_t>(std::max<int64_t>(trie.num_nodes(), 1)));
-  std::vector<std::pair<TrieKey, size_t>>& keys = buffers.keys;
-  int64_t bytes = 0;
-  Check found;
-  trie.Walk([&](TrieNode* n) {
-    if (found) return;
-    members.push_back(n);
-    if (Check c = CheckSlots(trie, *n, bytes)) {
-      found = c;
-    } else {
-      found = CheckChildren(*n, keys);
-    }
-  });
-  // A node reached twice (a child linked under two parents) is a duplicate pointer among the
-  // nodes visited, up to and including a failing one. Its second visit is reported when it
-  // comes no later than the failure, as a check at every visit would have.
-  std::vector<const TrieNode*>& sorted = buffers.sorted;
-  sorted.assign(members.begin(), members.end());
-  std::sort(sorted.begin(), sorted.end(), std::less<const TrieNode*>());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    std::vector<const TrieNode*> seen;  // a broken trie only: quadratic is fine
-    for (const TrieNode* n : members) {
-      if (std::find(seen.begin(), seen.end(), n) != seen.end()) {
-        return AtNode(*n, "reached by the walk", "once", "twice");
-      }
-      seen.push_back(n);
-    }
-  }
-  if (found) return found;
-  // From here on membership is looked up in `sorted`.
-  if (bytes != trie.paged_out_bytes()) {
-    return Mismatch{"paged-out byte counter", fmt::format("{} (sum over the walk)", bytes),
-                    std::to_string(trie.paged_out_bytes())};
-  }
-  if (static_cast<int64_t>(sorted.size()) != trie.num_nodes()) {
-    return Mismatch{"node counter", fmt::format("{} (nodes in the walk)", sorted.size()),
-                    std::to_string(trie.num_nodes())};
-  }
-  if (active_path.empty() || active_path.front() != trie.root()) {
-    return Mismatch{"active path start", "the root",
-                    active_path.empty() ? "an empty path" : "another node"};
-  }
-  for (size_t i = 1; i < active_path.size(); ++i) {
-    // A node evicted or merged away is a dangling pointer: test membership before use.
-    if (!std::binary_search(sorted.begin(), sorted.end(), active_path[i],
-                            std::less<const TrieNode*>())) {
-      return Mismatch{fmt::format("active path entry {} of {}", i, active_path.size()),
-                      "a node of the trie", "a node no longer in the trie (evicted or merged)"};
-    }
-    if (active_path[i]->parent() != active_path[i - 1]) {
-      return Mismatch{fmt::format("active path entry {} ({})", i, DescribeNode(*active_path[i])),
-                      "the child of entry " + std::to_string(i - 1), "not its child"};
-    }
-  }
-  if (active_path.back()->end_offset() > min_offset) {
-    return Mismatch{"active path end (" + DescribeNode(*active_path.back()) + ")",
-                    fmt::format("<= {} (the minimum cache offset)", min_offset),
-                    std::to_string(active_path.back()->end_offset())};
-  }
-  return std::nullopt;
+  StructureWalk structure(trie, scratch != nullptr ? *scratch : local);
+  if (Check c = structure.Root()) return c;
+  trie.Walk([&](TrieNode* n) { structure.Visit(n); });
+  return structure.Finish(active_path, min_offset);
 }
 
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo) {
-  Check found;
   if (memo == nullptr) {
+    Check found;
     trie.Walk([&](TrieNode* n) {
       if (found) return;
       const model::SharedLog path =
@@ -319,41 +401,27 @@ Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> o
     });
     return found;
   }
-  memo->next.clear();
-  // CheckTrieStructure passed, so the walk is pre-order along parent links and every
-  // node starts where its parent ends: the log of the path walked so far, cut back to a
-  // node's start, is its parent's key path, and its own edge extends it. Each edge is
-  // hashed once per check, where a PathLog per node rehashed every path from the root
-  // (quadratic along a long conversation with a capture every few tokens).
-  model::TokenLog& path = memo->path;
-  path.clear();
+  SoundnessWalk soundness(trie, oracles, hash_seed, *memo);
+  trie.Walk([&](TrieNode* n) { soundness.Visit(n); });
+  return soundness.Finish();
+}
+
+Check AuditTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path, int64_t min_offset,
+                std::span<LayerOracle* const> oracles, uint64_t hash_seed, AuditScratch& scratch,
+                EndStarts* ends) {
+  StructureWalk structure(trie, scratch.structure);
+  if (Check c = structure.Root()) return c;
+  SoundnessWalk soundness(trie, oracles, hash_seed, scratch.memo);
+  if (ends != nullptr) ends->clear();
   trie.Walk([&](TrieNode* n) {
-    if (found) return;
-    if (!n->is_root()) {
-      KV_CHECK(n->start_offset() <= static_cast<int64_t>(path.size()),
-               "pre-order reached a node before its parent");
-      path.resize(static_cast<size_t>(n->start_offset()));
-      uint64_t h = path.empty() ? hash_seed : path.back().h;
-      for (const TrieKey k : n->edge()) {
-        const int32_t t = KeyToken(k);
-        h = NextHash(h, t);
-        path.push_back({t, h});
-      }
-    }
-    if (!n->HasSnapshots()) return;
-    const uint64_t h = path.empty() ? hash_seed : path.back().h;
-    const uint64_t key = NodeFingerprint(*n, h, memo->bytes);
-    if (!std::binary_search(memo->verified.begin(), memo->verified.end(), key)) {
-      // One shared copy per node checked, which each layer's reference slices.
-      found = CheckNodeSnapshots(trie, *n, oracles, model::SharedLog(path));
-    }
-    if (!found) memo->next.push_back(key);
+    structure.Visit(n);
+    if (structure.failed()) return;
+    soundness.Visit(n);
+    if (ends != nullptr && !n->is_root())
+      ends->emplace_back(soundness.end_hash(), n->start_offset());
   });
-  if (!found) {
-    std::sort(memo->next.begin(), memo->next.end());
-    std::swap(memo->verified, memo->next);
-  }
-  return found;
+  if (Check c = structure.Finish(active_path, min_offset)) return c;
+  return soundness.Finish();
 }
 
 Check CheckLiveSoundness(std::span<LayerCache* const> caches, std::span<LayerOracle* const> oracles,

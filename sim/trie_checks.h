@@ -51,25 +51,6 @@ model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed);
 // A trie key as the text token it stands for (λ = 0 without media: keys are token ids).
 int32_t KeyToken(TrieKey key);
 
-// The hashes at the ends of the nodes on the walk's current path, root first.
-using EndHashStack = std::vector<std::pair<const TrieNode*, uint64_t>>;
-// Walks `trie` in pre-order calling fn(node, h), h the provenance hash at the node's end
-// (PathLog's last hash; hash_seed for the root), following parent links. Pre-order visits
-// a node right after its ancestors, so the ends of the current path are a stack: pop to
-// the parent, then push the node. `ends` is the caller's scratch.
-template <class Fn>
-void WalkEndHashes(const PrefixTrie& trie, uint64_t hash_seed, EndHashStack& ends, Fn&& fn) {
-  ends.clear();
-  trie.Walk([&](TrieNode* n) {
-    while (!ends.empty() && ends.back().first != n->parent()) ends.pop_back();
-    KV_CHECK(n->is_root() || !ends.empty(), "pre-order reached a node before its parent");
-    uint64_t h = n->is_root() ? hash_seed : ends.back().second;
-    for (const TrieKey k : n->edge()) h = NextHash(h, KeyToken(k));
-    ends.emplace_back(n, h);
-    fn(n, h);
-  });
-}
-
 // The reference snapshot a node holds for a layer of `kind`, given its key path `path`
 // (PathLog): KV the tokens of its edge [start, end); whole-state kinds the tokens [0, end)
 // at to == end (`from` is informational for them). Slices of `path`, sharing its buffer: a
@@ -109,6 +90,21 @@ struct SoundnessMemo {
 };
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo = nullptr);
+
+// The whole-trie audit: CheckTrieStructure, then CheckTrieSoundness with a memo, in one walk
+// (each node, its slots and its children are read once; two walks of a trie larger than
+// the caches read it twice). The verdict is the pair's in that order: a structure failure
+// anywhere comes first, and soundness stops at the first node the structure check fails on
+// (its walk assumes the links that check passed). `ends` (optional) receives, on a pass,
+// (provenance hash at the node's end, start) of every non-root node in walk order.
+struct AuditScratch {
+  StructureScratch structure;
+  SoundnessMemo memo;
+};
+using EndStarts = std::vector<std::pair<uint64_t, int64_t>>;
+Check AuditTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path, int64_t min_offset,
+                std::span<LayerOracle* const> oracles, uint64_t hash_seed, AuditScratch& scratch,
+                EndStarts* ends = nullptr);
 
 // Live soundness: every non-null cache is at log.size() and holds exactly `log` (content
 // only, LayerOracle::CheckLiveContent). `caches` and `oracles` are parallel.
