@@ -8,9 +8,9 @@
 // which every mode does alike (the time that input takes alone is reported beside it), and
 // end after the mode's state is freed: the differential replay frees its driver inside
 // ReplayFile, so the other modes' teardown is timed too. `--repeat N` runs the
-// configuration N times from scratch and reports the median run. Writes one JSON object (bench_report merges them).
-// Exit codes: 0; 1 a divergence in differential mode; 2 bad flags or input (one line on
-// stderr).
+// configuration N times from scratch and reports the median run. Writes one JSON object
+// (bench_report merges them). Exit codes: 0; 1 a divergence in differential mode; 2 bad flags or
+// input (one line on stderr).
 #include <fmt/format.h>
 #include <sys/resource.h>
 
