@@ -147,18 +147,31 @@ uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash, std::string& byt
                              s == nullptr ? -1 : static_cast<int64_t>(s->kind()),
                              s == nullptr ? 0 : s->from(), s == nullptr ? 0 : s->to()};
     fold(slot, sizeof(slot));
-    if (const auto* kv = dynamic_cast<const KvSnapshot*>(s)) {
-      fold_tensor(kv->k());
-      fold_tensor(kv->v());
-    } else if (const auto* rot = dynamic_cast<const RotatingSnapshot*>(s)) {
-      // The ring cursor too: the same rows under another cursor are another window order.
-      const int64_t idx = rot->idx();
-      fold(&idx, sizeof(idx));
-      fold_tensor(rot->k());
-      fold_tensor(rot->v());
-    } else if (const auto* rec = dynamic_cast<const RecurrentSnapshot*>(s)) {
-      fold_tensor(rec->conv());
-      fold_floats(rec->delta());
+    if (s == nullptr) continue;
+    // By kind rather than by dynamic_cast: each kind has one snapshot class, which the
+    // oracle's static_casts rely on too.
+    switch (s->kind()) {
+      case CacheKind::kFullKv: {
+        const auto& kv = static_cast<const KvSnapshot&>(*s);
+        fold_tensor(kv.k());
+        fold_tensor(kv.v());
+        break;
+      }
+      case CacheKind::kRotating: {
+        // The ring cursor too: the same rows under another cursor are another window order.
+        const auto& rot = static_cast<const RotatingSnapshot&>(*s);
+        const int64_t idx = rot.idx();
+        fold(&idx, sizeof(idx));
+        fold_tensor(rot.k());
+        fold_tensor(rot.v());
+        break;
+      }
+      case CacheKind::kRecurrent: {
+        const auto& rec = static_cast<const RecurrentSnapshot&>(*s);
+        fold_tensor(rec.conv());
+        fold_floats(rec.delta());
+        break;
+      }
     }
   }
   return XXH3_64bits(bytes.data(), bytes.size());
