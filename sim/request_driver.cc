@@ -202,10 +202,11 @@ bool RequestDriver::StartCall() {
   } else {
     // Credit accrues per call and is capped, so the first call past a long gap is not
     // followed by a burst of audits.
-    const int64_t earned = kAuditNodesPerCall + kAuditNodesPerToken * forwarded_tokens_;
-    audit_credit_ = std::min(audit_credit_ + earned, nodes + earned);
-    audit_ = audit_credit_ >= nodes;
-    if (audit_) audit_credit_ -= nodes;
+    const int64_t cost = kAuditTokensPerNode * nodes;
+    const int64_t earned = kAuditTokensPerCall + forwarded_tokens_;
+    audit_credit_ = std::min(audit_credit_ + earned, cost + earned);
+    audit_ = audit_credit_ >= cost;
+    if (audit_) audit_credit_ -= cost;
   }
   unaudited_calls_ += !audit_;
   forwarded_tokens_ = 0;
