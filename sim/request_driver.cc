@@ -114,12 +114,25 @@ std::vector<LayerCache*> RequestDriver::ManagerCaches() const {
 
 std::vector<std::optional<model::RefCache>> RequestDriver::Shadows() const {
   std::vector<std::optional<model::RefCache>> out;
+  out.reserve(caches_.size());
   for (size_t i = 0; i < caches_.size(); ++i) {
     if (caches_[i] == nullptr) {
       out.emplace_back();
       continue;
     }
     const LayerSpec& spec = config_.layers[i];
+    // A layer of the same kind and window as an earlier one gets a copy of its shadow: a
+    // RefCache is a value whose log copies share their buffer, so the live tokens are
+    // copied once per distinct layer rather than once per layer.
+    const auto same = std::find_if(out.begin(), out.end(), [&](const auto& ref) {
+      const size_t j = static_cast<size_t>(&ref - out.data());
+      return ref.has_value() && config_.layers[j].kind == spec.kind &&
+             config_.layers[j].window == spec.window;
+    });
+    if (same != out.end()) {
+      out.push_back(*same);
+      continue;
+    }
     model::RefCache ref = spec.kind == CacheKind::kFullKv ? model::RefCache::Kv()
                           : spec.kind == CacheKind::kRotating
                               ? model::RefCache::Rotating(spec.window)
