@@ -107,6 +107,10 @@ class Replayer {
     return std::move(*e);
   }
 
+  void BeforeTeardown() const {
+    if (o_.before_teardown) o_.before_teardown();
+  }
+
   void Diverged(std::string report, const std::string& what) {
     r_.divergence = std::move(report);
     r_.divergence_kind = DivergenceKind(what);
@@ -146,6 +150,7 @@ class Replayer {
                               CacheKindName(d.config().layers[static_cast<size_t>(i)].kind),
                               d.ref(i).Offset(), d.pool_size(i));
     }
+    BeforeTeardown();
   }
 
   void RunMultiSeq() {
@@ -163,6 +168,7 @@ class Replayer {
         d, "a sequence, position or batch that a correct runner would not issue at this point");
     r_.state =
         fmt::format("multiseq {}\ncoverage: {}\n", config.Describe(), d.coverage().ToString());
+    BeforeTeardown();
   }
 
   void RunRequests(StackConfig config) {
@@ -210,6 +216,7 @@ class Replayer {
     r_.state = fmt::format("active path ends at offset {}; {} paged-out bytes\n",
                            r_.divergence ? -1 : pc.active_path().back()->end_offset(),
                            pc.trie().paged_out_bytes());
+    BeforeTeardown();
   }
 
   Source& src_;

@@ -86,6 +86,39 @@ TEST(Replay, ARecordedMultiSeqRunReplaysToItsDigestFromMemoryAndFromAFile) {
   }
 }
 
+// The benchmark's clock stops in before_teardown: once per replay, after the last event,
+// for every kind of trace.
+TEST(Replay, BeforeTeardownRunsOnceAfterTheLastEventOfEveryKind) {
+  std::vector<std::pair<std::string, Trace>> traces(3);
+  RunOptions ops;
+  ops.steps = 60;
+  ASSERT_FALSE(RunSeed(ops, 3, &traces[0].second).divergence);
+  RequestOptions requests;
+  requests.seed = 2;
+  requests.requests = 12;
+  ASSERT_FALSE(RunRequests(requests, &traces[1].second).divergence);
+  MultiSeqRunOptions multiseq;
+  multiseq.steps = 40;
+  ASSERT_FALSE(RunMultiSeq(multiseq, 1, &traces[2].second).divergence);
+  traces[0].first = "ops";
+  traces[1].first = "requests";
+  traces[2].first = "multiseq";
+  for (const auto& [kind, trace] : traces) {
+    int64_t events = 0, calls = 0, events_at_call = -1;
+    ReplayOptions options;
+    options.on_event = [&](int64_t n) { events = n; };
+    options.before_teardown = [&] {
+      ++calls;
+      events_at_call = events;
+    };
+    const ReplayResult r = ReplayTrace(trace, options);
+    ASSERT_TRUE(r.passed()) << kind << ": " << r.verdict();
+    EXPECT_EQ(calls, 1) << kind;
+    EXPECT_EQ(events_at_call, r.events) << kind;
+    EXPECT_GT(r.events, 0) << kind;
+  }
+}
+
 TEST(Replay, AMultiSeqOpARunnerWouldNotIssueIsAnInputErrorAtThatEvent) {
   Trace t;
   t.header.kind = TraceKind::kMultiSeq;
