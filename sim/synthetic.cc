@@ -1,6 +1,10 @@
 #include "sim/synthetic.h"
 
 #include <fmt/format.h>
+// Inlined: NextHash runs per token and RowSeed per synthesized row (production's inputs and
+// the oracle's expected rows), on a few bytes each, where a call into the shared library
+// cost more than the hashing.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cmath>
