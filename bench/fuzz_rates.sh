@@ -10,6 +10,12 @@ secs=${1:-30}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake --preset fuzz >/dev/null && cmake --build --preset fuzz -j "$(nproc)" >/dev/null
+# Pinned to one CPU, as in scripts/bench.sh: one core of this 2-core VM runs 1.4-1.5x
+# slower than the other, and an unpinned target's rate said which core it got.
+pin=()
+if command -v taskset >/dev/null; then
+  pin=(taskset -c "$(taskset -cp $$ | sed 's/.*: *//; s/[-,].*//')")
+fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 kept=build/fuzz/rate-crashes; mkdir -p "$kept"
 echo "| target | exec/s | executions | peak RSS (MB) |"
@@ -20,7 +26,7 @@ for exe in build/fuzz/fuzz/*_fuzz; do
   [ -d "fuzz/corpus/$name" ] && cp -r "fuzz/corpus/$name/." "$tmp/$name/"
   dict=(); [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
   # A crash here is a finding: its artifact and libFuzzer's report are kept.
-  out=$("$exe" -seed=1 -max_total_time="$secs" -print_final_stats=1 "${dict[@]}" \
+  out=$("${pin[@]}" "$exe" -seed=1 -max_total_time="$secs" -print_final_stats=1 "${dict[@]}" \
           -artifact_prefix="$kept/$name-" "$tmp/$name" 2>&1) || {
     echo "$out" > "$kept/$name.log"
     echo "| $name | CRASH: $(grep -m1 -E 'ERROR|Check failed|KV_CHECK|SUMMARY' <<<"$out"), see $kept/$name.log | | |"
