@@ -25,14 +25,13 @@
 // the trie: a call earns kAuditTokensPerCall plus the tokens forwarded since the previous
 // call, and an audit costs kAuditTokensPerNode per node. An audit's node visit reads the
 // node, its children's edges and every snapshot's rows (and the reference trie's node),
-// and cost about as much as eight forwarded tokens of production work (perf, the Mooncake
-// trace at block scale 1: 1.4 us against 0.18 us), so the audits cost about as much time as
-// the production work the calls did. FinalAudit
-// audits the end of a run. A divergence found after unaudited
-// calls carries their number, and the callers (replay, requests, the prefix fuzz target)
-// re-run with audit_every_call to report the first call at which an audit fails: the run
-// is deterministic and the checks only read production state, so this costs time only on
-// a failure. The report and live soundness checks run on every call, and every forward's
+// and costs about as much as eight forwarded tokens of production work (perf, the Mooncake
+// trace at block scale 1: 1.4 us against 0.18 us), so the audits during a run cost at most
+// about as much time as the production work that earned them. FinalAudit audits the end
+// of a run. A divergence found after unaudited calls carries their number, and the
+// callers (replay, requests, the prefix fuzz target) re-run with audit_every_call to
+// report the first call at which an audit fails: the run is deterministic and the checks
+// only read production state, so this costs time only on a failure. The report and live soundness checks run on every call, and every forward's
 // history is checked. A forward's history rows before the write were verified when they were
 // written and by every later full check, so on a full KV layer past kHistoryAlwaysRows they
 // are re-read on the same kind of credit (kHistoryRowsPerToken per forwarded token), the new
