@@ -306,6 +306,54 @@ TEST(TrieSoundness, TheMemoStillSeesARotatingSnapshotUnderAnotherCursor) {
       << c->what;
 }
 
+// AuditTrie is CheckTrieStructure then CheckTrieSoundness in one walk: the same verdict as
+// the pair in that order, so a structure failure found only at the end of the walk (here
+// the active path) still wins over a soundness failure found on the way; on a pass it
+// lists every non-root node's end hash (PathLog's last) and start, in walk order.
+TEST(AuditTrie, GivesThePairsVerdictInOrderAndEveryNodesEndHash) {
+  Rig rig;
+  rig.Write(rig.Log(kLookAlike), 0, 4);
+  std::vector<SnapshotPtr> wrong = rig.SnapshotAll();
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* bad = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
+  trie.SetSnapshots(bad, std::move(wrong));
+  trie.AppendChild(bad, Keys({7, 8}), 6);
+  trie.AppendChild(trie.root(), Keys({5}), 1);
+  const std::vector<TrieNode*> good_path = {trie.root()};
+  const std::vector<TrieNode*> far_path = {trie.root(), bad};  // ends past min_offset 0
+  AuditScratch scratch;
+
+  const Check sound = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed());
+  ASSERT_TRUE(sound.has_value());
+  const Check audit = AuditTrie(trie, good_path, 0, rig.oracle_ptrs, rig.synth.seed(), scratch);
+  ASSERT_TRUE(audit.has_value());
+  EXPECT_EQ(audit->what, sound->what);
+  EXPECT_EQ(audit->expected, sound->expected);
+  EXPECT_EQ(audit->actual, sound->actual);
+
+  const Check structure = CheckTrieStructure(trie, far_path, 0);
+  ASSERT_TRUE(structure.has_value());
+  const Check both = AuditTrie(trie, far_path, 0, rig.oracle_ptrs, rig.synth.seed(), scratch);
+  ASSERT_TRUE(both.has_value());
+  EXPECT_EQ(both->what, structure->what);
+  EXPECT_EQ(both->actual, structure->actual);
+
+  // A sound trie of the same shape: a pass, with the census's end hashes.
+  Rig sound_rig;
+  PrefixTrie ok(sound_rig.Raw(), Tick{0});
+  TrieNode* a = AddSoundNode(sound_rig, ok);
+  TrieNode* a_child = ok.AppendChild(a, Keys({7, 8}), 6);
+  TrieNode* b = ok.AppendChild(ok.root(), Keys({5}), 1);
+  EndStarts ends = {{1, 1}};  // stale entries are replaced
+  const Check pass = AuditTrie(ok, std::vector<TrieNode*>{ok.root()}, 0, sound_rig.oracle_ptrs,
+                               sound_rig.synth.seed(), scratch, &ends);
+  ASSERT_FALSE(pass.has_value()) << pass->what;
+  const EndStarts want = {{PathLog(*a, sound_rig.synth.seed()).back().h, 0},
+                          {PathLog(*a_child, sound_rig.synth.seed()).back().h, 4},
+                          {PathLog(*b, sound_rig.synth.seed()).back().h, 0}};
+  EXPECT_EQ(ends, want);
+}
+
 TEST(LiveSoundness, ReportsALiveCacheRewrittenFromALookAlikeBranchAfterBegin) {
   Rig rig;
   PrefixCache pc(rig.Raw());
