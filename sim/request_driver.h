@@ -31,19 +31,18 @@
 // of a run. A divergence found after unaudited calls carries their number, and the
 // callers (replay, requests, the prefix fuzz target) re-run with audit_every_call to
 // report the first call at which an audit fails: the run is deterministic and the checks
-// only read production state, so this costs time only on a failure. The report and live soundness checks run on every call, and every forward's
-// history is checked. A forward's history rows before the write were verified when they were
-// written and by every later full check, so on a full KV layer past kHistoryAlwaysRows they
-// are re-read on the same kind of credit (kHistoryRowsPerToken per forwarded token), the new
-// rows and every row's visibility always; each live check at a session call reads every row
-// again. Forwards that trusted rows count as unaudited until the next full check passes, so
-// a divergence after them is localized the same way (audit_every_call checks every row).
-// At an unlimited budget the reference manager (sim/manager_reference.h) runs in lock step
-// and every session call must leave exactly its trie, active path and pending offsets.
-// Under a budget every eviction pass that evicts must give exactly the reference pass's
-// trie (sim/eviction_reference.h).
-// The first failure is returned as a RequestDivergence; the driver then must not be used.
-// Every observable is folded into a digest. Single-threaded.
+// only read production state, so this costs time only on a failure. The report and live soundness
+// checks run on every call, and every forward's history is checked. A forward's history rows before
+// the write were verified when they were written and by every later full check, so on a full KV
+// layer past kHistoryAlwaysRows they are re-read on the same kind of credit (kHistoryRowsPerToken
+// per forwarded token), the new rows and every row's visibility always; each live check at a
+// session call reads every row again. Forwards that trusted rows count as unaudited until the next
+// full check passes, so a divergence after them is localized the same way (audit_every_call checks
+// every row). At an unlimited budget the reference manager (sim/manager_reference.h) runs in lock
+// step and every session call must leave exactly its trie, active path and pending offsets. Under a
+// budget every eviction pass that evicts must give exactly the reference pass's trie
+// (sim/eviction_reference.h). The first failure is returned as a RequestDivergence; the driver then
+// must not be used. Every observable is folded into a digest. Single-threaded.
 #pragma once
 
 #include <cstdint>
