@@ -124,13 +124,13 @@ std::vector<std::optional<model::RefCache>> RequestDriver::Shadows() const {
     // A layer of the same kind and window as an earlier one gets a copy of its shadow: a
     // RefCache is a value whose log copies share their buffer, so the live tokens are
     // copied once per distinct layer rather than once per layer.
-    const auto same = std::find_if(out.begin(), out.end(), [&](const auto& ref) {
-      const size_t j = static_cast<size_t>(&ref - out.data());
-      return ref.has_value() && config_.layers[j].kind == spec.kind &&
-             config_.layers[j].window == spec.window;
-    });
-    if (same != out.end()) {
-      out.push_back(*same);
+    size_t same = 0;
+    while (same < i && !(out[same].has_value() && config_.layers[same].kind == spec.kind &&
+                         config_.layers[same].window == spec.window)) {
+      ++same;
+    }
+    if (same < i) {
+      out.push_back(out[same]);
       continue;
     }
     model::RefCache ref = spec.kind == CacheKind::kFullKv ? model::RefCache::Kv()
