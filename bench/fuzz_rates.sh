@@ -10,12 +10,8 @@ secs=${1:-30}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake --preset fuzz >/dev/null && cmake --build --preset fuzz -j "$(nproc)" >/dev/null
-# Pinned to one CPU, as in scripts/bench.sh: one core of this 2-core VM runs 1.4-1.5x
-# slower than the other, and an unpinned target's rate said which core it got.
-pin=()
-if command -v taskset >/dev/null; then
-  pin=(taskset -c "$(taskset -cp $$ | sed 's/.*: *//; s/[-,].*//')")
-fi
+# Every target on one CPU, as in make bench (scripts/pin-cpu.sh says why).
+source "$root/scripts/pin-cpu.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 kept=build/fuzz/rate-crashes; mkdir -p "$kept"
 echo "| target | exec/s | executions | peak RSS (MB) |"

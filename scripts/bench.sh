@@ -36,14 +36,8 @@ results=bench/results
 cmake --preset bench >/dev/null
 cmake --build --preset bench -j "$(nproc)"
 
-# Every benchmark process on one CPU: on this 2-core virtual machine one core ran the same
-# replay 1.4-1.5x slower than the other, steadily, so a ratio of two processes measured
-# which cores they landed on (the drift between processes the comment above describes).
-# The first CPU this script may use; unpinned where taskset is missing.
-pin=()
-if command -v taskset >/dev/null; then
-  pin=(taskset -c "$(taskset -cp $$ | sed 's/.*: *//; s/[-,].*//')")
-fi
+# Every benchmark process on one CPU (scripts/pin-cpu.sh says why).
+source "$root/scripts/pin-cpu.sh"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
