@@ -53,21 +53,23 @@ RefSnap SlotOf(const RefNode& node, size_t i) {
 }
 
 struct Match {
-  std::vector<RefNode*> path;  // starts with the `from` node
+  std::vector<RefNode*> path;    // starts with the `from` node
+  std::vector<size_t> position;  // path[d + 1] is path[d]->children[position[d]]
   int64_t matched = 0;
 };
 
 // findBestMatch (§3.2): prefer a fully matched edge, then the longer partial, then the
 // earlier child; stop after a partial edge or when no child continues the keys.
-Match FindBestMatch(RefNode* from, const Keys& keys) {
-  Match m{{from}, 0};
+Match FindBestMatch(RefNode* from, std::span<const int32_t> keys) {
+  Match m{{from}, {}, 0};
   RefNode* node = from;
   size_t pos = 0;
   while (pos < keys.size()) {
     RefNode* best = nullptr;
-    size_t best_len = 0;
-    for (size_t c = 0; c < node->children.size(); ++c) {
-      if (node->child_keys[c] != keys[pos]) continue;
+    size_t best_len = 0, best_at = 0;
+    KV_CHECK(node->child_keys.size() == node->children.size(), "one cached key per child");
+    for (size_t c = NextChildWithKey(*node, keys[pos], 0); c < node->child_keys.size();
+         c = NextChildWithKey(*node, keys[pos], c + 1)) {
       RefNode* child = node->children[c].get();
       size_t j = 0;
       while (j < child->edge.size() && pos + j < keys.size() && child->edge[j] == keys[pos + j]) {
@@ -78,10 +80,12 @@ Match FindBestMatch(RefNode* from, const Keys& keys) {
       if (best == nullptr || (full && !best_full) || (full == best_full && j > best_len)) {
         best = child;
         best_len = j;
+        best_at = c;
       }
     }
     if (best == nullptr) break;
     m.path.push_back(best);
+    m.position.push_back(best_at);
     pos += best_len;
     node = best;
     if (best_len < best->edge.size()) break;
@@ -295,6 +299,10 @@ RefBeginReport RefPrefixCache::Begin(const TokenLog& inputs) {
   // Branch point: lets a later prompt that diverges here restore this far.
   if (prefix < m.matched) pending_.push_back({m.matched, false});
   return RefBeginReport{total, original_matched, prefix, total - prefix, free_all};
+}
+
+std::vector<size_t> RefPrefixCache::MatchedChildPositions(std::span<const int32_t> keys) const {
+  return FindBestMatch(root_.get(), keys).position;
 }
 
 void RefPrefixCache::SchedulePrefillSnapshots(const std::vector<int64_t>& requested) {

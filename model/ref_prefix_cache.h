@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "model/ref_cache.h"
@@ -64,6 +65,11 @@ class RefPrefixCache {
   void AddOutputs(const TokenLog& tokens);
   // spec §3.4 close: attach, frontier advance, pageOut, compactPath, frontier tick.
   void Close();
+
+  // findBestMatch of `keys` from the root, changing nothing: the position of each matched
+  // node among its parent's children, root first. Lets a caller find the same path in a
+  // trie that mirrors this one without scanning its wide nodes (sim/switch_reference.h).
+  std::vector<size_t> MatchedChildPositions(std::span<const int32_t> keys) const;
 
   bool session_open() const { return open_; }
   const RefNode& root() const { return *root_; }

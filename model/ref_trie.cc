@@ -74,6 +74,25 @@ int64_t RefNode::Bytes() const {
   return total;
 }
 
+size_t NextChildWithKey(const RefNode& node, int32_t key, size_t from) {
+  const std::vector<int32_t>& keys = node.child_keys;
+  // A block's matches are counted with no exit inside it, which g++ and clang turn into
+  // vector compares (a boolean "any" is not); the root of a long trace holds thousands of
+  // children, and most prompts match none of them.
+  constexpr size_t kBlock = 64;
+  const auto matches = [&](size_t at) {
+    int n = 0;
+    for (size_t j = at; j < at + kBlock; ++j) n += keys[j] == key ? 1 : 0;
+    return n;
+  };
+  size_t i = from;
+  while (i + kBlock <= keys.size() && matches(i) == 0) i += kBlock;
+  for (; i < keys.size(); ++i) {
+    if (keys[i] == key) return i;
+  }
+  return keys.size();
+}
+
 RefNode* AppendRefChild(RefNode* parent, std::vector<int32_t> edge, int64_t end) {
   KV_CHECK(parent != nullptr, "a child needs a parent");
   KV_CHECK(!edge.empty(), "only the root has an empty edge");

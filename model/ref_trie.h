@@ -43,6 +43,9 @@ struct RefNode {
   int64_t Bytes() const;      // sum of `bytes`
 };
 
+// The first index i >= from with node.child_keys[i] == key, or the number of children.
+// The scan of findBestMatch, in blocks the compiler turns into vector compares.
+size_t NextChildWithKey(const RefNode& node, int32_t key, size_t from);
 // Appends a child with `edge` and `end` at the end of `parent`'s children; the child
 // inherits parent->last_used and has no snapshots. Returns it.
 RefNode* AppendRefChild(RefNode* parent, std::vector<int32_t> edge, int64_t end);

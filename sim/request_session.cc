@@ -137,8 +137,11 @@ class RequestDriver::Session {
       budget_bytes_ = std::max<int64_t>(1, d_.options_.budget_bytes * plan_.budget_pct / 100);
       d_.manager_->set_max_paged_out_bytes(budget_bytes_);
     }
+    std::optional<std::vector<size_t>> positions;
+    if (d_.reference_) positions = d_.reference_->manager().MatchedChildPositions(plan_.inputs);
     const BeginExpectation want =
-        ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(), plan_.inputs, d_.synth_.seed());
+        ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(), plan_.inputs, d_.synth_.seed(),
+                    positions ? std::optional<std::span<const size_t>>(*positions) : std::nullopt);
     // Sketched now (rendered only on a failure): a faulty eviction inside Begin may free
     // these nodes.
     std::vector<NodeSketch>& want_path = d_.begin_path_sketch_;

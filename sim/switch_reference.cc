@@ -17,17 +17,31 @@ struct Match {
 };
 
 // Spec §3.2 findBestMatch from the root. Under the sibling invariant (checked by the
-// caller) at most one child starts with the next key, so no tie-break is needed.
-Match MatchKeys(const PrefixTrie& trie, std::span<const int32_t> tokens) {
+// caller) at most one child starts with the next key, so no tie-break is needed. With
+// `positions`, each step first tries the child at the reference's position and takes it if
+// it starts with the next key; once a position fails, the rest of the walk scans.
+Match MatchKeys(const PrefixTrie& trie, std::span<const int32_t> tokens,
+                std::optional<std::span<const size_t>> positions) {
   Match m;
   const TrieNode* node = trie.root();
   m.path.push_back(node);
   size_t pos = 0;
+  auto starts = [&](const TrieNode* c) {
+    return c->edge().front() == TrieKey{static_cast<uint32_t>(tokens[pos])};
+  };
   while (pos < tokens.size()) {
     const TrieNode* next = nullptr;
-    for (size_t i = 0; i < node->num_children() && next == nullptr; ++i) {
-      const TrieNode* c = node->child(i);
-      if (c->edge().front() == TrieKey{static_cast<uint32_t>(tokens[pos])}) next = c;
+    const size_t depth = m.path.size() - 1;
+    if (positions && depth < positions->size() && (*positions)[depth] < node->num_children() &&
+        starts(node->child((*positions)[depth]))) {
+      next = node->child((*positions)[depth]);
+    } else if (positions && depth == positions->size()) {
+      break;  // the reference matched no further (see ExpectBegin)
+    } else {
+      positions.reset();
+      for (size_t i = 0; i < node->num_children() && next == nullptr; ++i) {
+        if (starts(node->child(i))) next = node->child(i);
+      }
     }
     if (next == nullptr) break;
     size_t j = 0;
@@ -83,16 +97,16 @@ void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches
 }  // namespace
 
 BeginExpectation ExpectBegin(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
-                             RefCaches caches, std::span<const int32_t> inputs,
-                             uint64_t hash_seed) {
+                             RefCaches caches, std::span<const int32_t> inputs, uint64_t hash_seed,
+                             std::optional<std::span<const size_t>> positions) {
   KV_CHECK(!inputs.empty(), "Begin needs a prompt");
   KV_CHECK(caches.size() == trie.num_layers(), "one reference cache per manager cache");
   BeginExpectation out;
-  Match m = MatchKeys(trie, inputs);
+  Match m = MatchKeys(trie, inputs, positions);
   out.matched = m.matched;
   // Hold-back: the last prompt token always seeds generation.
   if (m.matched == static_cast<int64_t>(inputs.size())) {
-    m = MatchKeys(trie, inputs.first(inputs.size() - 1));
+    m = MatchKeys(trie, inputs.first(inputs.size() - 1), positions);
   }
   for (const TrieNode* node : m.path) {
     for (size_t j = 0; j < caches.size() && !node->is_root(); ++j) {

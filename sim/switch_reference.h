@@ -3,7 +3,15 @@
 // switchToPath algorithm"). It re-runs the algorithm on reference caches (model::RefCache,
 // the token logs the live caches hold) and on reference snapshots derived from each node's
 // key path, reading the trie and the active path as they are before Begin and changing
-// neither. The match is recomputed from the keys, not asked of the trie.
+// neither. The match is recomputed from the keys, not asked of the trie: by scanning each
+// node's children, or, given the reference manager's matched child positions
+// (model::RefPrefixCache::MatchedChildPositions), by taking the child at each position
+// when it starts with the next key. A wide node (the root holds one child per
+// conversation) then costs one child instead of a scan of all. Where the positions end,
+// the walk trusts that the reference matched no further: a production child the reference
+// trie lacks is a divergence of the trie itself, which the whole-trie comparison reports
+// (ManagerReference::CheckTrie, at the latest in the driver's final audit), and one that
+// production's Begin follows shows here at once, as a matched count above the expected.
 //
 // Eviction runs at the end of the switch and never touches the active path, so the
 // expected active path after Begin is the switched path (pointers into the pre-Begin trie,
@@ -36,9 +44,12 @@ struct BeginExpectation {
 
 // `caches`: one reference cache per manager cache holding what it holds now (nullopt for
 // a stateless hole); consumed. `hash_seed`: h_{-1} of the driver's provenance hashes.
+// `positions`: the reference manager's matched child positions for `inputs`, when one
+// runs beside the trie (see above).
 // REQUIRES: the trie passes CheckTrieStructure and CheckTrieSoundness; non-empty inputs.
 BeginExpectation ExpectBegin(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
                              std::vector<std::optional<model::RefCache>> caches,
-                             std::span<const int32_t> inputs, uint64_t hash_seed);
+                             std::span<const int32_t> inputs, uint64_t hash_seed,
+                             std::optional<std::span<const size_t>> positions = std::nullopt);
 
 }  // namespace kvtwin::sim

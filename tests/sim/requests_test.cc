@@ -11,10 +11,13 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "sim/cache_calls.h"
 #include "sim/switch_reference.h"
 #include "sim/trie_checks.h"
 #include "src/kv_cache.h"
@@ -510,6 +513,42 @@ TEST(ExpectBeginTest, FollowsTheHoldBackAndTheGreedyPageIn) {
   EXPECT_EQ(e.cached, 4);
   ASSERT_EQ(e.active_path.size(), 2u);
   EXPECT_EQ(e.active_path[1], node);
+}
+
+// With the reference's child positions the walk takes the child at each position when it
+// starts with the next key, falls back to the scan (and stays exact) when it does not, and
+// stops where the positions end: there the reference matched no further.
+TEST(ExpectBeginTest, FollowsChildPositionsAndScansPastAWrongOne) {
+  Rig rig;
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  trie.AppendChild(trie.root(), Keys(std::vector<int32_t>{7, 8}), 2);
+  rig.Write(rig.Log(kBranchA), 0, 4);
+  TrieNode* node = trie.AppendChild(trie.root(), Keys(kBranchA), 4);
+  trie.SetSnapshots(node, rig.SnapshotAll());
+  const std::vector<TrieNode*> root_only{trie.root()};
+  const std::vector<int32_t> extension{1, 2, 3, 4, 5};
+  auto expect = [&](std::optional<std::vector<size_t>> positions) {
+    return ExpectBegin(
+        trie, root_only, EmptyRefs(), extension, rig.synth.seed(),
+        positions ? std::optional<std::span<const size_t>>(*positions) : std::nullopt);
+  };
+  const BeginExpectation scanned = expect(std::nullopt);
+  ASSERT_EQ(scanned.matched, 4);
+  ASSERT_EQ(scanned.active_path.size(), 2u);
+  for (const std::vector<size_t>& positions : std::vector<std::vector<size_t>>{
+           {1},     // right
+           {0},     // a sibling with another first key: scanned
+           {9, 3},  // out of range: scanned, and the rest of the walk too
+       }) {
+    const BeginExpectation e = expect(positions);
+    EXPECT_EQ(e.matched, 4);
+    EXPECT_EQ(e.cached, scanned.cached);
+    EXPECT_EQ(e.active_path, scanned.active_path);
+    EXPECT_TRUE(SameStateMovingCalls(e.calls, scanned.calls));
+  }
+  const BeginExpectation none = expect(std::vector<size_t>{});
+  EXPECT_EQ(none.matched, 0);
+  EXPECT_EQ(none.active_path.size(), 1u);
 }
 
 }  // namespace

@@ -314,6 +314,24 @@ TEST(RefPrefixCache, StatelessHolesKeepEmptySlots) {
                   "    [5,9) keys 10 11 12 30 t3 | rec@9 | - | kv[5,9) | -"}));
 }
 
+// MatchedChildPositions names the matched path by each node's place among its siblings:
+// across a root wider than one block of the vector scan (64 keys), at the block edges and
+// in the tail, through a split, and nothing for a prompt no child starts.
+TEST(RefPrefixCache, MatchedChildPositionsNameTheMatchedPath) {
+  RefPrefixCache pc({RefCache::Kv()});
+  for (int32_t i = 0; i < 70; ++i) Serve(pc, {{100 + i, 1, 2, 3}, {9}, {}});
+  ASSERT_EQ(pc.root().children.size(), 70u);
+  for (const int32_t i : {0, 1, 63, 64, 65, 69}) {
+    EXPECT_EQ(pc.MatchedChildPositions(Ids{100 + i, 1, 2}), std::vector<size_t>{size_t(i)});
+  }
+  EXPECT_TRUE(pc.MatchedChildPositions(Ids{99, 1}).empty());
+  EXPECT_TRUE(pc.MatchedChildPositions(Ids{170}).empty());
+  Serve(pc, {{165, 1, 7, 7}, {9}, {}});  // splits child 65 after key 1; the new branch is second
+  EXPECT_EQ(pc.MatchedChildPositions(Ids{165, 1, 7}), (std::vector<size_t>{65, 1}));
+  EXPECT_EQ(pc.MatchedChildPositions(Ids{165, 1, 2}), (std::vector<size_t>{65, 0}));
+  EXPECT_EQ(pc.MatchedChildPositions(Ids{165}), std::vector<size_t>{65});
+}
+
 TEST(RefPrefixCacheDeathTest, MisuseAborts) {
   RefPrefixCache pc = KvRecurrent();
   EXPECT_DEATH(pc.Begin({}), "empty prompt");
