@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "sim/forward.h"
-#include "sim/trie_checks.h"
 #include "src/core/check.h"
 #include "src/speculation.h"
 
@@ -20,6 +19,9 @@ ProductionRunner::ProductionRunner(StackConfig config, RequestDriverOptions opti
   caches_ = BuildCaches(config_);
   kernels_ = DeriveLayerKernels(synth_, config_);
   manager_ = std::make_unique<PrefixCache>(Caches());
+  for (const auto& c : caches_) {
+    if (c != nullptr) live_.push_back(c.get());
+  }
   manager_->set_max_paged_out_bytes(
       options_.budget_bytes > 0 ? options_.budget_bytes : std::numeric_limits<int64_t>::max());
 }
@@ -47,9 +49,16 @@ void ProductionRunner::Forward(std::span<const model::Token> tokens, Speculation
 
 Status ProductionRunner::Run(const RequestPlan& plan) {
   const auto len = static_cast<int64_t>(plan.inputs.size());
-  std::vector<int32_t> all = plan.inputs;
-  all.insert(all.end(), plan.outputs.begin(), plan.outputs.end());
-  const model::TokenLog stored = WithHashes(all, synth_.seed());
+  // WithHashes(inputs ++ outputs) into a kept buffer, as the driver's session does.
+  model::TokenLog& stored = stored_;
+  stored.clear();
+  uint64_t h = synth_.seed();
+  for (const std::vector<int32_t>* part : {&plan.inputs, &plan.outputs}) {
+    for (const int32_t t : *part) {
+      h = NextHash(h, t);
+      stored.push_back({t, h});
+    }
+  }
 
   int64_t budget = 0;
   if (options_.budget_bytes > 0) {
@@ -61,10 +70,8 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
   last_report_ = *begun;
   offset_ = begun->cached;
   if (plan.schedule) {
-    if (Status s = manager_->SchedulePrefillSnapshots(PrefillCaptureOffsets(options_, plan));
-        !s.ok()) {
-      return s;
-    }
+    PrefillCaptureOffsetsInto(options_, plan, capture_offsets_);
+    if (Status s = manager_->SchedulePrefillSnapshots(capture_offsets_); !s.ok()) return s;
   }
   const bool cancelled = plan.cancel_after_tokens >= 0;
   for (int64_t pos = offset_; pos < len - 1;) {
@@ -80,7 +87,7 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
     if (Status s = manager_->AttachPrefillSnapshots(); !s.ok()) return s;
     const auto n = static_cast<int64_t>(plan.outputs.size());
     auto next = plan.speculation.begin();
-    model::TokenLog drafts;
+    model::TokenLog& drafts = drafts_;
     for (int64_t i = 0; i < n;) {
       const int64_t pos = len - 1 + i;
       int64_t sampled = 1;
@@ -88,11 +95,7 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
         const SpeculativeStep& spec = *next++;
         drafts.assign(stored.begin() + pos, stored.begin() + pos + 1 + spec.accepted);
         for (const int32_t t : spec.rejected) drafts.push_back({t, NextHash(drafts.back().h, t)});
-        std::vector<LayerCache*> live;
-        for (const auto& c : caches_) {
-          if (c != nullptr) live.push_back(c.get());
-        }
-        Result<Speculation> s = BeginSpeculation(live);
+        Result<Speculation> s = BeginSpeculation(live_);
         if (!s.ok()) return s.status();
         Forward(drafts, &*s);
         s->Commit(spec.accepted + 1);

@@ -49,6 +49,10 @@ class ProductionRunner {
   int64_t offset_ = 0;  // the live offset every cache is at
   uint64_t checksum_ = 0;
   BeginReport last_report_;
+  // Per-request buffers, kept so that a request allocates only what the caches keep.
+  model::TokenLog stored_, drafts_;
+  std::vector<int64_t> capture_offsets_;
+  std::vector<LayerCache*> live_;  // the non-null caches, in order (speculation wraps them)
 };
 
 }  // namespace kvtwin::sim

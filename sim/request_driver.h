@@ -132,6 +132,9 @@ struct RequestDriverOptions {
 // every capture_interval-th position up to the prompt length, then len - pre_thinking.
 std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
                                            const RequestPlan& plan);
+// The same into `requested` (replaced), keeping its capacity.
+void PrefillCaptureOffsetsInto(const RequestDriverOptions& options, const RequestPlan& plan,
+                               std::vector<int64_t>& requested);
 
 class RequestDriver {
  public:

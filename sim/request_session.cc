@@ -573,8 +573,15 @@ class RequestDriver::Session {
 
 std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
                                            const RequestPlan& plan) {
+  std::vector<int64_t> requested;
+  PrefillCaptureOffsetsInto(options, plan, requested);
+  return requested;
+}
+
+void PrefillCaptureOffsetsInto(const RequestDriverOptions& options, const RequestPlan& plan,
+                               std::vector<int64_t>& requested) {
   const auto len = static_cast<int64_t>(plan.inputs.size());
-  std::vector<int64_t> requested = plan.user_offsets;
+  requested.assign(plan.user_offsets.begin(), plan.user_offsets.end());
   for (int64_t p = options.capture_interval; options.capture_interval > 0 && p <= len;
        p += options.capture_interval) {
     requested.push_back(p);
@@ -582,7 +589,6 @@ std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
   if (options.pre_thinking > 0 && len - options.pre_thinking > 0) {
     requested.push_back(len - options.pre_thinking);
   }
-  return requested;
 }
 
 std::optional<RequestDivergence> RequestDriver::Run(const RequestPlan& plan) {
