@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <utility>
 
 #include "model/ref_session.h"
@@ -54,9 +55,12 @@ class RequestDriver::Session {
     if (!c) c = Close();
     if (!c && budget_bytes_ > 0) c = Squeeze();
     if (!c) return std::nullopt;
-    return RequestDivergence{d_.steps_, plan_.index,
-                             phase_,    plan_.ToString(),
-                             *c,        d_.unaudited_calls_ + d_.history_skips_,
+    return RequestDivergence{d_.steps_,
+                             plan_.index,
+                             phase_.Render(),
+                             plan_.ToString(),
+                             *c,
+                             d_.unaudited_calls_ + d_.history_skips_,
                              ""};
   }
 
@@ -298,7 +302,7 @@ class RequestDriver::Session {
       if (cancelled_ && done == plan_.cancel_after_tokens) break;
       int64_t n = std::min(d_.options_.chunk, len() - 1 - pos);
       if (cancelled_) n = std::min(n, plan_.cancel_after_tokens - done);
-      phase_ = fmt::format("prefill chunk {} [{},{})", chunks, pos, pos + n);
+      phase_ = {"prefill chunk {} [{},{})", {chunks, pos, pos + n}};
       if (Check c = ForwardLive(pos, n)) return c;
       pos += n;
       if (chunks == 0) {
@@ -368,11 +372,11 @@ class RequestDriver::Session {
       if (next != plan_.speculation.end() && i == next->step) {
         const SpeculativeStep& spec = *next++;
         KV_CHECK(spec.end() <= n, "a speculative step past the planned outputs");
-        phase_ = fmt::format("speculative decode at {} (accept {})", pos, spec.accepted);
+        phase_ = {"speculative decode at {} (accept {})", {pos, spec.accepted}};
         if (Check c = ForwardSpeculative(pos, spec)) return c;
         sampled = spec.accepted + 1;  // the accepted drafts and the bonus token
       } else {
-        phase_ = fmt::format("decode at {}", pos);
+        phase_ = {"decode at {}", {pos}};
         if (Check c = ForwardLive(pos, 1)) return c;
       }
       phase_ = "AddOutputs";
@@ -563,7 +567,34 @@ class RequestDriver::Session {
   // SchedulePrefillSnapshots probe.
   const std::vector<int64_t> capture_offsets_;
   model::TokenLog stored_;  // inputs then outputs, with provenance hashes
-  std::string phase_;
+  // Where the session is, for a report: a literal, or a format with the step's numbers,
+  // rendered only then (a passing run formatted one per prefill chunk and decode step).
+  struct Phase {
+    const char* format = "";
+    int64_t args[3] = {0, 0, 0};
+    int count = 0;
+    Phase() = default;
+    Phase(const char* literal) : format(literal) {}  // NOLINT(google-explicit-constructor)
+    Phase(const char* f, std::initializer_list<int64_t> a)
+        : format(f), count(static_cast<int>(a.size())) {
+      KV_CHECK(a.size() <= 3, "a phase has at most three numbers");
+      std::copy(a.begin(), a.end(), args);
+    }
+    std::string Render() const {
+      const auto f = fmt::runtime(format);
+      switch (count) {
+        case 0:
+          return format;
+        case 1:
+          return fmt::format(f, args[0]);
+        case 2:
+          return fmt::format(f, args[0], args[1]);
+        default:
+          return fmt::format(f, args[0], args[1], args[2]);
+      }
+    }
+  };
+  Phase phase_;
   BeginReport report_;
   model::RefSession rules_;  // the session contract's state: closed until Begin succeeds
   ManagerState probe_before_, probe_after_;  // ProbeMisuse scratch
