@@ -49,16 +49,8 @@ void ProductionRunner::Forward(std::span<const model::Token> tokens, Speculation
 
 Status ProductionRunner::Run(const RequestPlan& plan) {
   const auto len = static_cast<int64_t>(plan.inputs.size());
-  // WithHashes(inputs ++ outputs) into a kept buffer, as the driver's session does.
   model::TokenLog& stored = stored_;
-  stored.clear();
-  uint64_t h = synth_.seed();
-  for (const std::vector<int32_t>* part : {&plan.inputs, &plan.outputs}) {
-    for (const int32_t t : *part) {
-      h = NextHash(h, t);
-      stored.push_back({t, h});
-    }
-  }
+  StoredTokensInto(plan, synth_.seed(), stored);
 
   int64_t budget = 0;
   if (options_.budget_bytes > 0) {

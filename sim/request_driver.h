@@ -135,6 +135,10 @@ std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
 // The same into `requested` (replaced), keeping its capacity.
 void PrefillCaptureOffsetsInto(const RequestDriverOptions& options, const RequestPlan& plan,
                                std::vector<int64_t>& requested);
+// The request's stored tokens, inputs then outputs, with their provenance hashes from
+// `hash_seed` (WithHashes of the concatenation, without building it), into `stored`
+// (replaced, its capacity kept).
+void StoredTokensInto(const RequestPlan& plan, uint64_t hash_seed, model::TokenLog& stored);
 
 class RequestDriver {
  public:

@@ -35,15 +35,7 @@ class RequestDriver::Session {
  public:
   Session(RequestDriver& driver, const RequestPlan& plan)
       : d_(driver), plan_(plan), capture_offsets_(PrefillCaptureOffsets(d_.options_, plan)) {
-    // WithHashes(inputs ++ outputs), without building the concatenation first.
-    stored_.reserve(plan.inputs.size() + plan.outputs.size());
-    uint64_t h = d_.synth_.seed();
-    for (const std::vector<int32_t>* part : {&plan.inputs, &plan.outputs}) {
-      for (const int32_t t : *part) {
-        h = NextHash(h, t);
-        stored_.push_back({t, h});
-      }
-    }
+    StoredTokensInto(plan, d_.synth_.seed(), stored_);
   }
 
   std::optional<RequestDivergence> Run() {
@@ -607,6 +599,18 @@ std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
   std::vector<int64_t> requested;
   PrefillCaptureOffsetsInto(options, plan, requested);
   return requested;
+}
+
+void StoredTokensInto(const RequestPlan& plan, uint64_t hash_seed, model::TokenLog& stored) {
+  stored.clear();
+  stored.reserve(plan.inputs.size() + plan.outputs.size());
+  uint64_t h = hash_seed;
+  for (const std::vector<int32_t>* part : {&plan.inputs, &plan.outputs}) {
+    for (const int32_t t : *part) {
+      h = NextHash(h, t);
+      stored.push_back({t, h});
+    }
+  }
 }
 
 void PrefillCaptureOffsetsInto(const RequestDriverOptions& options, const RequestPlan& plan,
