@@ -21,8 +21,9 @@
 # times per process (the first run also pays the process's first-touch page faults), the
 # median run standing for the process, in 3 processes (5 at scale 1, where the targets
 # are) interleaved with the other modes, and the fastest process is reported: a slow phase
-# of this VM spans whole processes and only adds time (bench_report.cc). (c) is measured the same way wherever a run is short enough
-# (scale 1 and one request at 512): until the fifteenth session it ran once, cold, so its
+# of this VM spans whole processes and only adds time (bench_report.cc). (c) is measured
+# the same way wherever a run is short enough (scale 1 and one request at 512): until the
+# fifteenth session it ran once, cold, so its
 # ratio to the warm medians of (a) and (b) also counted the first-touch page faults (on
 # this virtual machine a cold run took 1.4-1.5x a warm one). At scale 16 (c) runs 3 times
 # in one process (a median of warm runs); over 400 requests at 512 every mode runs once,
