@@ -154,6 +154,7 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
 Check LayerOracle::CheckAttention(const History& history, std::span<const model::Token> log_after,
                                   int64_t start, int64_t query_len, model::RefKind kind) {
   KV_CHECK(query_len * history.length <= kAttendedCells, "attention checked on a large forward");
+  ++attention_checks_;
   MatF& q = query_;
   q.resize(query_len, cols_);
   for (int64_t i = 0; i < query_len; ++i) synth_.FillQueryRow(q, i, layer_, start + i);

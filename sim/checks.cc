@@ -179,6 +179,17 @@ void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
   cols_ = config.kv_cols();
   std::fill(memo_set_.begin(), memo_set_.end(), uint8_t{0});
   attended_.clear();
+  attention_checks_ = 0;
+}
+
+void LayerOracle::set_attention_rechecks(AttentionRechecks rechecks) {
+  rechecks_ = rechecks;
+  shape_runs_.clear();
+  // A fuzz target's shapes number in the hundreds to low thousands. Reserved once, so an
+  // execution that meets a new shape does not allocate what it does not free (libFuzzer
+  // re-runs such an execution to search it for leaks).
+  constexpr size_t kTypicalShapes = 4096;
+  if (rechecks == AttentionRechecks::kDoublingAcrossRuns) shape_runs_.reserve(kTypicalShapes);
 }
 
 void LayerOracle::FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token,
@@ -568,7 +579,10 @@ Check LayerOracle::CheckAttentionOnce(const History& history,
   if (!logical_.IsZero() && !logical_.IsPureCausal()) {
     return CheckAttention(history, log_after, start, query_len, kind);
   }
-  const AttendedShape shape{query_len,
+  const AttendedShape shape{spec_.kind,
+                            spec_.window,
+                            cols_,
+                            query_len,
                             history.length,
                             logical_.IsPureCausal(),
                             history.has_applier,
@@ -581,9 +595,19 @@ Check LayerOracle::CheckAttentionOnce(const History& history,
   // allocates nothing here.
   const auto at = std::lower_bound(attended_.begin(), attended_.end(), shape);
   if (at != attended_.end() && *at == shape) return std::nullopt;
-  Check c = CheckAttention(history, log_after, start, query_len, kind);
-  if (!c) attended_.insert(at, shape);
-  return c;
+  attended_.insert(at, shape);
+  if (rechecks_ == AttentionRechecks::kDoublingAcrossRuns && !RecheckDue(shape)) {
+    return std::nullopt;
+  }
+  return CheckAttention(history, log_after, start, query_len, kind);
+}
+
+bool LayerOracle::RecheckDue(const AttendedShape& shape) {
+  const auto by_shape = [](const ShapeRuns& e, const AttendedShape& s) { return e.shape < s; };
+  auto at = std::lower_bound(shape_runs_.begin(), shape_runs_.end(), shape, by_shape);
+  if (at == shape_runs_.end() || at->shape != shape) at = shape_runs_.insert(at, {shape, 0});
+  const int64_t earlier = at->runs++;
+  return earlier == 0 || (earlier & (earlier - 1)) == 0;
 }
 
 Check LayerOracle::CheckHistoryRows(const History& history, std::span<const model::Token> log_after,

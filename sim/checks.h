@@ -52,12 +52,34 @@ Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, in
 Status RotatingWindowSlotsInto(int64_t offset, int64_t idx, int64_t rows, int64_t window,
                                std::vector<int64_t>& slots);
 
+// Which forwards with a zero or plain causal mask CheckAttentionOnce runs the arithmetic
+// check on (why not every one: see its definition). Forwards with a rectangle or an array
+// are checked every time under both.
+enum class AttentionRechecks : uint8_t {
+  // The first forward of each shape in a run. Reset forgets the shapes, so a run's verdict
+  // is a function of the run alone.
+  kFirstPerRun,
+  // A subset of kFirstPerRun's forwards, for a fuzz session's thousands of short runs a
+  // second over the same few hundred shapes: the first forward of a shape in a run is
+  // checked when the number of earlier runs that had the shape is 0 or a power of two
+  // (runs 1, 2, 3, 5, 9, 17, ...), so every shape is still checked on differing data, at
+  // log cost. Being a subset, a divergence found this way is found by a fresh kFirstPerRun
+  // run of the same ops (at that forward or an earlier one): a crash artifact reproduces
+  // with `kvtwin replay --fuzz-input`, and its trace with `kvtwin replay` and `shrink`.
+  kDoublingAcrossRuns,
+};
+
 class LayerOracle {
  public:
   LayerOracle(const SyntheticForward& synth, const StackConfig& config, int32_t layer);
   // As if constructed for `layer` of `config` over the same `synth` (whose seed may have
   // changed): every memo is forgotten, scratch capacity is kept.
   void Reset(const StackConfig& config, int32_t layer);
+  // kFirstPerRun unless set; the counts of kDoublingAcrossRuns survive Reset (and are
+  // forgotten by setting kFirstPerRun).
+  void set_attention_rechecks(AttentionRechecks rechecks);
+  // How many forwards had their attention arithmetic checked (CheckAttention) since Reset.
+  int64_t attention_checks() const { return attention_checks_; }
 
   // Live state after any step.
   Check CheckLive(const LayerCache& cache, const model::RefCache& ref);
@@ -128,7 +150,7 @@ class LayerOracle {
                          int64_t start, int64_t query_len, const Op& write, int64_t trusted_rows,
                          bool* all_compared);
   // CheckAttention for forwards up to kAttendedCells cells, but for a zero or plain causal
-  // mask only on the first forward of each shape in the run (why: see the definition).
+  // mask only on the forwards rechecks_ names (why: see the definition).
   Check CheckAttentionOnce(const History& history, std::span<const model::Token> log_after,
                            int64_t start, int64_t query_len);
   // For forwards up to kAttendedCells cells: Sdpa over the history under logical_, for
@@ -188,8 +210,11 @@ class LayerOracle {
   MatF ref_k_, ref_v_;           // the expected rows at the history's positions
   SdpaScratch sdpa_scratch_;     // production attention's buffers
   MatF attention_out_;           // and its output
-  // The forward shapes whose attention CheckAttentionOnce has checked in this run, sorted.
+  // A forward's shape as far as CheckAttentionOnce is concerned. The layer's kind, window
+  // and width are constant within a run, but not across the runs kDoublingAcrossRuns counts.
   struct AttendedShape {
+    CacheKind kind;
+    int64_t layer_window, cols;
     int64_t query_len, key_len;
     bool causal;
     bool has_applier;
@@ -197,7 +222,19 @@ class LayerOracle {
     DType dtype;
     friend auto operator<=>(const AttendedShape&, const AttendedShape&) = default;
   };
+  // The shapes CheckAttentionOnce has met in this run, sorted.
   std::vector<AttendedShape> attended_;
+  // kDoublingAcrossRuns: per shape, sorted, the number of runs that have met it.
+  struct ShapeRuns {
+    AttendedShape shape;
+    int64_t runs;
+  };
+  std::vector<ShapeRuns> shape_runs_;
+  // kDoublingAcrossRuns: counts this run as one more that met `shape`, and says whether its
+  // check is due (the earlier runs number 0 or a power of two).
+  bool RecheckDue(const AttendedShape& shape);
+  AttentionRechecks rechecks_ = AttentionRechecks::kFirstPerRun;
+  int64_t attention_checks_ = 0;
   MatF conv_row_;
   MatF gdn_qkv_, gdn_ba_;  // the folder's input rows (its input function writes them)
 };

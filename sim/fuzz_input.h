@@ -87,6 +87,8 @@ struct FuzzRun {
   std::string divergence_kind;            // DivergenceKind of the mismatch
   uint64_t digest = 0;
   int64_t events = 0;
+  // Forwards whose attention arithmetic was checked (layer targets; see FuzzSession).
+  int64_t attention_checks = 0;
 };
 
 // Decodes `data` for `target` and runs it in lock step (a fresh FuzzSession's Run, trace
@@ -103,7 +105,11 @@ struct LayerFuzzState;
 // buffers between runs (a fuzz target executes thousands of inputs a second, and under
 // ASan building them is a large share of each). Each run starts from a Reset driver, so its
 // verdict, report, digest and event count are RunFuzzInput's for the same bytes, whatever
-// ran before (tests/sim/fuzz_session_test.cc holds it to that). With `record_trace` false
+// ran before (tests/sim/fuzz_session_test.cc holds it to that), with one exception kept on
+// purpose: the layer targets re-check attention arithmetic at doubling intervals across
+// runs (AttentionRechecks::kDoublingAcrossRuns), a subset of what a fresh run checks. So a
+// divergence a session reports, RunFuzzInput reports too, at that step or an earlier one;
+// an input a fresh run passes, a session passes identically. With `record_trace` false
 // the trace's events are not kept: the libFuzzer targets need only the verdict, and
 // `kvtwin replay --fuzz-input` rebuilds the trace from the artifact. Single-threaded.
 class FuzzSession {

@@ -376,6 +376,8 @@ FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& 
     state.driver->Reset(std::move(*config), seed);
   } else {
     state.driver = std::make_unique<LockstepDriver>(std::move(*config), seed);
+    // A fresh session checks what a kFirstPerRun driver would; a reused one a subset.
+    state.driver->set_attention_rechecks(AttentionRechecks::kDoublingAcrossRuns);
   }
   LockstepDriver& driver = *state.driver;
   if (record_trace) run.trace.events.reserve(parts.records.size());
@@ -392,6 +394,7 @@ FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& 
     }
   }
   run.digest = driver.digest();
+  run.attention_checks = driver.attention_checks();
   driver.Clear();  // this execution frees what it built (LockstepDriver::Clear)
   return run;
 }

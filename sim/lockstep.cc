@@ -56,6 +56,7 @@ void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
       layer.oracle->Reset(config_, index);
     } else {
       layer.oracle = std::make_unique<LayerOracle>(synth_, config_, index);
+      layer.oracle->set_attention_rechecks(rechecks_);
     }
     layer.pool.clear();
     layer.conv_weights = {};
@@ -65,6 +66,19 @@ void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
       layer.gdn_params = synth_.GdnParamsFor(index, config_.recurrent);
     }
   }
+}
+
+void LockstepDriver::set_attention_rechecks(AttentionRechecks rechecks) {
+  rechecks_ = rechecks;
+  for (std::vector<Layer>* layers : {&layers_, &spare_layers_}) {
+    for (Layer& layer : *layers) layer.oracle->set_attention_rechecks(rechecks);
+  }
+}
+
+int64_t LockstepDriver::attention_checks() const {
+  int64_t n = 0;
+  for (const Layer& layer : layers_) n += layer.oracle->attention_checks();
+  return n;
 }
 
 void LockstepDriver::ClearLayer(Layer& layer) {

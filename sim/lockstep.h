@@ -55,6 +55,12 @@ class LockstepDriver {
   // REQUIRES: Reset before any other use.
   void Clear();
 
+  // How often attention arithmetic is re-checked (LayerOracle); kFirstPerRun unless set.
+  // Applies to every layer's oracle, now and after any Reset.
+  void set_attention_rechecks(AttentionRechecks rechecks);
+  // Forwards whose attention arithmetic was checked since Reset, over every layer.
+  int64_t attention_checks() const;
+
   // Applies `op`; returns the first divergence (also kept in divergence()).
   // REQUIRES: no divergence yet; op.layer and op slots are valid (see Valid()).
   std::optional<Divergence> Apply(const Op& op);
@@ -114,6 +120,7 @@ class LockstepDriver {
   int64_t steps_ = 0;
   uint64_t digest_ = 0;
   std::optional<Divergence> divergence_;
+  AttentionRechecks rechecks_ = AttentionRechecks::kFirstPerRun;
   model::TokenLog through_;  // Speculate's scratch
   ForwardScratch scratch_;   // every forward's input buffers
 };

@@ -68,10 +68,45 @@ TEST(FuzzSession, EveryRunIsAFreshRun) {
       const FuzzRun reused = session.Run(in.data(), in.size(), record);
       ExpectSameRun(fresh, reused, record,
                     std::string(FuzzTargetName(target)) + " input " + std::to_string(i));
+      // The one difference a session may make: fewer attention re-checks (never more).
+      EXPECT_LE(reused.attention_checks, fresh.attention_checks)
+          << FuzzTargetName(target) << " input " << i;
       events += fresh.events;
     }
     // The comparison means something only if the runs did apply ops.
     EXPECT_GT(events, static_cast<int64_t>(inputs.size())) << FuzzTargetName(target);
+  }
+}
+
+// One input over and over through one session: each run meets the same shapes, each for
+// the first time in that run, so the session checks their zero or causal forwards in the
+// runs after 0, 1, 2, 4 and 8 earlier runs (the 1st, 2nd, 3rd, 5th and 9th) and none in the
+// others, and a fresh run checks them every time.
+TEST(FuzzSession, RechecksAttentionAfterDoublingRunsOfAShape) {
+  for (const FuzzTarget target :
+       {FuzzTarget::kKv, FuzzTarget::kRotating, FuzzTarget::kSpeculation}) {
+    const std::vector<Bytes> entries = CorpusEntries(target, 24);
+    const auto checks = [&](const Bytes& in) {
+      return RunFuzzInput(target, in.data(), in.size()).attention_checks;
+    };
+    const auto most =
+        std::max_element(entries.begin(), entries.end(),
+                         [&](const Bytes& a, const Bytes& b) { return checks(a) < checks(b); });
+    ASSERT_NE(most, entries.end());
+    const int64_t fresh = checks(*most);
+    ASSERT_GT(fresh, 0) << FuzzTargetName(target) << ": no corpus entry checks attention";
+    FuzzSession session(target);
+    std::vector<int64_t> got;
+    for (int run = 0; run < 10; ++run) {
+      got.push_back(session.Run(most->data(), most->size(), false).attention_checks);
+      EXPECT_EQ(checks(*most), fresh) << FuzzTargetName(target) << ": a fresh run, run " << run;
+    }
+    // Forwards with a rectangle or an array mask are checked every time: `always` of them.
+    const int64_t always = got[3];
+    EXPECT_LT(always, fresh) << FuzzTargetName(target) << ": nothing was skipped";
+    const std::vector<int64_t> want = {fresh,  fresh,  fresh,  always, fresh,
+                                       always, always, always, fresh,  always};
+    EXPECT_EQ(got, want) << FuzzTargetName(target);
   }
 }
 
