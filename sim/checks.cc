@@ -182,16 +182,6 @@ void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
   attention_checks_ = 0;
 }
 
-void LayerOracle::set_attention_rechecks(AttentionRechecks rechecks) {
-  rechecks_ = rechecks;
-  shape_runs_.clear();
-  // A fuzz target's shapes number in the hundreds to low thousands. Reserved once, so an
-  // execution that meets a new shape does not allocate what it does not free (libFuzzer
-  // re-runs such an execution to search it for leaks).
-  constexpr size_t kTypicalShapes = 4096;
-  if (rechecks == AttentionRechecks::kDoublingAcrossRuns) shape_runs_.reserve(kTypicalShapes);
-}
-
 void LayerOracle::FillRow(Tensor& out, int64_t row, int64_t p, const model::Token& token,
                           bool is_value) const {
   synth_.FillKvRow(out, row, layer_, p, token.h, is_value);
@@ -579,7 +569,8 @@ Check LayerOracle::CheckAttentionOnce(const History& history,
   if (!logical_.IsZero() && !logical_.IsPureCausal()) {
     return CheckAttention(history, log_after, start, query_len, kind);
   }
-  const AttendedShape shape{spec_.kind,
+  const AttendedShape shape{layer_,
+                            spec_.kind,
                             spec_.window,
                             cols_,
                             query_len,
@@ -596,16 +587,22 @@ Check LayerOracle::CheckAttentionOnce(const History& history,
   const auto at = std::lower_bound(attended_.begin(), attended_.end(), shape);
   if (at != attended_.end() && *at == shape) return std::nullopt;
   attended_.insert(at, shape);
-  if (rechecks_ == AttentionRechecks::kDoublingAcrossRuns && !RecheckDue(shape)) {
-    return std::nullopt;
-  }
+  if (run_counts_ != nullptr && !run_counts_->CountRun(shape)) return std::nullopt;
   return CheckAttention(history, log_after, start, query_len, kind);
 }
 
-bool LayerOracle::RecheckDue(const AttendedShape& shape) {
-  const auto by_shape = [](const ShapeRuns& e, const AttendedShape& s) { return e.shape < s; };
-  auto at = std::lower_bound(shape_runs_.begin(), shape_runs_.end(), shape, by_shape);
-  if (at == shape_runs_.end() || at->shape != shape) at = shape_runs_.insert(at, {shape, 0});
+ShapeRunCounts::ShapeRunCounts() {
+  // A fuzz target's shapes number in the hundreds to low thousands. Reserved once, so an
+  // execution that meets a new shape does not allocate what it does not free (libFuzzer
+  // re-runs such an execution to search it for leaks).
+  constexpr size_t kTypicalShapes = 4096;
+  entries_.reserve(kTypicalShapes);
+}
+
+bool ShapeRunCounts::CountRun(const AttendedShape& shape) {
+  const auto by_shape = [](const Entry& e, const AttendedShape& s) { return e.shape < s; };
+  auto at = std::lower_bound(entries_.begin(), entries_.end(), shape, by_shape);
+  if (at == entries_.end() || at->shape != shape) at = entries_.insert(at, {shape, 0});
   const int64_t earlier = at->runs++;
   return earlier == 0 || (earlier & (earlier - 1)) == 0;
 }

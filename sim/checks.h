@@ -52,21 +52,46 @@ Result<std::vector<int64_t>> RotatingWindowSlots(int64_t offset, int64_t idx, in
 Status RotatingWindowSlotsInto(int64_t offset, int64_t idx, int64_t rows, int64_t window,
                                std::vector<int64_t>& slots);
 
-// Which forwards with a zero or plain causal mask CheckAttentionOnce runs the arithmetic
-// check on (why not every one: see its definition). Forwards with a rectangle or an array
-// are checked every time under both.
-enum class AttentionRechecks : uint8_t {
-  // The first forward of each shape in a run. Reset forgets the shapes, so a run's verdict
-  // is a function of the run alone.
-  kFirstPerRun,
-  // A subset of kFirstPerRun's forwards, for a fuzz session's thousands of short runs a
-  // second over the same few hundred shapes: the first forward of a shape in a run is
-  // checked when the number of earlier runs that had the shape is 0 or a power of two
-  // (runs 1, 2, 3, 5, 9, 17, ...), so every shape is still checked on differing data, at
-  // log cost. Being a subset, a divergence found this way is found by a fresh kFirstPerRun
-  // run of the same ops (at that forward or an earlier one): a crash artifact reproduces
-  // with `kvtwin replay --fuzz-input`, and its trace with `kvtwin replay` and `shrink`.
-  kDoublingAcrossRuns,
+// A forward's shape as far as LayerOracle's attention check is concerned: the layer (its
+// index, kind, window and width), the query and key counts, whether the mask is causal, the
+// rotating applier's layout, and the element type.
+struct AttendedShape {
+  int32_t layer;
+  CacheKind kind;
+  int64_t layer_window, cols;
+  int64_t query_len, key_len;
+  bool causal;
+  bool has_applier;
+  int64_t applier_key_len, applier_query_len, window, ring_idx;
+  DType dtype;
+  friend auto operator<=>(const AttendedShape&, const AttendedShape&) = default;
+};
+
+// Which forwards with a zero or plain causal mask have their attention arithmetic checked
+// (why not every one: LayerOracle::CheckAttentionOnce). By default, the first forward of
+// each shape in a run: a run's verdict is a function of the run alone. An oracle given a
+// ShapeRunCounts checks a subset of those, for a fuzz session's thousands of short runs a
+// second over the same few hundred shapes: the first forward of a shape in a run is checked
+// when the number of earlier runs that met the shape is 0 or a power of two (runs 1, 2, 3,
+// 5, 9, 17, ...), so every shape is still checked, on differing data, at log cost. Being a
+// subset, a divergence found this way is found by a fresh run of the same ops without the
+// counts (at that forward or an earlier one): a crash artifact reproduces with `kvtwin
+// replay --fuzz-input`, and its trace with `kvtwin replay` and `shrink`. Forwards with a
+// rectangle or an array are checked every time either way. One ShapeRunCounts serves every
+// oracle of a session (the shape names the layer); single-threaded.
+class ShapeRunCounts {
+ public:
+  ShapeRunCounts();
+  // Counts one more run that met `shape` and says whether its check is due (the earlier
+  // runs number 0 or a power of two).
+  bool CountRun(const AttendedShape& shape);
+
+ private:
+  struct Entry {
+    AttendedShape shape;
+    int64_t runs;
+  };
+  std::vector<Entry> entries_;  // sorted by shape
 };
 
 class LayerOracle {
@@ -75,9 +100,9 @@ class LayerOracle {
   // As if constructed for `layer` of `config` over the same `synth` (whose seed may have
   // changed): every memo is forgotten, scratch capacity is kept.
   void Reset(const StackConfig& config, int32_t layer);
-  // kFirstPerRun unless set; the counts of kDoublingAcrossRuns survive Reset (and are
-  // forgotten by setting kFirstPerRun).
-  void set_attention_rechecks(AttentionRechecks rechecks);
+  // Checks attention by `counts` (see ShapeRunCounts; null: the first forward of each
+  // shape in a run). Not owned; kept across Reset.
+  void set_shape_run_counts(ShapeRunCounts* counts) { run_counts_ = counts; }
   // How many forwards had their attention arithmetic checked (CheckAttention) since Reset.
   int64_t attention_checks() const { return attention_checks_; }
 
@@ -150,7 +175,7 @@ class LayerOracle {
                          int64_t start, int64_t query_len, const Op& write, int64_t trusted_rows,
                          bool* all_compared);
   // CheckAttention for forwards up to kAttendedCells cells, but for a zero or plain causal
-  // mask only on the forwards rechecks_ names (why: see the definition).
+  // mask only on the forwards ShapeRunCounts describes (why: see the definition).
   Check CheckAttentionOnce(const History& history, std::span<const model::Token> log_after,
                            int64_t start, int64_t query_len);
   // For forwards up to kAttendedCells cells: Sdpa over the history under logical_, for
@@ -210,30 +235,9 @@ class LayerOracle {
   MatF ref_k_, ref_v_;           // the expected rows at the history's positions
   SdpaScratch sdpa_scratch_;     // production attention's buffers
   MatF attention_out_;           // and its output
-  // A forward's shape as far as CheckAttentionOnce is concerned. The layer's kind, window
-  // and width are constant within a run, but not across the runs kDoublingAcrossRuns counts.
-  struct AttendedShape {
-    CacheKind kind;
-    int64_t layer_window, cols;
-    int64_t query_len, key_len;
-    bool causal;
-    bool has_applier;
-    int64_t applier_key_len, applier_query_len, window, ring_idx;
-    DType dtype;
-    friend auto operator<=>(const AttendedShape&, const AttendedShape&) = default;
-  };
   // The shapes CheckAttentionOnce has met in this run, sorted.
   std::vector<AttendedShape> attended_;
-  // kDoublingAcrossRuns: per shape, sorted, the number of runs that have met it.
-  struct ShapeRuns {
-    AttendedShape shape;
-    int64_t runs;
-  };
-  std::vector<ShapeRuns> shape_runs_;
-  // kDoublingAcrossRuns: counts this run as one more that met `shape`, and says whether its
-  // check is due (the earlier runs number 0 or a power of two).
-  bool RecheckDue(const AttendedShape& shape);
-  AttentionRechecks rechecks_ = AttentionRechecks::kFirstPerRun;
+  ShapeRunCounts* run_counts_ = nullptr;
   int64_t attention_checks_ = 0;
   MatF conv_row_;
   MatF gdn_qkv_, gdn_ba_;  // the folder's input rows (its input function writes them)

@@ -53,11 +53,12 @@ struct LayerFuzzState {
   std::unique_ptr<LockstepDriver> driver;
   Op op;
 };
+// `counts`: the session's ShapeRunCounts, shared by every run's oracles (sim/checks.h).
 FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& state,
-                     bool record_trace);
+                     ShapeRunCounts& counts, bool record_trace);
 
 FuzzLayout PrefixFuzzLayout();
-FuzzRun RunPrefixFuzz(const FuzzParts& parts, bool record_trace);
+FuzzRun RunPrefixFuzz(const FuzzParts& parts, ShapeRunCounts& counts, bool record_trace);
 
 FuzzLayout HybridFuzzLayout();
 FuzzRun RunHybridFuzz(const FuzzParts& parts, bool record_trace);

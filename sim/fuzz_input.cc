@@ -128,7 +128,8 @@ FuzzRun RunFuzzInput(FuzzTarget target, const uint8_t* data, size_t size) {
 FuzzSession::FuzzSession(FuzzTarget target)
     : target_(target),
       layers_(std::make_unique<LayerFuzzState>()),
-      parts_(std::make_unique<FuzzParts>()) {}
+      parts_(std::make_unique<FuzzParts>()),
+      shape_runs_(std::make_unique<ShapeRunCounts>()) {}
 
 FuzzSession::~FuzzSession() = default;
 
@@ -142,9 +143,9 @@ FuzzRun FuzzSession::Run(const uint8_t* data, size_t size, bool record_trace) {
     case FuzzTarget::kRotating:
     case FuzzTarget::kRecurrent:
     case FuzzTarget::kSpeculation:
-      return RunLayerFuzz(target_, parts(), *layers_, record_trace);
+      return RunLayerFuzz(target_, parts(), *layers_, *shape_runs_, record_trace);
     case FuzzTarget::kPrefix:
-      return RunPrefixFuzz(parts(), record_trace);
+      return RunPrefixFuzz(parts(), *shape_runs_, record_trace);
     case FuzzTarget::kHybrid:
       return RunHybridFuzz(parts(), record_trace);
     case FuzzTarget::kTraceReader:

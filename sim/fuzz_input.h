@@ -100,14 +100,15 @@ FuzzRun RunFuzzInput(FuzzTarget target, const uint8_t* data, size_t size);
 
 struct FuzzParts;
 struct LayerFuzzState;
+class ShapeRunCounts;
 
 // Runs inputs of one target like RunFuzzInput, keeping the lock-step driver and the input
 // buffers between runs (a fuzz target executes thousands of inputs a second, and under
 // ASan building them is a large share of each). Each run starts from a Reset driver, so its
 // verdict, report, digest and event count are RunFuzzInput's for the same bytes, whatever
 // ran before (tests/sim/fuzz_session_test.cc holds it to that), with one exception kept on
-// purpose: the layer targets re-check attention arithmetic at doubling intervals across
-// runs (AttentionRechecks::kDoublingAcrossRuns), a subset of what a fresh run checks. So a
+// purpose: the layer and prefix targets re-check attention arithmetic after doubling
+// numbers of runs (ShapeRunCounts, sim/checks.h), a subset of what a fresh run checks. So a
 // divergence a session reports, RunFuzzInput reports too, at that step or an earlier one;
 // an input a fresh run passes, a session passes identically. With `record_trace` false
 // the trace's events are not kept: the libFuzzer targets need only the verdict, and
@@ -125,6 +126,7 @@ class FuzzSession {
   FuzzTarget target_;
   std::unique_ptr<LayerFuzzState> layers_;
   std::unique_ptr<FuzzParts> parts_;
+  std::unique_ptr<ShapeRunCounts> shape_runs_;
 };
 
 // libFuzzer's byte-level mutator (LLVMFuzzerMutate), passed in so sim/ does not link

@@ -363,7 +363,7 @@ FuzzLayout LayerFuzzLayout(FuzzTarget target) {
 }
 
 FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& state,
-                     bool record_trace) {
+                     ShapeRunCounts& counts, bool record_trace) {
   const Shape shape = ReadHeader(target, parts.header);
   Result<StackConfig> config =
       StackFromPreset(shape.preset, shape.layers, shape.window, shape.dtype);
@@ -376,9 +376,9 @@ FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& 
     state.driver->Reset(std::move(*config), seed);
   } else {
     state.driver = std::make_unique<LockstepDriver>(std::move(*config), seed);
-    // A fresh session checks what a kFirstPerRun driver would; a reused one a subset.
-    state.driver->set_attention_rechecks(AttentionRechecks::kDoublingAcrossRuns);
   }
+  // A fresh session checks what a driver without counts would; a reused one a subset.
+  state.driver->set_shape_run_counts(&counts);
   LockstepDriver& driver = *state.driver;
   if (record_trace) run.trace.events.reserve(parts.records.size());
   for (const std::span<const uint8_t> bytes : parts.records) {

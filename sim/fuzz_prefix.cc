@@ -296,15 +296,17 @@ FuzzLayout PrefixFuzzLayout() {
 
 namespace {
 
-// The records of `parts`, at most `max_records` of them (all with -1).
+// The records of `parts`, at most `max_records` of them (all with -1); attention re-checked
+// by `counts` (null: the first forward of each shape).
 FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t max_records,
-                          bool record_trace) {
+                          ShapeRunCounts* counts, bool record_trace) {
   FuzzRun run;
   run.trace.header = ReadHeader(parts.header);
   const TraceHeader& h = run.trace.header;
   // Built exactly as the replay of the recorded trace builds it (sim/replay.cc).
   RequestDriverOptions options = TraceDriverOptions(h);
   options.audit_every_call = audit_every_call;
+  options.shape_run_counts = counts;
   RequestDriver driver(StackOf(h), options, TraceValueSeed(h));
   PlanDecoder decoder(h);
   std::optional<RequestDivergence> divergence;
@@ -318,14 +320,17 @@ FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t
   }
   if (!divergence) divergence = driver.FinalAudit();
   run.digest = driver.digest();
+  run.attention_checks = driver.attention_checks();
   if (!divergence) return run;
   run.divergence = divergence->ToString();
   run.divergence_kind = DivergenceKind(divergence->mismatch.what);
   if (!audit_every_call && divergence->unaudited_calls > 0) {
     // Localized as the replay localizes (sim/replay.cc), so both report the same. The trace
-    // stays this run's: its amortized replay must fail too, to localize the same way.
+    // stays this run's: its amortized replay must fail too, to localize the same way. Without
+    // the counts, which this run has advanced: the re-run checks every forward this one
+    // could have.
     const FuzzRun first = RunPrefixFuzzOnce(parts, /*audit_every_call=*/true, run.events,
-                                            /*record_trace=*/false);
+                                            /*counts=*/nullptr, /*record_trace=*/false);
     KV_CHECK(first.divergence.has_value(),
              "a run auditing every call passed the request at which the amortized one failed");
     run.divergence = *first.divergence + "\n  " +
@@ -337,8 +342,8 @@ FuzzRun RunPrefixFuzzOnce(const FuzzParts& parts, bool audit_every_call, int64_t
 
 }  // namespace
 
-FuzzRun RunPrefixFuzz(const FuzzParts& parts, bool record_trace) {
-  return RunPrefixFuzzOnce(parts, /*audit_every_call=*/false, -1, record_trace);
+FuzzRun RunPrefixFuzz(const FuzzParts& parts, ShapeRunCounts& counts, bool record_trace) {
+  return RunPrefixFuzzOnce(parts, /*audit_every_call=*/false, -1, &counts, record_trace);
 }
 
 }  // namespace kvtwin::sim

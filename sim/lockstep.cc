@@ -56,7 +56,7 @@ void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
       layer.oracle->Reset(config_, index);
     } else {
       layer.oracle = std::make_unique<LayerOracle>(synth_, config_, index);
-      layer.oracle->set_attention_rechecks(rechecks_);
+      layer.oracle->set_shape_run_counts(run_counts_);
     }
     layer.pool.clear();
     layer.conv_weights = {};
@@ -68,10 +68,10 @@ void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
   }
 }
 
-void LockstepDriver::set_attention_rechecks(AttentionRechecks rechecks) {
-  rechecks_ = rechecks;
+void LockstepDriver::set_shape_run_counts(ShapeRunCounts* counts) {
+  run_counts_ = counts;
   for (std::vector<Layer>* layers : {&layers_, &spare_layers_}) {
-    for (Layer& layer : *layers) layer.oracle->set_attention_rechecks(rechecks);
+    for (Layer& layer : *layers) layer.oracle->set_shape_run_counts(counts);
   }
 }
 

@@ -55,9 +55,9 @@ class LockstepDriver {
   // REQUIRES: Reset before any other use.
   void Clear();
 
-  // How often attention arithmetic is re-checked (LayerOracle); kFirstPerRun unless set.
-  // Applies to every layer's oracle, now and after any Reset.
-  void set_attention_rechecks(AttentionRechecks rechecks);
+  // Every layer's oracle checks attention by `counts` (ShapeRunCounts; null, the default:
+  // the first forward of each shape in a run), now and after any Reset. Not owned.
+  void set_shape_run_counts(ShapeRunCounts* counts);
   // Forwards whose attention arithmetic was checked since Reset, over every layer.
   int64_t attention_checks() const;
 
@@ -120,7 +120,7 @@ class LockstepDriver {
   int64_t steps_ = 0;
   uint64_t digest_ = 0;
   std::optional<Divergence> divergence_;
-  AttentionRechecks rechecks_ = AttentionRechecks::kFirstPerRun;
+  ShapeRunCounts* run_counts_ = nullptr;
   model::TokenLog through_;  // Speculate's scratch
   ForwardScratch scratch_;   // every forward's input buffers
 };

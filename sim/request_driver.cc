@@ -68,6 +68,12 @@ RequestCoverage& RequestCoverage::operator+=(const RequestCoverage& o) {
   return *this;
 }
 
+int64_t RequestDriver::attention_checks() const {
+  int64_t n = 0;
+  for (const auto& oracle : oracles_) n += oracle->attention_checks();
+  return n;
+}
+
 RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, uint64_t value_seed)
     : config_(std::move(config)), options_(options), synth_(value_seed) {
   const Status valid = config_.Validate();
@@ -78,6 +84,7 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
   for (size_t i = 0; i < caches_.size(); ++i) {
     const auto layer = static_cast<int32_t>(i);
     oracles_.push_back(std::make_unique<LayerOracle>(synth_, config_, layer));
+    oracles_.back()->set_shape_run_counts(options_.shape_run_counts);
     oracle_ptrs_.push_back(oracles_.back().get());
   }
   LayerKernels kernels = DeriveLayerKernels(synth_, config_);

@@ -126,6 +126,9 @@ struct RequestDriverOptions {
   // the request's index. A fault planted here as a function of the index is planted again
   // by a localizing re-run, like a bug in production code.
   std::function<void(PrefixCache&, int64_t)> after_request;
+  // Attention re-checks by these counts (ShapeRunCounts, sim/checks.h; not owned): a fuzz
+  // session's many short runs. Null: the first forward of each shape in the run.
+  ShapeRunCounts* shape_run_counts = nullptr;
 };
 
 // The offsets a request's SchedulePrefillSnapshots asks for: the plan's user offsets, then
@@ -156,6 +159,8 @@ class RequestDriver {
   std::optional<RequestDivergence> FinalAudit();
 
   uint64_t digest() const { return digest_; }
+  // Forwards whose attention arithmetic was checked, over every layer.
+  int64_t attention_checks() const;
   int64_t steps() const { return steps_; }
   const RequestCoverage& coverage() const { return coverage_; }
   const PrefixCache& manager() const { return *manager_; }

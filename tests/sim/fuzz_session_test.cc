@@ -84,7 +84,7 @@ TEST(FuzzSession, EveryRunIsAFreshRun) {
 // others, and a fresh run checks them every time.
 TEST(FuzzSession, RechecksAttentionAfterDoublingRunsOfAShape) {
   for (const FuzzTarget target :
-       {FuzzTarget::kKv, FuzzTarget::kRotating, FuzzTarget::kSpeculation}) {
+       {FuzzTarget::kKv, FuzzTarget::kRotating, FuzzTarget::kSpeculation, FuzzTarget::kPrefix}) {
     const std::vector<Bytes> entries = CorpusEntries(target, 24);
     const auto checks = [&](const Bytes& in) {
       return RunFuzzInput(target, in.data(), in.size()).attention_checks;
