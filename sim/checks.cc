@@ -216,7 +216,6 @@ const Tensor& LayerOracle::ExpectedRow(int64_t p, const model::Token& t, bool is
   return memo;
 }
 
-namespace {}  // namespace
 
 bool LayerOracle::MatchesExpected(TensorView actual, int64_t row, int64_t p, const model::Token& t,
                                   bool is_value) {
