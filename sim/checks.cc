@@ -216,7 +216,6 @@ const Tensor& LayerOracle::ExpectedRow(int64_t p, const model::Token& t, bool is
   return memo;
 }
 
-
 bool LayerOracle::MatchesExpected(TensorView actual, int64_t row, int64_t p, const model::Token& t,
                                   bool is_value) {
   const Tensor& want = ExpectedRow(p, t, is_value);
