@@ -87,7 +87,8 @@ struct FuzzRun {
   std::string divergence_kind;            // DivergenceKind of the mismatch
   uint64_t digest = 0;
   int64_t events = 0;
-  // Forwards whose attention arithmetic was checked (layer targets; see FuzzSession).
+  // Forwards whose attention arithmetic was checked (layer and prefix targets; see
+  // FuzzSession).
   int64_t attention_checks = 0;
 };
 
