@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <string>
-#include <unordered_set>
 #include <utility>
 
 #include "src/core/check.h"
@@ -26,13 +25,18 @@ void CheckRows(const Tensor& k, const Tensor& v, const Tensor& like) {
 using Wrappers = std::vector<std::unique_ptr<SpeculativeLayer>>;
 
 Result<Wrappers> Wrap(std::span<LayerCache* const> layers, bool isolated) {
-  std::unordered_set<const LayerCache*> seen;
   Wrappers wrappers;
+  wrappers.reserve(layers.size());
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerCache* layer = layers[i];
     const std::string where = "layer " + std::to_string(i);
     if (layer == nullptr) return InvalidArgument(where + " is null");
-    if (!seen.insert(layer).second) return InvalidArgument(where + " is listed twice");
+    // A speculation begins every decode step, over tens of layers: scanning the ones before
+    // finds a repeat without a hash set's allocation per layer (most of Wrap's).
+    if (std::find(layers.begin(), layers.begin() + static_cast<std::ptrdiff_t>(i), layer) !=
+        layers.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return InvalidArgument(where + " is listed twice");
+    }
     if (auto* kv = dynamic_cast<KvCache*>(layer)) {
       if (isolated) {
         const int64_t o = kv->Offset();

@@ -415,6 +415,40 @@ TEST(SpeculationWrappers, AttentionWrappersAnswerTheRestOfTheContract) {
   }
 }
 
+// spec §2.7's refusals: a null layer or one listed twice is InvalidArgument, naming the
+// layer, and a speculation wrapper (not a live cache) is Unsupported; a refused begin wraps
+// nothing, so no live cache moves. Layers listed more than once anywhere in the list count,
+// not only neighbours.
+TEST(SpeculationBegin, RefusesANullARepeatedOrAWrappedLayer) {
+  for (const bool isolated : {false, true}) {
+    SCOPED_TRACE(isolated ? "isolated" : "committing");
+    const auto begin = [isolated](std::vector<LayerCache*> layers) {
+      return isolated ? BeginIsolatedSpeculation(layers) : BeginSpeculation(layers);
+    };
+    KvCache kv, kv2;
+    RotatingCache rot(4);
+    FillKv(kv, 5);
+    FillKv(kv2, 3);
+    FillRot(rot, RotPrefixes(4)[1]);
+    const auto refused = [&](std::vector<LayerCache*> layers, StatusCode code,
+                             const std::string& says) {
+      const Result<Speculation> s = begin(std::move(layers));
+      ASSERT_FALSE(s.ok());
+      EXPECT_EQ(s.status().code(), code);
+      EXPECT_NE(s.status().message().find(says), std::string::npos) << s.status().ToString();
+    };
+    refused({&kv, nullptr}, StatusCode::kInvalidArgument, "layer 1 is null");
+    refused({&kv, &rot, &kv}, StatusCode::kInvalidArgument, "layer 2 is listed twice");
+    refused({&kv, &rot, &kv2, &rot}, StatusCode::kInvalidArgument, "layer 3 is listed twice");
+    refused({&rot, &rot}, StatusCode::kInvalidArgument, "layer 1 is listed twice");
+    Speculation outer = Begin({&kv2});
+    refused({&kv, &outer.layer(0)}, StatusCode::kUnsupported, "layer 1");
+    EXPECT_EQ(kv.Offset(), 5);
+    EXPECT_EQ(rot.Offset(), 4);
+    EXPECT_TRUE(begin({&kv, &kv2, &rot}).ok()) << "three distinct live caches";
+  }
+}
+
 // LiveBytes is what the wrapper itself holds (spec §2.7 leaves the rows of a write-through
 // wrapper in the live cache): an accumulating wrapper keeps its copy of the live history
 // (a full KV layer: every row; a rotating one: the whole window, since View shows all W
