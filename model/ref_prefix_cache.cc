@@ -289,6 +289,7 @@ RefBeginReport RefPrefixCache::Begin(const TokenLog& inputs) {
   const Keys keys = KeysOf(inputs);
   Match m = FindBestMatch(root_.get(), keys);
   const int64_t original_matched = m.matched;
+  std::vector<size_t> positions = std::move(m.position);
   const int64_t total = static_cast<int64_t>(inputs.size());
   // Hold-back: at least one prompt token is always evaluated to seed generation.
   if (m.matched == total && m.matched > 0) {
@@ -298,11 +299,8 @@ RefBeginReport RefPrefixCache::Begin(const TokenLog& inputs) {
   const int64_t prefix = MinOffset(caches_);
   // Branch point: lets a later prompt that diverges here restore this far.
   if (prefix < m.matched) pending_.push_back({m.matched, false});
-  return RefBeginReport{total, original_matched, prefix, total - prefix, free_all};
-}
-
-std::vector<size_t> RefPrefixCache::MatchedChildPositions(std::span<const int32_t> keys) const {
-  return FindBestMatch(root_.get(), keys).position;
+  return RefBeginReport{total,          original_matched, prefix,
+                        total - prefix, free_all,         std::move(positions)};
 }
 
 void RefPrefixCache::SchedulePrefillSnapshots(const std::vector<int64_t>& requested) {

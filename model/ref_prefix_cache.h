@@ -40,6 +40,10 @@ struct RefBeginReport {
   int64_t cached = 0;   // the prefix every cache was aligned to (0 after free-all)
   int64_t left = 0;     // total - cached
   bool free_all = false;
+  // The child taken at each depth of the match of the whole prompt (before the hold-back
+  // and the switch): path[d + 1] is path[d]->children[matched_positions[d]]. For ExpectBegin,
+  // which walks the production trie by these positions instead of scanning wide nodes.
+  std::vector<size_t> matched_positions;
 };
 
 class RefPrefixCache {
@@ -65,11 +69,6 @@ class RefPrefixCache {
   void AddOutputs(const TokenLog& tokens);
   // spec §3.4 close: attach, frontier advance, pageOut, compactPath, frontier tick.
   void Close();
-
-  // findBestMatch of `keys` from the root, changing nothing: the position of each matched
-  // node among its parent's children, root first. Lets a caller find the same path in a
-  // trie that mirrors this one without scanning its wide nodes (sim/switch_reference.h).
-  std::vector<size_t> MatchedChildPositions(std::span<const int32_t> keys) const;
 
   bool session_open() const { return open_; }
   const RefNode& root() const { return *root_; }

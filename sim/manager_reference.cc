@@ -28,9 +28,13 @@ std::string RenderPending(const PendingList& pending) {
 ManagerReference::ManagerReference(std::vector<std::optional<model::RefCache>> caches)
     : ref_(std::move(caches)) {}
 
-Check ManagerReference::Begin(const model::TokenLog& inputs, const PrefixCache& pc,
-                              const BeginReport& got) {
-  const model::RefBeginReport want = ref_.Begin(inputs);
+const model::RefBeginReport& ManagerReference::Begin(const model::TokenLog& inputs) {
+  begun_ = ref_.Begin(inputs);
+  return begun_;
+}
+
+Check ManagerReference::CheckBegin(const PrefixCache& pc, const BeginReport& got) const {
+  const model::RefBeginReport& want = begun_;
   if (want.total != got.total || want.matched != got.matched || want.cached != got.cached ||
       want.left != got.left || want.free_all != got.free_all) {
     return Mismatch{"Begin report against the reference manager",

@@ -25,9 +25,12 @@ class ManagerReference {
   explicit ManagerReference(std::vector<std::optional<model::RefCache>> caches);
 
   model::RefPrefixCache& manager() { return ref_; }
-  // Runs the reference Begin on `inputs` (production's Begin already ran and reported
-  // `got`) and compares the report and the pending branch point (CheckTrie does the rest).
-  Check Begin(const model::TokenLog& inputs, const PrefixCache& pc, const BeginReport& got);
+  // Runs the reference Begin on `inputs`, before production's (the reference does not read
+  // production), and keeps its report: its matched child positions guide ExpectBegin.
+  const model::RefBeginReport& Begin(const model::TokenLog& inputs);
+  // After production's Begin reported `got`: compares it with the kept report and the
+  // pending branch point (CheckTrie does the rest).
+  Check CheckBegin(const PrefixCache& pc, const BeginReport& got) const;
   // After SchedulePrefillSnapshots: the pending offsets and their user flags.
   Check CheckPending(const PrefixCache& pc) const;
   // The trie and the active path, after any session call; `after` names the call.
@@ -37,6 +40,7 @@ class ManagerReference {
   bool SamePath(const PrefixTrie& trie, std::span<TrieNode* const> got) const;
 
   model::RefPrefixCache ref_;
+  model::RefBeginReport begun_;  // the last Begin's report
 };
 
 }  // namespace kvtwin::sim

@@ -133,11 +133,13 @@ class RequestDriver::Session {
       budget_bytes_ = std::max<int64_t>(1, d_.options_.budget_bytes * plan_.budget_pct / 100);
       d_.manager_->set_max_paged_out_bytes(budget_bytes_);
     }
-    std::optional<std::vector<size_t>> positions;
-    if (d_.reference_) positions = d_.reference_->manager().MatchedChildPositions(plan_.inputs);
-    const BeginExpectation want =
-        ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(), plan_.inputs, d_.synth_.seed(),
-                    positions ? std::optional<std::span<const size_t>>(*positions) : std::nullopt);
+    std::optional<std::span<const size_t>> positions;
+    if (d_.reference_) {
+      const model::TokenLog inputs(stored_.begin(), stored_.begin() + len());
+      positions = d_.reference_->Begin(inputs).matched_positions;
+    }
+    const BeginExpectation want = ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(),
+                                              plan_.inputs, d_.synth_.seed(), positions);
     // Sketched now (rendered only on a failure): a faulty eviction inside Begin may free
     // these nodes.
     std::vector<NodeSketch>& want_path = d_.begin_path_sketch_;
@@ -169,8 +171,7 @@ class RequestDriver::Session {
     if (Check c = CheckLive()) return c;
     if (Check c = CheckContinuation(want)) return c;
     if (d_.reference_) {
-      const model::TokenLog inputs(stored_.begin(), stored_.begin() + len());
-      if (Check c = d_.reference_->Begin(inputs, pc(), report_)) return c;
+      if (Check c = d_.reference_->CheckBegin(pc(), report_)) return c;
       if (audit) {
         if (Check c = d_.reference_->CheckTrie(pc(), "Begin")) return c;
       }

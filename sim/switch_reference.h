@@ -5,7 +5,7 @@
 // key path, reading the trie and the active path as they are before Begin and changing
 // neither. The match is recomputed from the keys, not asked of the trie: by scanning each
 // node's children, or, given the reference manager's matched child positions
-// (model::RefPrefixCache::MatchedChildPositions), by taking the child at each position
+// (model::RefBeginReport::matched_positions), by taking the child at each position
 // when it starts with the next key. A wide node (the root holds one child per
 // conversation) then costs one child instead of a scan of all. Where the positions end,
 // the walk trusts that the reference matched no further: a production child the reference

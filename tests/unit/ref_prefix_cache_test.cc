@@ -314,22 +314,28 @@ TEST(RefPrefixCache, StatelessHolesKeepEmptySlots) {
                   "    [5,9) keys 10 11 12 30 t3 | rec@9 | - | kv[5,9) | -"}));
 }
 
-// MatchedChildPositions names the matched path by each node's place among its siblings:
-// across a root wider than one block of the vector scan (64 keys), at the block edges and
-// in the tail, through a split, and nothing for a prompt no child starts.
-TEST(RefPrefixCache, MatchedChildPositionsNameTheMatchedPath) {
-  RefPrefixCache pc({RefCache::Kv()});
-  for (int32_t i = 0; i < 70; ++i) Serve(pc, {{100 + i, 1, 2, 3}, {9}, {}});
-  ASSERT_EQ(pc.root().children.size(), 70u);
+// Begin's matched_positions name the match of the whole prompt by each node's place among
+// its siblings: across a root wider than one block of the vector scan (64 keys), at the
+// block edges and in the tail, through a split, and nothing for a prompt no child starts.
+// Each Begin runs on a fresh trie, since a served prompt would grow it.
+TEST(RefPrefixCache, BeginNamesTheMatchedPathByChildPositions) {
+  const auto positions = [](bool split, const Ids& prompt) {
+    RefPrefixCache pc({RefCache::Kv()});
+    for (int32_t i = 0; i < 70; ++i) Serve(pc, {{100 + i, 1, 2, 3}, {9}, {}});
+    EXPECT_EQ(pc.root().children.size(), 70u);
+    // Splits child 65 after key 1; the new branch is its second child.
+    if (split) Serve(pc, {{165, 1, 7, 7}, {9}, {}});
+    return pc.Begin(Toks(prompt)).matched_positions;
+  };
   for (const int32_t i : {0, 1, 63, 64, 65, 69}) {
-    EXPECT_EQ(pc.MatchedChildPositions(Ids{100 + i, 1, 2}), std::vector<size_t>{size_t(i)});
+    EXPECT_EQ(positions(false, Ids{100 + i, 1, 2}), std::vector<size_t>{size_t(i)});
   }
-  EXPECT_TRUE(pc.MatchedChildPositions(Ids{99, 1}).empty());
-  EXPECT_TRUE(pc.MatchedChildPositions(Ids{170}).empty());
-  Serve(pc, {{165, 1, 7, 7}, {9}, {}});  // splits child 65 after key 1; the new branch is second
-  EXPECT_EQ(pc.MatchedChildPositions(Ids{165, 1, 7}), (std::vector<size_t>{65, 1}));
-  EXPECT_EQ(pc.MatchedChildPositions(Ids{165, 1, 2}), (std::vector<size_t>{65, 0}));
-  EXPECT_EQ(pc.MatchedChildPositions(Ids{165}), std::vector<size_t>{65});
+  EXPECT_TRUE(positions(false, Ids{99, 1}).empty());
+  EXPECT_TRUE(positions(false, Ids{170}).empty());
+  // Every key matched: the hold-back's match of {165, 1} would stop at child 65.
+  EXPECT_EQ(positions(true, Ids{165, 1, 7}), (std::vector<size_t>{65, 1}));
+  EXPECT_EQ(positions(true, Ids{165, 1, 2}), (std::vector<size_t>{65, 0}));
+  EXPECT_EQ(positions(true, Ids{165}), std::vector<size_t>{65});
 }
 
 TEST(RefPrefixCacheDeathTest, MisuseAborts) {
