@@ -1,5 +1,5 @@
 // Trace format v1: a workload as JSON Lines, the unit users record, replay, shrink and
-// keep in traces/regress/ (schema: traces/trace-v1.schema.json; README "Trace format").
+// keep in traces/regress/ (schema: traces/trace-v1.schema.json; README "Traces (format v1)").
 //
 // Line 1 is the header, every further line one event. Keys are sorted and optional fields
 // at their default are left out, so equal traces are equal files and diffs are per event:
