@@ -1,7 +1,8 @@
 // The reference gated-delta fold (spec §2.4.2, §5.3) in double precision, written as plain
 // loops in the order the spec states the rule (decay, read, delta correction), so that a
-// reader can check it against the formula line by line. The read-out y = S q̂ is not part
-// of the state and is therefore not computed here.
+// reader can check it against the formula line by line. The read-out y = S q̂ and the conv
+// output are not part of the state: RefGdnReadOut and RefConvRow compute them on request,
+// for the output checks.
 #include "model/ref_recurrent.h"
 
 #include <algorithm>
@@ -87,6 +88,44 @@ void RefGdnStep(MatD& state, const RefGdnToken& token, const RefGdnParams& param
   }
 }
 
+void RefGdnReadOut(const MatD& state, const RefGdnToken& token, const RefGdnParams& params,
+                   VecD& y) {
+  CheckShapes(state, token, params);
+  const RefGdnDims& d = params.dims;
+  const int64_t group = d.num_v_heads / d.num_k_heads;
+  const auto dk = static_cast<double>(d.head_k_dim);
+  y.resize(d.num_v_heads * d.head_v_dim);
+  for (int64_t h = 0; h < d.num_v_heads; ++h) {
+    // q̂ = RMSNorm(q_g) / Dk: the (1/sqrt(Dk))^2 of the spec, element j = q(g Dk + j) / rms / Dk.
+    const int64_t q0 = (h / group) * d.head_k_dim;
+    const double rms = RmsOf(token.q, q0, d.head_k_dim);
+    for (int64_t i = 0; i < d.head_v_dim; ++i) {
+      const int64_t row = h * d.head_v_dim + i;
+      double sum = 0.0;
+      for (int64_t j = 0; j < d.head_k_dim; ++j)
+        sum += state(row, j) * (token.q(q0 + j) / rms / dk);
+      y(row) = sum;
+    }
+  }
+}
+
+void RefConvRow(std::span<const float* const> window, const MatD& w, const VecD& bias, bool silu,
+                VecD& out) {
+  const Eigen::Index channels = w.rows();
+  const auto taps = static_cast<Eigen::Index>(window.size());
+  KV_CHECK(w.cols() == taps, "conv weights must be [C x (conv_tail + 1)] over as many rows");
+  KV_CHECK(bias.size() == 0 || bias.size() == channels, "conv bias must be [C] or empty");
+  out.resize(channels);
+  for (Eigen::Index c = 0; c < channels; ++c) {
+    double sum = bias.size() == 0 ? 0.0 : bias(c);
+    for (Eigen::Index j = 0; j < taps; ++j) {
+      sum += w(c, j) * static_cast<double>(window[static_cast<size_t>(j)][c]);
+    }
+    // SiLU(x) = x * sigmoid(x).
+    out(c) = silu ? sum * Sigmoid(sum) : sum;
+  }
+}
+
 RefGdnFolder::RefGdnFolder(RefGdnParams params, InputFn inputs)
     : params_(std::move(params)),
       inputs_(std::move(inputs)),
@@ -132,23 +171,43 @@ const MatD& RefGdnFolder::StateAfter(std::span<const Token> log, int64_t length)
   } else {
     state_ = ZeroState(params_.dims);
   }
-  const auto n = static_cast<size_t>(rows_ * cols_);
   for (int64_t p = folded; p < length; ++p) {
     inputs_(p, at(p), token_);
     RefGdnStep(state_, token_, params_);
-    if (memo_.size() >= kMemoEntriesMax) {
-      memo_.clear();
-      arena_.clear();
-    }
-    const auto [it, inserted] = memo_.try_emplace(at(p).h, arena_.size() / n);
-    if (inserted) {
-      arena_.insert(arena_.end(), state_.data(), state_.data() + n);
-    } else {
-      std::copy_n(state_.data(), n, arena_.data() + it->second * n);
-    }
+    Memoize(at(p).h);
   }
   result_ = state_;
   return result_;
+}
+
+void RefGdnFolder::Memoize(uint64_t h) {
+  const auto n = static_cast<size_t>(rows_ * cols_);
+  if (memo_.size() >= kMemoEntriesMax) {
+    memo_.clear();
+    arena_.clear();
+  }
+  const auto [it, inserted] = memo_.try_emplace(h, arena_.size() / n);
+  if (inserted) {
+    arena_.insert(arena_.end(), state_.data(), state_.data() + n);
+  } else {
+    std::copy_n(state_.data(), n, arena_.data() + it->second * n);
+  }
+}
+
+void RefGdnFolder::ReadOuts(std::span<const Token> log, int64_t from, int64_t to, MatD& y) {
+  KV_CHECK(0 <= from && from <= to && to <= static_cast<int64_t>(log.size()),
+           "read-outs of [" + std::to_string(from) + ", " + std::to_string(to) +
+               ") outside a log of " + std::to_string(log.size()));
+  state_ = StateAfter(log, from);
+  y.resize(to - from, rows_);
+  for (int64_t p = from; p < to; ++p) {
+    const Token& token = log[static_cast<size_t>(p)];
+    inputs_(p, token, token_);
+    RefGdnStep(state_, token_, params_);
+    Memoize(token.h);
+    RefGdnReadOut(state_, token_, params_, read_out_);
+    y.row(p - from) = read_out_.transpose();
+  }
 }
 
 std::vector<int64_t> ExpectedConvTailPositions(int64_t length, int64_t conv_tail) {

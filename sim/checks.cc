@@ -159,6 +159,34 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
   for (auto* v : {&seen_ranges_, &want_ranges_}) v->reserve(kTypicalRanges);
   visible_.begin.reserve(kTypicalRanges);
   visible_.ranges.reserve(kTypicalRanges);
+  DeriveConvWeights();
+}
+
+void LayerOracle::DeriveConvWeights() {
+  // Recurrent layers only, like the folder's parameters: the others never read them.
+  if (spec_.kind != CacheKind::kRecurrent) return;
+  const ConvWeights conv = synth_.ConvParams(layer_, dims_);
+  conv_w_ = conv.w.cast<double>();
+  conv_b_ = conv.bias.cast<double>();
+  conv_silu_ = conv.silu;
+  // Rows depend on the seed, the layer and the dtype: all are forgotten.
+  // At least a window's rows, so a window's rows never evict one another.
+  conv_memo_rows_ = std::max<int64_t>(kConvMemoRows, dims_.conv_tail + 1);
+  conv_memo_.setZero(conv_memo_rows_ + 1, dims_.conv_dim());
+  conv_memo_key_.assign(static_cast<size_t>(conv_memo_rows_), {-1, 0});
+}
+
+const float* LayerOracle::ConvInput(int64_t p, std::span<const model::Token> log) {
+  if (p < 0) return conv_memo_.row(conv_memo_rows_).data();
+  KV_CHECK(p < static_cast<int64_t>(log.size()), "a conv input past the log");
+  const int64_t row = p % conv_memo_rows_;
+  const std::pair<int64_t, uint64_t> key{p, log[static_cast<size_t>(p)].h};
+  auto& held = conv_memo_key_[static_cast<size_t>(row)];
+  if (held != key) {
+    synth_.FillConvInput(conv_memo_, row, dtype_, layer_, p, key.second, dims_.conv_dim());
+    held = key;
+  }
+  return conv_memo_.row(row).data();
 }
 
 void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
@@ -166,6 +194,7 @@ void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
   spec_ = config.layers[static_cast<size_t>(layer)];
   dims_ = config.recurrent;
   folder_.Reset(FolderParams(synth_, config, layer));
+  DeriveConvWeights();
   // Memo rows depend on the seed and the layer: all are recomputed. The tensors are kept
   // when their shape still fits (a new seed alone); every other member is scratch that a
   // check writes before it reads.
@@ -439,19 +468,14 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
                     fmt::format("{}[{}x{}]", DTypeName(dtype_), dims_.conv_tail, dims_.conv_dim()),
                     conv.ShapeString()};
   }
-  MatF& x = conv_row_;
-  x.resize(1, dims_.conv_dim());
   // model::ExpectedConvTailPositions, one row at a time: row r holds length - tail + r.
   for (int64_t r = 0; r < dims_.conv_tail; ++r) {
     const int64_t p = length - dims_.conv_tail + r;
-    x.setZero();
-    if (p >= 0)
-      synth_.FillConvInput(x, 0, dtype_, layer_, p, log[static_cast<size_t>(p)].h,
-                           dims_.conv_dim());
+    const float* x = ConvInput(p, log);
     for (int64_t c = 0; c < dims_.conv_dim(); ++c) {
-      if (conv.At(r, c) != x(0, c)) {
+      if (conv.At(r, c) != x[c]) {
         return Mismatch{fmt::format("{} conv tail row {} (position {}) column {}", where, r, p, c),
-                        fmt::format("{}", x(0, c)), fmt::format("{}", conv.At(r, c))};
+                        fmt::format("{}", x[c]), fmt::format("{}", conv.At(r, c))};
       }
     }
   }

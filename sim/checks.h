@@ -106,6 +106,15 @@ class LayerOracle {
   // How many forwards had their attention arithmetic checked (CheckAttention) since Reset.
   int64_t attention_checks() const { return attention_checks_; }
 
+  // After a recurrent forward of tokens [start, start + n) of `log` (so log.size() >=
+  // start + n): the kernels' outputs, conv_out [rows x conv_dim] and y [rows x Hv*Dv] with
+  // rows >= n (rows past n are padding), against the reference (spec §2.4): each real row's
+  // conv output from the raw conv inputs of its window and the weights, and its read-out
+  // y = S q̂ over the state after its token, within kDeltaTolerance; padded rows of y zero.
+  // The states alone miss an output-only bug (a read-out scale, a tap order, the SiLU).
+  Check CheckRecurrentOutputs(const MatF& conv_out, const MatF& y,
+                              std::span<const model::Token> log, int64_t start, int64_t n);
+
   // Live state after any step.
   Check CheckLive(const LayerCache& cache, const model::RefCache& ref);
   // Live contents only: the offset is log.size() and the cache holds exactly `log` (KV rows
@@ -157,6 +166,14 @@ class LayerOracle {
   Check CheckSnapshotBytes(const CacheSnapshot& prod, int64_t kv_rows) const;
   Check CheckRecurrentState(const Tensor& conv, const MatF& delta,
                             std::span<const model::Token> log, int64_t length, const char* where);
+  // conv_w_, conv_b_ and conv_silu_ from the synthetic weights of this layer, and an empty
+  // conv input memo of its width.
+  void DeriveConvWeights();
+  // The raw conv input row of position p (zeros for p < 0) for the token `log[p]`, from a
+  // memo: a row is a pure function of (layer, p, h), the windows of consecutive forwards
+  // overlap and the live tail re-reads the last ones, so a hit is what FillConvInput would
+  // write. Valid until the next call.
+  const float* ConvInput(int64_t p, std::span<const model::Token> log);
   // The logical mask of `write` over a forward of query_len tokens at `start` and a
   // history of key_len keys, as production attention takes it (logical_) and as the
   // reference states it (ref_mask_).
@@ -239,8 +256,21 @@ class LayerOracle {
   std::vector<AttendedShape> attended_;
   ShapeRunCounts* run_counts_ = nullptr;
   int64_t attention_checks_ = 0;
-  MatF conv_row_;
   MatF gdn_qkv_, gdn_ba_;  // the folder's input rows (its input function writes them)
+  // CheckRecurrentOutputs': the conv weights in double (recurrent layers only, set by
+  // Reset), the raw conv inputs of one forward's windows, and one row of each output.
+  MatD conv_w_;
+  VecD conv_b_;
+  bool conv_silu_ = false;
+  std::vector<const float*> conv_window_;  // a token's window rows, in ConvInput's memo
+  MatD expected_y_;
+  VecD conv_out_row_;
+  // ConvInput's memo: row p % conv_memo_rows_ holds position conv_memo_key_[row] = (p, h);
+  // the last row stays zero (positions before 0).
+  static constexpr int64_t kConvMemoRows = 64;
+  int64_t conv_memo_rows_ = kConvMemoRows;
+  MatF conv_memo_;
+  std::vector<std::pair<int64_t, uint64_t>> conv_memo_key_;
 };
 
 }  // namespace kvtwin::sim

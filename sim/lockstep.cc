@@ -292,9 +292,12 @@ Check LockstepDriver::Write(const Op& op, Layer& layer, int32_t index) {
   const int64_t start = layer.ref.Offset();
   const History history = Forward(*layer.cache, op, layer, index, tokens);
   layer.ref.Write(tokens);
-  if (layer.cache->kind() == CacheKind::kRecurrent) return std::nullopt;
-  return layer.oracle->CheckHistory(history, layer.ref.log(), start,
-                                    static_cast<int64_t>(tokens.size()), op);
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (layer.cache->kind() == CacheKind::kRecurrent) {
+    return layer.oracle->CheckRecurrentOutputs(scratch_.kernels.conv.out, scratch_.kernels.scan.y,
+                                               layer.ref.log(), start, n);
+  }
+  return layer.oracle->CheckHistory(history, layer.ref.log(), start, n, op);
 }
 
 History LockstepDriver::Forward(LayerCache& target, const Op& op, const Layer& layer, int32_t index,

@@ -121,11 +121,18 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
       const std::span<const model::Token> chunk =
           std::span(tokens).subspan(static_cast<size_t>(from), static_cast<size_t>(to - from));
       const History history = Forward(w, op, layer, i, chunk, from);
-      if (!attention) continue;
       model::TokenLog& through = through_;  // scratch: the log plus the forwards so far
       through.assign(layer.ref.log().begin(), layer.ref.log().end());
       const auto start = static_cast<int64_t>(through.size()) + from;
       through.insert(through.end(), tokens.begin(), tokens.begin() + to);
+      if (!attention) {
+        if (Check c = layer.oracle->CheckRecurrentOutputs(
+                scratch_.kernels.conv.out, scratch_.kernels.scan.y, through, start, to - from)) {
+          c->what = fmt::format("speculative forward [{}, {}): {}", from, to, c->what);
+          return c;
+        }
+        continue;
+      }
       if (Check c = layer.oracle->CheckHistory(history, through, start, to - from, op)) {
         c->what = fmt::format("speculative{} {}",
                               split > 0 ? fmt::format(" forward [{}, {})", from, to) : "", c->what);

@@ -544,7 +544,15 @@ class RequestDriver::Session {
       const History history = ForwardSynthetic(
           target, d_.config_, d_.synth_, static_cast<int32_t>(i), start, tokens,
           &d_.conv_weights_[i], &d_.gdn_params_[i], 0, false, &d_.forward_scratch_);
-      if (target.kind() == CacheKind::kRecurrent) continue;
+      if (target.kind() == CacheKind::kRecurrent) {
+        const RecurrentForwardScratch& k = d_.forward_scratch_.kernels;
+        if (Check c =
+                d_.oracles_[i]->CheckRecurrentOutputs(k.conv.out, k.scan.y, after, start, n)) {
+          c->what = fmt::format("layer {} outputs: {}", i, c->what);
+          return c;
+        }
+        continue;
+      }
       d_.Fold(static_cast<uint64_t>(history.length));
       if (Check c = d_.oracles_[i]->CheckHistory(history, after, start, n, Op{}, trusted)) {
         c->what = fmt::format("layer {} history: {}", i, c->what);

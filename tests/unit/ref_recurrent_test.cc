@@ -3,7 +3,8 @@
 // Method: single gated-delta steps against closed forms F(x)(S) = g S (I - b k k^T) + b v k^T
 // worked out by hand for tiny heads (Dk = Dv = 1, or a 3-4-5 key); head grouping and
 // padding identities; the folder's memo against a memo-free fold over logs that share a
-// prefix, are truncated, or overflow the memo; conv tail positions.
+// prefix, are truncated, or overflow the memo; the read-out and the conv output row against
+// hand computations; conv tail positions.
 #include "model/ref_recurrent.h"
 
 #include <gtest/gtest.h>
@@ -227,6 +228,58 @@ TEST(RefGdnFolder, ResultsStayExactWhenTheMemoOverflows) {
   EXPECT_TRUE(folder.StateAfter(log, n) == FoldWithoutMemo(params, log, n));
   EXPECT_TRUE(folder.StateAfter(log, 10) == FoldWithoutMemo(params, log, 10));
   EXPECT_TRUE(folder.StateAfter(log, n - 5) == FoldWithoutMemo(params, log, n - 5));
+}
+
+// ---- Read-out and conv output ----
+
+// Dk = 2, q = (3, 4): mean(q^2) = 12.5, so q^ = q / sqrt(12.5) / Dk (the (1/sqrt(Dk))^2 of
+// the spec); S = [[1, 2]] gives y = 11 / (2 sqrt(12.5)) = 1.5556, where the key's
+// 1/sqrt(Dk) would give 11 / 5 = 2.2.
+TEST(RefGdnReadOut, QueryIsRmsNormalizedAndScaledByDk) {
+  const RefGdnDims dims{1, 1, 2, 1};
+  MatD state(1, 2);
+  state << 1.0, 2.0;
+  VecD y;
+  RefGdnReadOut(state, RefGdnToken{Vec({3, 4}), Vec({9, 9}), Vec({0}), Vec({0}), Vec({0})},
+                Params(dims, 0.0, 1.0), y);
+  ASSERT_EQ(y.size(), 1);
+  const double scale = std::sqrt(12.5 + 1e-6) * 2.0;
+  EXPECT_NEAR(y(0), (1.0 * 3.0 + 2.0 * 4.0) / scale, 1e-15);
+  EXPECT_NEAR(y(0), 1.5556349, 1e-7);
+}
+
+// Hk = 2, Hv = 4, Dk = Dv = 1: value heads 0, 1 read query head 0 and 2, 3 query head 1;
+// a zero query (a padded token's) reads out zero whatever the state.
+TEST(RefGdnReadOut, ValueHeadsReadTheQueryHeadOfTheirGroup) {
+  const RefGdnDims dims{2, 4, 1, 1};
+  const MatD state = Vec({1, 2, 3, 4});
+  VecD y;
+  RefGdnReadOut(state,
+                RefGdnToken{Vec({2, 0}), Vec({1, 1}), Vec({0, 0, 0, 0}), Vec({0, 0, 0, 0}),
+                            Vec({0, 0, 0, 0})},
+                Params(dims, 0.0, 1.0), y);
+  const double q_hat = 2.0 / std::sqrt(4.0 + 1e-6);  // RMSNorm of one element, Dk = 1
+  EXPECT_NEAR(y(0), 1.0 * q_hat, 1e-15);
+  EXPECT_NEAR(y(1), 2.0 * q_hat, 1e-15);
+  EXPECT_EQ(y(2), 0.0);
+  EXPECT_EQ(y(3), 0.0);
+}
+
+// Two channels, tail 2 (window rows t-2, t-1, t): out[c] = b[c] + sum_j w(c, j) window(j, c),
+// tap j against window row j (oldest first), then SiLU when asked.
+TEST(RefConvRow, WeighsTheWindowOldestFirstAddsTheBiasThenSilu) {
+  const float rows[3][2] = {{1, 10}, {2, 20}, {3, 30}};
+  const std::vector<const float*> window = {rows[0], rows[1], rows[2]};
+  MatD w(2, 3);
+  w << 1, 0, 0,  // channel 0 takes the oldest row only
+      0, 0, 2;   // channel 1 twice the newest
+  VecD out;
+  RefConvRow(window, w, Vec({0.5, -1}), /*silu=*/false, out);
+  EXPECT_EQ(out(0), 1.5);
+  EXPECT_EQ(out(1), 59.0);
+  RefConvRow(window, w, VecD(), /*silu=*/true, out);
+  EXPECT_NEAR(out(0), 1.0 / (1.0 + std::exp(-1.0)), 1e-15);
+  EXPECT_NEAR(out(1), 60.0 / (1.0 + std::exp(-60.0)), 1e-12);
 }
 
 // ---- Conv tail ----
