@@ -57,7 +57,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-for tool in cmake ninja patch cmp timeout g++ awk; do
+for tool in cmake ninja patch cmp timeout g++ awk flock; do
   command -v "$tool" >/dev/null || die "$tool not found"
 done
 # NN-name.patch with two or more digits, in numeric order (a glob sorts 100 before 11).
@@ -66,6 +66,12 @@ while IFS= read -r name; do
   case "$name" in *"$pattern"*) patches+=("$mutants_dir/$name") ;; esac
 done < <(ls "$mutants_dir" | grep -E '^[0-9]{2,}-.*\.patch$' | sort -n)
 [ ${#patches[@]} -gt 0 ] || die "no patch in tests/mutants matches '${pattern}'"
+
+# One run at a time per scratch directory: a second run would re-sync the tree and patch its
+# src/ under the first one. A run started meanwhile waits here.
+mkdir -p "$scratch"
+exec 9>"$scratch/lock"
+flock 9
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
