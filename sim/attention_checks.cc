@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/checks.h"
@@ -75,6 +77,46 @@ MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, i
   return a;
 }
 
+// `r` as the pieces left by cutting it at query row `row` and at key column `column` (each
+// optional, strictly inside r), row-major: together they cover exactly r's cells.
+void AddPieces(const model::RefRect& r, std::optional<int64_t> row, std::optional<int64_t> column,
+               std::vector<RelaxRect>& out) {
+  KV_CHECK(!row || (r.q_lo < *row && *row < r.q_hi), "query cut outside the rectangle");
+  KV_CHECK(!column || (r.k_lo < *column && *column < r.k_hi), "key cut outside the rectangle");
+  const int64_t q_cut = row.value_or(r.q_hi);
+  const int64_t k_cut = column.value_or(r.k_hi);
+  for (const auto& [q_lo, q_hi] : {std::pair{r.q_lo, q_cut}, std::pair{q_cut, r.q_hi}}) {
+    for (const auto& [k_lo, k_hi] : {std::pair{r.k_lo, k_cut}, std::pair{k_cut, r.k_hi}}) {
+      if (q_lo < q_hi && k_lo < k_hi) out.push_back(RelaxRect{q_lo, q_hi, k_lo, k_hi});
+    }
+  }
+}
+
+// The production sides of a kRelaxBlock mask, `rect` and `wider` (which contains it), each
+// cut into pieces covering exactly its cells, chosen from the op and the forward alone.
+// Why: whole, each side is one rectangle and meets one of the other side's, so an Intersect
+// that kept only some of a rectangle's overlaps would pass; spec §2.5 wants every pair.
+// With both cuts, rect is cut by rows and wider by columns, so every piece of one side meets
+// every piece of the other (cuts along one line would pair the pieces one to one again);
+// with one, only wider is cut. The row is just past the forward's first query in rect, so
+// rect's top piece holds the query reading most of its reopened keys (k > q); the column is
+// the first past k_lo whose left part still reopens a cell of rect (column - 1 > q_lo), so
+// that piece reopens cells with both pieces of wider, most of them with the right one.
+void CutRelaxSides(const model::RefRect& rect, const model::RefRect& wider, int64_t start,
+                   std::vector<RelaxRect>& rect_side, std::vector<RelaxRect>& wider_side) {
+  std::optional<int64_t> row = std::max(rect.q_lo, start) + 1;
+  std::optional<int64_t> column = std::max(rect.k_lo + 1, rect.q_lo + 2);
+  if (*row >= rect.q_hi) row.reset();
+  if (*column >= rect.k_hi) column.reset();
+  if (row && column) {
+    AddPieces(rect, row, std::nullopt, rect_side);
+    AddPieces(wider, std::nullopt, column, wider_side);
+  } else {
+    AddPieces(rect, std::nullopt, std::nullopt, rect_side);
+    AddPieces(wider, row, column, wider_side);
+  }
+}
+
 // Masks up to this many cells are also resolved through the materialized L x K array, the
 // form an attention kernel consumes; larger ones only in place (building the array per
 // forward is what the in-place resolution exists to avoid).
@@ -97,23 +139,27 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
     return model::RefRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi};
   };
   const model::RefRect rect = ref_rect(write.rect);
-  const auto relax = [](const AttentionMask& m, const model::RefRect& r) {
-    Result<AttentionMask> relaxed = m.Relax({RelaxRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi}});
+  const auto relax = [](const AttentionMask& m, const std::vector<RelaxRect>& rects) {
+    Result<AttentionMask> relaxed = m.Relax(rects);
     KV_CHECK(relaxed.ok(), relaxed.status().ToString());
     return std::move(relaxed).value();
   };
   if (write.mask == MaskForm::kRelax) {
-    logical = relax(logical, rect);
+    logical = relax(logical, {RelaxRect{rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi}});
     ref_mask.rects.push_back(rect);
   }
   if (write.mask == MaskForm::kRelaxBlock) {
     // Composed as a model would stack two relaxed masks, the rectangle and a wider one
     // around it (strictly wider on every side that can grow), whose intersection (spec
     // §2.5: pairwise geometric) is the rectangle again: the same logical mask, built
-    // through the algebra's two-sided case.
+    // through the algebra's two-sided case, each side in pieces (CutRelaxSides). The
+    // reference states the rectangle whole.
     const model::RefRect wider{std::max<int64_t>(0, rect.q_lo - 1), rect.q_hi + 2,
                                std::max<int64_t>(0, rect.k_lo - 2), rect.k_hi + 1};
-    logical = AttentionMask::Intersect(relax(logical, rect), relax(AttentionMask::Causal(), wider));
+    std::vector<RelaxRect> rect_side, wider_side;
+    CutRelaxSides(rect, wider, start, rect_side, wider_side);
+    logical = AttentionMask::Intersect(relax(logical, rect_side),
+                                       relax(AttentionMask::Causal(), wider_side));
     ref_mask.rects.push_back(rect);
   }
   if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock ||

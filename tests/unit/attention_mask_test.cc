@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "src/core/rng.h"
@@ -185,6 +186,45 @@ TEST(AttentionMask, IntersectKeepsTheOverlapOfRelaxations) {
   MatF want = CausalReference(0, 6, 6);
   OpenCells(want, 2, 3, 3, 5);
   ExpectSameMask(m.AsArray(0, 6, 6), want);
+}
+
+// Spec §2.5 says which pairs meet (every one), not in which order the result lists them.
+std::vector<RelaxRect> SortedRects(std::vector<RelaxRect> rects) {
+  std::sort(rects.begin(), rects.end(), [](const RelaxRect& x, const RelaxRect& y) {
+    return std::tie(x.q_lo, x.q_hi, x.k_lo, x.k_hi) < std::tie(y.q_lo, y.q_hi, y.k_lo, y.k_hi);
+  });
+  return rects;
+}
+
+// One rectangle meeting two of the other side's keeps both overlaps, whichever side holds
+// the two: an Intersect that stopped at the first overlap of a rectangle, or at the first
+// rectangle that overlaps another, would lose one.
+TEST(AttentionMask, IntersectKeepsEveryOverlapOfOneRectangleWithTwo) {
+  const AttentionMask one = Relaxed(AttentionMask::Causal(), {{0, 8, 0, 8}});
+  const AttentionMask two = Relaxed(AttentionMask::Causal(), {{2, 3, 3, 5}, {4, 5, 5, 7}});
+  MatF want = CausalReference(0, 8, 8);
+  OpenCells(want, 2, 3, 3, 5);
+  OpenCells(want, 4, 5, 5, 7);
+  for (const AttentionMask& m :
+       {AttentionMask::Intersect(one, two), AttentionMask::Intersect(two, one)}) {
+    EXPECT_EQ(SortedRects(m.rects()), (std::vector<RelaxRect>{{2, 3, 3, 5}, {4, 5, 5, 7}}));
+    ExpectSameMask(m.AsArray(0, 8, 8), want);
+  }
+}
+
+// Two rectangles per side, each meeting both of the other's: all four overlaps.
+TEST(AttentionMask, IntersectKeepsEveryOverlapOfTwoRectanglesWithTwo) {
+  // Rows [0,2) and [2,4) against keys [1,4) and [4,8), over q in [0,4) x k in [1,8).
+  const AttentionMask rows = Relaxed(AttentionMask::Causal(), {{0, 2, 1, 8}, {2, 4, 1, 8}});
+  const AttentionMask cols = Relaxed(AttentionMask::Causal(), {{0, 4, 1, 4}, {0, 4, 4, 8}});
+  MatF want = CausalReference(0, 6, 8);
+  OpenCells(want, 0, 4, 1, 8);
+  for (const AttentionMask& m :
+       {AttentionMask::Intersect(rows, cols), AttentionMask::Intersect(cols, rows)}) {
+    EXPECT_EQ(SortedRects(m.rects()),
+              (std::vector<RelaxRect>{{0, 2, 1, 4}, {0, 2, 4, 8}, {2, 4, 1, 4}, {2, 4, 4, 8}}));
+    ExpectSameMask(m.AsArray(0, 6, 8), want);
+  }
 }
 
 TEST(AttentionMask, IntersectKeepsRelaxAgainstNonCausalArray) {
@@ -412,6 +452,87 @@ RC_GTEST_PROP(VisibleRows, ArrayModeMatchesTheMaterializedMask, ()) {
     }
   }
   RC_ASSERT(*rows == want);
+}
+
+// A value in [lo, hi) drawn at full size: rapidcheck scales inRange by the case's size, which
+// would crowd the first third of the cases at lo (rectangles too small to meet).
+int64_t AnyIn(int64_t lo, int64_t hi) {
+  return *rc::gen::resize(rc::kNominalSize, rc::gen::inRange<int64_t>(lo, hi));
+}
+
+// 1 to `count_max` rectangles (one more if one is cut) around the cells a forward of
+// query_len queries at `offset` reads, where a reopened cell shows (positions from offset - 2
+// to offset + query_len), some empty or inside the causal triangle.
+std::vector<RelaxRect> ArbitraryRects(int64_t offset, int64_t query_len, int64_t count_max) {
+  std::vector<RelaxRect> rects;
+  const int64_t count = AnyIn(1, count_max + 1);
+  const int64_t near = std::max<int64_t>(0, offset - 2);
+  const int64_t end = offset + query_len;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t q_lo = AnyIn(near, end + 1);
+    const int64_t q_hi = AnyIn(q_lo, end + 2);
+    const int64_t k_lo = AnyIn(near, end + 1);
+    const int64_t k_hi = AnyIn(k_lo, end + 2);
+    rects.push_back(RelaxRect{q_lo, q_hi, k_lo, k_hi});
+  }
+  // Sometimes the last one cut in two at a row or a column (the same cells): a rectangle of
+  // the other side that meets it then meets both pieces, which independent draws seldom do.
+  RelaxRect& last = rects.back();
+  const bool by_row = *rc::gen::arbitrary<bool>();
+  const int64_t lo = by_row ? last.q_lo : last.k_lo;
+  const int64_t hi = by_row ? last.q_hi : last.k_hi;
+  if (hi - lo >= 2 && *rc::gen::arbitrary<bool>()) {
+    const int64_t cut = AnyIn(lo + 1, hi);
+    RelaxRect rest = last;
+    (by_row ? last.q_hi : last.k_hi) = cut;
+    (by_row ? rest.q_lo : rest.k_lo) = cut;
+    rects.push_back(rest);
+  }
+  return rects;
+}
+
+bool InAny(const std::vector<RelaxRect>& rects, int64_t q, int64_t k) {
+  return std::any_of(rects.begin(), rects.end(), [&](const RelaxRect& r) {
+    return r.q_lo <= q && q < r.q_hi && r.k_lo <= k && k < r.k_hi;
+  });
+}
+
+// Intersect of two relaxed causal masks, several rectangles a side, reopens exactly the
+// cells both sides reopen (spec §2.5: the pairwise geometric intersection, every pair, is
+// their cell-by-cell AND): checked against that AND written cell by cell, materialized and
+// through the in-place dispatch. Random rectangles often meet several of the other side's,
+// which no one-per-side case does.
+RC_GTEST_PROP(AttentionMask, IntersectOfRelaxedMasksMatchesTheCellByCellIntersection, ()) {
+  const int64_t query_len = AnyIn(1, 7);
+  const int64_t offset = AnyIn(0, 10);
+  // At most the offset + L positions there are, so a mask the intersection leaves pure
+  // causal is the same through the dispatch's bottom-right alignment.
+  const int64_t key_len = AnyIn(query_len, offset + query_len + 1);
+  const std::vector<RelaxRect> a_rects = ArbitraryRects(offset, query_len, 4);
+  const std::vector<RelaxRect> b_rects = ArbitraryRects(offset, query_len, 4);
+  const Result<AttentionMask> a = AttentionMask::Causal().Relax(a_rects);
+  const Result<AttentionMask> b = AttentionMask::Causal().Relax(b_rects);
+  RC_ASSERT(a.ok() && b.ok());
+  const AttentionMask mask = AttentionMask::Intersect(a.value(), b.value());
+  const int64_t oldest = std::max<int64_t>(0, offset + query_len - key_len);
+  MatF want = CausalReference(offset, query_len, key_len);
+  std::vector<std::vector<int64_t>> want_rows(static_cast<size_t>(query_len));
+  for (int64_t q = 0; q < query_len; ++q) {
+    for (int64_t k = 0; k < key_len; ++k) {
+      const int64_t pq = offset + q;
+      const int64_t pk = oldest + k;
+      if (InAny(a_rects, pq, pk) && InAny(b_rects, pq, pk)) want(q, k) = 0.0f;
+      if (want(q, k) == 0.0f) want_rows[static_cast<size_t>(q)].push_back(k);
+    }
+  }
+  const MatF got = mask.AsArray(offset, query_len, key_len);
+  for (int64_t q = 0; q < query_len; ++q) {
+    for (int64_t k = 0; k < key_len; ++k) RC_ASSERT(got(q, k) == want(q, k));
+  }
+  const PlainHistory hist(key_len);
+  const auto rows = VisibleRows(hist.h, mask, offset, query_len);
+  RC_ASSERT(rows.ok());
+  RC_ASSERT(*rows == want_rows);
 }
 
 TEST(VisibleRows, ArrayThatDoesNotBroadcastIsAnError) {
