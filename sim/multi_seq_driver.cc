@@ -1,6 +1,7 @@
-// MultiSeqDriver, the op half: configuration, token hashes, op validity, and applying the
-// sequence edits (CopyPrefix, Remove, CanResume) to both caches. Forwards live in
-// multi_seq_forward.cc; the after-op state checks and the digest in multi_seq_checks.cc.
+// MultiSeqDriver, the op half: configuration, token hashes, op validity, a forward's decoy
+// SetCausal list, and applying the sequence edits (CopyPrefix, Remove, CanResume) to both
+// caches. Forwards live in multi_seq_forward.cc; the after-op state checks and the digest in
+// multi_seq_checks.cc.
 #include "sim/multi_seq_driver.h"
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "src/core/check.h"
+#include "src/core/rng.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -175,6 +177,36 @@ bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref,
       return seq_ok(op.seq) && op.begin >= 0;
   }
   return false;
+}
+
+std::optional<std::vector<int64_t>> CausalDecoy(const MsOp& op) {
+  if (op.kind != MsOpKind::kForward || op.reserve) return std::nullopt;
+  // A hash of what the trace records of the op: replays and shrinks see the same calls.
+  uint64_t h = 0;
+  auto fold = [&h](uint64_t v) {
+    uint64_t state = h ^ v;
+    h = SplitMix64(state);
+  };
+  for (const MsBatchToken& t : op.batch) {
+    fold(static_cast<uint64_t>(t.seq));
+    fold(static_cast<uint64_t>(t.pos));
+    fold(static_cast<uint64_t>(t.token));
+  }
+  for (int64_t i : op.causal_off) fold(static_cast<uint64_t>(i));
+  if (h % 3 != 0) return std::nullopt;
+  // Every index, or the ones the op leaves causal: either way the decoy and the op's list
+  // together disable more than the op's list alone, unless that list is already all.
+  const bool all = (h / 3) % 2 == 0;
+  std::vector<int64_t> decoy;
+  bool adds = false;  // some index the op leaves causal
+  for (int64_t i = 0; i < static_cast<int64_t>(op.batch.size()); ++i) {
+    const bool off =
+        std::find(op.causal_off.begin(), op.causal_off.end(), i) != op.causal_off.end();
+    if (all || !off) decoy.push_back(i);
+    adds |= !off;
+  }
+  if (!adds) return std::nullopt;  // the op disables every index: a decoy would add nothing
+  return decoy;
 }
 
 std::optional<MsDivergence> MultiSeqDriver::Apply(const MsOp& op) {

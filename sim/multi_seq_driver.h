@@ -19,7 +19,10 @@
 // * slots: refcount == sequences mapped, no leaked or lost slot, and exactly the model's
 //   slot per sequence, refcounts and free stack (order included).
 // SetCausal is called only when the op disables some causal indices, plus, on every fourth
-// step, with an empty list (both paths of "reset at the next StartForward").
+// step, with an empty list (both paths of "reset at the next StartForward"); on about a third
+// of the forwards a decoy list (CausalDecoy) goes first, which the op's list must replace.
+// UpdateConvState of a bf16 cache mostly receives f32 values off the bf16 grid that only
+// round-to-nearest-even stores as the model expects (UnroundedConvValue).
 // With ConvExpectation::kIdeal a sequence whose as-specified conv state leaves the ideal one
 // (the documented weaknesses, spec §8 quirks 6 and 7) is a divergence too; with kAsSpecified
 // it is only counted. Values: K/V rows are SyntheticForward::KvRow(layer 0, pos, h), conv
@@ -118,6 +121,29 @@ struct MsDivergence {
 // ids in range, contiguous equal-count batches, indeterminate sequences only cleared).
 // Shared by the driver and by generators that keep their own reference.
 bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref, const MsOp& op);
+
+// The f32 value a forward hands UpdateConvState for a conv value `exact` the cache must
+// store. The cache stores each value rounded once, to nearest even, to its dtype (spec
+// §2.9.1), but every conv value of a run is already exact in that dtype, so handed over as is
+// it passes any rounding that keeps exact values. For a bf16 cache the 16 bits bf16 drops are
+// filled so that round-to-nearest-even alone gives `exact` back; `variant` (taken mod 4):
+//   0: a quarter ulp toward zero: rounds up (truncation stores one ulp less);
+//   1: a quarter ulp away from zero: rounds down (rounding away from zero: one ulp more);
+//   2: `exact` even (last kept bit 0): the tie below it (truncation, ties toward zero: one
+//      ulp less); odd: one bit above that tie (rounding twice, first onto the tie, then to
+//      even: one ulp less);
+//   3: the mirror of 2 above `exact` (ties away from zero, rounding twice: one ulp more).
+// Zero, non-finite values and f32 pass unchanged. REQUIRES: `exact` is exact in `dtype`.
+float UnroundedConvValue(DType dtype, float exact, uint32_t variant);
+
+// The list a forward passes to SetCausal before the op's own, or nullopt. SetCausal replaces
+// the forward's list (spec §2.8), so the op's list is what holds in the end and the model
+// needs no change; a cache that adds to the list instead ends with more indices disabled
+// (decoy and op list together always disable more than the op's list; so none when the op
+// disables every index). Chosen for about a third of the non-reserving forwards: all
+// indices, or those the op leaves causal. A pure function of the op, so replaying or
+// shrinking a trace makes the same calls.
+std::optional<std::vector<int64_t>> CausalDecoy(const MsOp& op);
 
 class MultiSeqDriver {
  public:

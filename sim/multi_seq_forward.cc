@@ -8,9 +8,12 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <map>
 
 #include "sim/multi_seq_driver.h"
+#include "src/core/check.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -30,7 +33,61 @@ std::string CellList(const std::vector<int64_t>& cells, const std::vector<int64_
   return fmt::format("[{}]", fmt::join(parts, ", "));
 }
 
+// The rows a forward hands UpdateConvState for the new conv states `next`, whose values are
+// exact in the cache dtype. An f32 cache gets them as they are. A narrower cache gets f32
+// values off its grid that only round-to-nearest-even brings back (UnroundedConvValue, the
+// variant rotating with the element, the layer and the step, so every shape occurs in a
+// row); one step in eight it gets the cache dtype itself, the other kind of input
+// UpdateConvState takes. `next` is overwritten.
+Tensor ConvUpdateRows(DType dtype, int64_t step, int32_t layer, MatF& next) {
+  if (dtype == DType::kFloat32 || step % 8 == 7) return Tensor::FromFloat(dtype, next);
+  for (Eigen::Index i = 0; i < next.size(); ++i) {
+    const auto variant = static_cast<uint32_t>(step + layer + i);
+    next.data()[i] = UnroundedConvValue(dtype, next.data()[i], variant);
+  }
+  return Tensor::FromFloat(DType::kFloat32, next);
+}
+
+// The forward's SetCausal calls. The op's list goes in when it is non-empty, and an empty one
+// when `empty_too` (so a StartForward that keeps the last list shows); a CausalDecoy first
+// forces the call, the op's list then replacing the decoy.
+Check SetCausalLists(CausalCache& kv, const MsOp& op, bool empty_too, MsCoverage& coverage) {
+  const std::optional<std::vector<int64_t>> decoy = CausalDecoy(op);
+  if (Status s = decoy ? kv.SetCausal(*decoy) : Status::Ok(); !s.ok()) {
+    return Outcome("decoy SetCausal", Status::Ok(), s);
+  }
+  if (!decoy && op.causal_off.empty() && !empty_too) return std::nullopt;
+  if (Status s = kv.SetCausal(op.causal_off); !s.ok()) return Outcome("SetCausal", Status::Ok(), s);
+  ++(op.causal_off.empty() ? coverage.causal_reset_calls : coverage.causal_off);
+  return std::nullopt;
+}
+
 }  // namespace
+
+float UnroundedConvValue(DType dtype, float exact, uint32_t variant) {
+  if (dtype == DType::kFloat32 || exact == 0.0f || !std::isfinite(exact)) return exact;
+  // bf16 keeps the top 16 bits of an f32; the bottom 16 are what rounding decides about.
+  // On the bit pattern, +/- moves away from / toward zero whatever the sign, and stays on
+  // the same side of zero (|exact| is at least one bf16 ulp, 0x10000).
+  auto bits = std::bit_cast<uint32_t>(exact);
+  KV_CHECK((bits & 0xFFFFu) == 0, fmt::format("conv value {} is not exact in bf16", exact));
+  const bool odd = (bits & 0x10000u) != 0;  // the last kept bit: where a tie goes
+  switch (variant % 4) {
+    case 0:  // a quarter ulp toward zero: rounds back up
+      bits -= 0x4000u;
+      break;
+    case 1:  // a quarter ulp away from zero: rounds back down
+      bits += 0x4000u;
+      break;
+    case 2:  // even: the tie below it; odd: one bit above that tie
+      bits -= odd ? 0x7FFFu : 0x8000u;
+      break;
+    default:  // even: the tie above it; odd: one bit below that tie
+      bits += odd ? 0x7FFFu : 0x8000u;
+      break;
+  }
+  return std::bit_cast<float>(bits);
+}
 
 // What the hybrid says about the forward StartForward just began or refused: the batch's
 // sequences in first-appearance order, its tokens per sequence and whether the batched
@@ -208,12 +265,7 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
   }
   // SetCausal only when asked, so a StartForward that keeps the last list shows; on every
   // fourth step an explicit empty list exercises the other path.
-  if (!op.causal_off.empty() || steps_ % 4 == 0) {
-    if (Status s = cache_->mutable_kv().SetCausal(op.causal_off); !s.ok()) {
-      return Outcome("SetCausal", Status::Ok(), s);
-    }
-    ++(op.causal_off.empty() ? coverage_.causal_reset_calls : coverage_.causal_off);
-  }
+  if (Check c = SetCausalLists(cache_->mutable_kv(), op, steps_ % 4 == 0, coverage_)) return c;
   if (Status s = PutRows(batch); !s.ok()) return Outcome("Put", Status::Ok(), s);
   if (Check c = RunConv(batch, order)) return c;
   model_.FinishForward();
@@ -275,7 +327,7 @@ Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int
         std::copy(src, src + w, next.data() + r * d * w + j * w);
       }
     }
-    cache_->UpdateConvState(layer, Tensor::FromFloat(config_.dtype, next));
+    cache_->UpdateConvState(layer, ConvUpdateRows(config_.dtype, steps_, layer, next));
   }
   return std::nullopt;
 }

@@ -11,10 +11,18 @@
 // the current range a forward builds from it), a freed cell that lost its rows; a
 // half-edited sequence that goes on in lock step; and a CopyPrefix(len < source) / tail
 // Remove workload under ConvExpectation::kIdeal, which must report the documented weakness
-// of the original LFM2 cache while kAsSpecified only counts it.
+// of the original LFM2 cache while kAsSpecified only counts it. Last, the two inputs the
+// driver makes up so that a plausible wrong cache shows: the bf16 conv values it hands
+// UpdateConvState (only round-to-nearest-even gives the model's value back; truncation,
+// ties away from or toward zero and rounding twice each miss for some value) and the decoy
+// SetCausal lists the op's list must replace (an accumulating SetCausal would keep more).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,6 +30,7 @@
 
 #include "sim/multi_seq_driver.h"
 #include "sim/multi_seq_run.h"
+#include "sim/trace.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -307,6 +316,84 @@ TEST(MultiSeqDriver, IdealExpectationReportsTheRemoveWeakness) {
   ASSERT_TRUE(d.has_value());
   EXPECT_NE(d->mismatch.what.find("differs from the ideal semantics"), std::string::npos);
   EXPECT_EQ(d->mismatch.actual, "zeros; zeros");
+}
+
+// `bits` with its low `drop` bits rounded to nearest even (finite values): bf16's rounding
+// for drop = 16, applied on the bit pattern, where it moves the magnitude.
+uint32_t RoundBitsNearestEven(uint32_t bits, int drop) {
+  const uint32_t half = 1u << (drop - 1), low = bits & ((half << 1) - 1), kept = bits - low;
+  const bool odd = (kept >> drop) & 1u;
+  return low > half || (low == half && odd) ? kept + (half << 1) : kept;
+}
+
+TEST(MultiSeqDriver, HandsBf16ConvValuesOnlyRoundToNearestEvenBringsBack) {
+  // Even and odd last kept bits, both signs, a binade's first value (1, whose tie from below
+  // lies in the binade under it), the smallest subnormal and the largest finite bf16.
+  const std::vector<uint32_t> exact = {0x3F800000u, 0xBF810000u, 0x40490000u, 0xC0200000u,
+                                       0x00010000u, 0x80020000u, 0x7F7F0000u, 0xFF7E0000u};
+  for (uint32_t e : exact) {
+    const bool odd = (e & 0x10000u) != 0;
+    std::set<std::string> caught;
+    for (uint32_t variant = 0; variant < 4; ++variant) {
+      const float x = UnroundedConvValue(DType::kBFloat16, std::bit_cast<float>(e), variant);
+      const auto b = std::bit_cast<uint32_t>(x);
+      SCOPED_TRACE(::testing::Message() << std::hex << "exact 0x" << e << " given 0x" << b);
+      EXPECT_NE(b, e);  // off the bf16 grid
+      EXPECT_EQ(std::bit_cast<uint32_t>(RoundTo(DType::kBFloat16, x)), e);
+      EXPECT_EQ(RoundBitsNearestEven(b, 16), e);
+      if ((b & 0xFFFF0000u) != e) caught.insert("truncation");
+      if (((b + 0x8000u) & 0xFFFF0000u) != e) caught.insert("ties away from zero");
+      if (((b + 0x7FFFu) & 0xFFFF0000u) != e) caught.insert("ties toward zero");
+      if (RoundBitsNearestEven(RoundBitsNearestEven(b, 8), 16) != e) caught.insert("twice");
+    }
+    // Ties only come back as even values, so only an even one tells the tie rules apart;
+    // rounding twice errs only beside a tie whose even side is the wrong one (an odd value).
+    const std::set<std::string> want =
+        odd ? std::set<std::string>{"truncation", "twice"}
+            : std::set<std::string>{"truncation", "ties away from zero", "ties toward zero"};
+    EXPECT_EQ(caught, want) << std::hex << "exact 0x" << e;
+  }
+  for (uint32_t variant = 0; variant < 4; ++variant) {
+    EXPECT_EQ(UnroundedConvValue(DType::kFloat32, 0.1f, variant), 0.1f);
+    EXPECT_EQ(std::bit_cast<uint32_t>(UnroundedConvValue(DType::kBFloat16, -0.0f, variant)),
+              0x80000000u);
+  }
+}
+
+TEST(MultiSeqDriver, SomeForwardsSetACausalDecoyTheOpsListMustReplace) {
+  MultiSeqRunOptions options;
+  options.steps = 300;
+  int64_t forwards = 0, decoys = 0, decoys_before_empty = 0, decoys_before_list = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    Trace trace;
+    ASSERT_FALSE(RunMultiSeq(options, seed, &trace).divergence.has_value()) << seed;
+    for (const TraceEvent& event : trace.events) {
+      const MsOp& op = std::get<MsOp>(event);
+      if (op.kind != MsOpKind::kForward || op.reserve) {
+        EXPECT_FALSE(CausalDecoy(op).has_value()) << op.ToString();
+        continue;
+      }
+      ++forwards;
+      const std::optional<std::vector<int64_t>> decoy = CausalDecoy(op);
+      if (!decoy) continue;
+      ++decoys;
+      ++(op.causal_off.empty() ? decoys_before_empty : decoys_before_list);
+      // Valid indices, and with the op's list they would disable more than the op's list.
+      std::set<int64_t> both(op.causal_off.begin(), op.causal_off.end());
+      const size_t alone = both.size();
+      for (int64_t i : *decoy) {
+        EXPECT_TRUE(i >= 0 && i < static_cast<int64_t>(op.batch.size())) << op.ToString();
+        both.insert(i);
+      }
+      EXPECT_GT(both.size(), alone) << op.ToString();
+      EXPECT_EQ(CausalDecoy(op), decoy);  // a function of the op
+    }
+  }
+  // About a third of the forwards, with empty and non-empty op lists.
+  EXPECT_GT(decoys * 4, forwards);
+  EXPECT_LT(decoys * 2, forwards);
+  EXPECT_GT(decoys_before_empty, 50);
+  EXPECT_GT(decoys_before_list, 5);
 }
 
 }  // namespace

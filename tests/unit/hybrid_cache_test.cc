@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -354,16 +355,23 @@ TEST(HybridCache, CopyPrefixSharesTheCurrentStateWhateverTheLength) {
   EXPECT_EQ(read[1], Tagged(3, 1));
 }
 
+// Rounded once to nearest even: values whose dropped low 16 bits round down, round up
+// (where truncation would lose an ulp), and exact ties both ways (to the even neighbour,
+// whichever side it is on).
 TEST(HybridCache, Bf16CacheRoundsStoredValues) {
   HybridCache cache = Make(2, DType::kBFloat16);
   ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{0, 0}}).ok());
   EXPECT_EQ(cache.ConvState(0)->dtype(), DType::kBFloat16);
   MatF values = MatF::Zero(1, kCols);
-  values(0, 0) = 3.14159274f;    // 8 significant bits keep 3.140625
+  values(0, 0) = 3.14159274f;    // 0x40490FDB: low half 0x0FDB rounds down to 3.140625
   values(0, 1) = 1.0009765625f;  // 1 + 2^-10 rounds to 1
   values(0, 2) = -2.5f;          // exact
+  values(0, 3) = 0.1f;           // 0x3DCCCCCD: low half 0xCCCD rounds up (truncation: 0.0996)
+  values(0, 4) = std::bit_cast<float>(0x3F818000u);  // tie, 0x3F81 odd: up to 0x3F82
+  values(0, 5) = std::bit_cast<float>(0xBF808000u);  // tie, 0xBF80 even: down to -1
   cache.UpdateConvState(0, Tensor::FromFloat(DType::kFloat32, values));
-  EXPECT_EQ(Row(cache, 0, 0), (std::vector<float>{3.140625f, 1.0f, -2.5f, 0, 0, 0}));
+  EXPECT_EQ(Row(cache, 0, 0),
+            (std::vector<float>{3.140625f, 1.0f, -2.5f, 0.10009765625f, 1.015625f, -1.0f}));
   EXPECT_EQ(cache.SlotRow(0, 0).dtype(), DType::kBFloat16);
 }
 
