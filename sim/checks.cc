@@ -488,7 +488,7 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
   for (Eigen::Index i = 0; i < expected.size(); ++i) {
     const double e = expected.data()[i];
     const double a = static_cast<double>(delta.data()[i]);
-    if (!(std::abs(a - e) <= kDeltaTolerance * std::max(1.0, std::abs(e)))) {
+    if (!WithinDeltaTolerance(a, e)) {
       return Mismatch{fmt::format("{} delta state after {} tokens, element {} (tolerance {})",
                                   where, length, i, kDeltaTolerance),
                       fmt::format("{:.7g}", e), fmt::format("{:.7g}", a)};

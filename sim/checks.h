@@ -6,6 +6,8 @@
 // should hold, decoded from the provenance tags. Single-threaded.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -29,6 +31,10 @@ namespace kvtwin::sim {
 // max(1, |expected|): float32 accumulation against a double fold stays near 1e-6, while a
 // state stored or computed in bfloat16 is off by ~4e-3.
 inline constexpr double kDeltaTolerance = 1e-4;
+// Whether a computed value is within kDeltaTolerance of the reference's (false for NaN).
+inline bool WithinDeltaTolerance(double actual, double expected) {
+  return std::abs(actual - expected) <= kDeltaTolerance * std::max(1.0, std::abs(expected));
+}
 
 struct Mismatch {
   std::string what;

@@ -12,15 +12,6 @@
 #include "sim/checks.h"
 
 namespace kvtwin::sim {
-namespace {
-
-// The state check's tolerance, for the same reason: float32 kernels against a double fold.
-bool Near(double actual, double expected) {
-  return std::abs(actual - expected) <= kDeltaTolerance * std::max(1.0, std::abs(expected));
-}
-
-}  // namespace
-
 Check LayerOracle::CheckRecurrentOutputs(const MatF& conv_out, const MatF& y,
                                          std::span<const model::Token> log, int64_t start,
                                          int64_t n) {
@@ -47,7 +38,7 @@ Check LayerOracle::CheckRecurrentOutputs(const MatF& conv_out, const MatF& y,
     }
     model::RefConvRow(conv_window_, conv_w_, conv_b_, conv_silu_, conv_out_row_);
     for (int64_t c = 0; c < channels; ++c) {
-      if (!Near(conv_out(t, c), conv_out_row_(c))) {
+      if (!WithinDeltaTolerance(conv_out(t, c), conv_out_row_(c))) {
         return Mismatch{fmt::format("recurrent conv output row {} (position {}) channel {} "
                                     "(tolerance {})",
                                     t, p, c, kDeltaTolerance),
@@ -61,7 +52,7 @@ Check LayerOracle::CheckRecurrentOutputs(const MatF& conv_out, const MatF& y,
   folder_.ReadOuts(log, start, start + n, expected_y_);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < width; ++j) {
-      if (!Near(y(t, j), expected_y_(t, j))) {
+      if (!WithinDeltaTolerance(y(t, j), expected_y_(t, j))) {
         return Mismatch{fmt::format("recurrent read-out y row {} (position {}) element {} "
                                     "(tolerance {})",
                                     t, start + t, j, kDeltaTolerance),
