@@ -11,7 +11,8 @@ namespace kvtwin::bench {
 BlockLru::BlockLru(const sim::StackConfig& config, uint64_t value_seed, int64_t budget_bytes)
     : synth_(value_seed),
       dtype_(config.dtype),
-      cols_(config.kv_cols()),
+      k_cols_(config.k_cols()),
+      v_cols_(config.v_cols()),
       budget_bytes_(budget_bytes),
       head_(std::make_unique<Block>()) {
   const Status valid = config.Validate();
@@ -62,9 +63,10 @@ BlockLru::Block* BlockLru::Compute(int64_t id, std::span<const int32_t> tokens, 
     Unlink(b);
   }
   if (inserted || b->tokens != len) {
-    bytes_ -= b->rows.Bytes();
-    b->rows = Tensor(dtype_, 2 * layers * len, cols_);
-    bytes_ += b->rows.Bytes();
+    bytes_ -= b->keys.Bytes() + b->values.Bytes();
+    b->keys = Tensor(dtype_, layers * len, k_cols_);
+    b->values = Tensor(dtype_, layers * len, v_cols_);
+    bytes_ += b->keys.Bytes() + b->values.Bytes();
     b->tokens = len;
   }
   hashes_.resize(tokens.size());
@@ -74,8 +76,8 @@ BlockLru::Block* BlockLru::Compute(int64_t id, std::span<const int32_t> tokens, 
     const int32_t layer = attention_layers_[static_cast<size_t>(l)];
     for (int64_t t = 0; t < len; ++t) {
       const uint64_t ht = hashes_[static_cast<size_t>(t)];
-      synth_.FillKvRow(b->rows, 2 * l * len + t, layer, start + t, ht, false);
-      synth_.FillKvRow(b->rows, (2 * l + 1) * len + t, layer, start + t, ht, true);
+      synth_.FillKvRow(b->keys, l * len + t, layer, start + t, ht, false);
+      synth_.FillKvRow(b->values, l * len + t, layer, start + t, ht, true);
     }
   }
   PushFront(b);
@@ -88,7 +90,7 @@ void BlockLru::EvictOverBudget(const Block* keep) {
     Block* victim = head_->prev;
     if (victim == head_.get() || victim == keep) return;
     Unlink(victim);
-    bytes_ -= victim->rows.Bytes();
+    bytes_ -= victim->keys.Bytes() + victim->values.Bytes();
     blocks_.erase(victim->id);
     ++stats_.evicted_blocks;
   }
@@ -97,9 +99,9 @@ void BlockLru::EvictOverBudget(const Block* keep) {
 void BlockLru::CopyToWorking(const Block& block, int64_t start) {
   const int64_t len = block.tokens;
   for (size_t l = 0; l < attention_layers_.size(); ++l) {
-    const auto base = static_cast<int64_t>(2 * l) * len;
-    work_k_[l].CopyRows(start, block.rows, base, len);
-    work_v_[l].CopyRows(start, block.rows, base + len, len);
+    const auto base = static_cast<int64_t>(l) * len;
+    work_k_[l].CopyRows(start, block.keys, base, len);
+    work_v_[l].CopyRows(start, block.values, base, len);
   }
 }
 
@@ -107,8 +109,8 @@ void BlockLru::EnsureWorking(int64_t rows) {
   for (size_t l = 0; l < attention_layers_.size(); ++l) {
     if (work_k_[l].rows() >= rows) continue;
     const int64_t grown = std::max(rows, 2 * work_k_[l].rows());
-    work_k_[l] = Tensor(dtype_, grown, cols_);
-    work_v_[l] = Tensor(dtype_, grown, cols_);
+    work_k_[l] = Tensor(dtype_, grown, k_cols_);
+    work_v_[l] = Tensor(dtype_, grown, v_cols_);
   }
 }
 

@@ -54,13 +54,14 @@ class BlockLru {
   double checksum() const { return checksum_; }
 
  private:
-  // Rows are laid out [layer][K, V][token]: one allocation per block, and each layer's K
-  // (or V) rows are contiguous, so a hit is two row-range copies per layer.
+  // K and V rows (of different widths) are laid out [layer][token]: two allocations per
+  // block, and each layer's K (or V) rows are contiguous, so a hit is two row-range copies
+  // per layer.
   struct Block {
     int64_t id = 0;
     int64_t tokens = 0;
     uint64_t h_end = 0;  // the rolling hash after the block's last token
-    Tensor rows;
+    Tensor keys, values;
     Block* prev = nullptr;
     Block* next = nullptr;
   };
@@ -78,7 +79,7 @@ class BlockLru {
 
   sim::SyntheticForward synth_;
   DType dtype_;
-  int64_t cols_;
+  int64_t k_cols_, v_cols_;
   std::vector<int32_t> attention_layers_;  // stack layer index of each modelled layer
   int64_t budget_bytes_;
   // Lookups only: nothing about this map's order reaches an output.

@@ -37,6 +37,7 @@ kvtwin::sim::StackConfig SnapshotStack() {
   config.dtype = kvtwin::DType::kBFloat16;
   config.kv_heads = 4;
   config.head_dim = 64;
+  config.value_dim = 64;
   config.recurrent = kvtwin::bench::BenchRecurrentDims();
   config.layers = {
       {CacheKind::kFullKv, 0}, {CacheKind::kRotating, 256}, {CacheKind::kRecurrent, 0}};

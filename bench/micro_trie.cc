@@ -47,6 +47,7 @@ StackConfig SmallStack() {
   config.dtype = kvtwin::DType::kBFloat16;
   config.kv_heads = 4;
   config.head_dim = 64;
+  config.value_dim = 64;
   config.recurrent = kvtwin::bench::BenchRecurrentDims();
   config.layers[1].window = 256;
   return config;

@@ -25,6 +25,7 @@ sim::StackConfig MemoryStack() {
   KV_CHECK(c.ok(), c.status().ToString());
   c->kv_heads = 8;
   c->head_dim = 128;
+  c->value_dim = 128;
   // Small recurrent dims keep the gated-delta kernels (scalar loops) from dominating the
   // run time; the states are counted in the raw bytes either way.
   c->recurrent.num_k_heads = 1;
@@ -72,7 +73,8 @@ MemoryPoint Measure(const sim::StackConfig& config, const PrefixCache& manager,
   }
   p.snapshot_bytes = trie.paged_out_bytes();
   p.trie_nodes = trie.num_nodes();
-  p.raw_bytes = p.cached_tokens * kv_layers * 2 * config.kv_cols() * ElementBytes(config.dtype) +
+  p.raw_bytes = p.cached_tokens * kv_layers * (config.k_cols() + config.v_cols()) *
+                    ElementBytes(config.dtype) +
                 p.recurrent_states * RecurrentStateBytes(config);
   p.rss_delta_bytes = ResidentBytes() - rss_before;
   return p;

@@ -103,6 +103,7 @@ StackConfig SmallMixed() {
   KV_CHECK(c.ok(), c.status().ToString());
   c->kv_heads = 4;
   c->head_dim = 64;
+  c->value_dim = 64;
   c->recurrent = kvtwin::bench::BenchRecurrentDims();
   return *c;
 }

@@ -67,7 +67,7 @@ struct MemoryPoint {
   int64_t conversations = 0;
   int64_t snapshot_bytes = 0;    // paged_out_bytes(): every snapshot the trie holds
   int64_t live_bytes = 0;        // LiveBytes() of every live cache (capacity included)
-  int64_t raw_bytes = 0;         // tokens x KV layers x 2 x kv_cols x dtype + recurrent states
+  int64_t raw_bytes = 0;         // tokens x KV layers x (K + V cols) x dtype + recurrent states
   int64_t recurrent_states = 0;  // recurrent states counted in raw_bytes
   int64_t trie_nodes = 0;
   int64_t rss_delta_bytes = 0;  // process resident set growth since before the manager

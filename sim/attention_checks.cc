@@ -202,9 +202,9 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
   KV_CHECK(query_len * history.length <= kAttendedCells, "attention checked on a large forward");
   ++attention_checks_;
   MatF& q = query_;
-  q.resize(query_len, cols_);
+  q.resize(query_len, k_cols_);
   for (int64_t i = 0; i < query_len; ++i) synth_.FillQueryRow(q, i, layer_, start + i);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(cols_));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(k_cols_));
   MatF& got = attention_out_;
   if (Status s = SdpaInto(q, history, logical_, start, scale, sdpa_scratch_, got); !s.ok()) {
     return Mismatch{"attention (Sdpa)", "an output", s.message()};
@@ -225,7 +225,7 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
   std::vector<model::PositionRange>& want = want_ranges_;
   std::vector<double>& weights = weights_;
   VecD& expected = expected_;
-  expected.resize(cols_);
+  expected.resize(v_cols_);
   for (int64_t i = 0; i < query_len; ++i) {
     // The reference: softmax over the positions the query may attend (all additive values
     // there are 0), of the rows the synthetic forward wrote at those positions.
@@ -237,7 +237,7 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
       for (int64_t p = r.first; p < r.end; ++p) {
         const float* k = ref_k_.row(p - held.first).data();
         double dot = 0;
-        for (int64_t c = 0; c < cols_; ++c) dot += double{q(i, c)} * double{k[c]};
+        for (int64_t c = 0; c < k_cols_; ++c) dot += double{q(i, c)} * double{k[c]};
         weights.push_back(double{scale} * dot);
         max_score = std::max(max_score, weights.back());
       }
@@ -253,10 +253,10 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
       }
     }
     if (n > 0) expected /= denom;  // a query that may attend nothing gets a zero row
-    for (int64_t c = 0; c < cols_; ++c) {
+    for (int64_t c = 0; c < v_cols_; ++c) {
       const double e = expected[c];
       const double a =
-          got.rows() == query_len && got.cols() == cols_ ? double{got(i, c)} : std::nan("");
+          got.rows() == query_len && got.cols() == v_cols_ ? double{got(i, c)} : std::nan("");
       if (!(std::abs(a - e) <= kAttentionTolerance * std::max(1.0, std::abs(e)))) {
         return Mismatch{fmt::format("attention output of the query at {}, element {} "
                                     "(write [{}, {}), tolerance {})",

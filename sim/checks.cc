@@ -143,7 +143,8 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
       layer_(layer),
       spec_(config.layers[static_cast<size_t>(layer)]),
       dtype_(config.dtype),
-      cols_(config.kv_cols()),
+      k_cols_(config.k_cols()),
+      v_cols_(config.v_cols()),
       dims_(config.recurrent),
       folder_(FolderParams(synth, config, layer),
               [this](int64_t p, const model::Token& t, model::RefGdnToken& out) {
@@ -198,14 +199,15 @@ void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
   // Memo rows depend on the seed and the layer: all are recomputed. The tensors are kept
   // when their shape still fits (a new seed alone); every other member is scratch that a
   // check writes before it reads.
-  if (dtype_ != config.dtype || cols_ != config.kv_cols()) {
+  if (dtype_ != config.dtype || k_cols_ != config.k_cols() || v_cols_ != config.v_cols()) {
     memo_k_ = Tensor();
     memo_v_ = Tensor();
     memo_h_.clear();
     memo_set_.clear();
   }
   dtype_ = config.dtype;
-  cols_ = config.kv_cols();
+  k_cols_ = config.k_cols();
+  v_cols_ = config.v_cols();
   std::fill(memo_set_.begin(), memo_set_.end(), uint8_t{0});
   attended_.clear();
   attention_checks_ = 0;
@@ -222,8 +224,8 @@ const Tensor& LayerOracle::ExpectedRow(int64_t p, const model::Token& t, bool is
   if (at >= memo_h_.size()) {
     const int64_t rows = std::max<int64_t>(64, 2 * (p + 1));
     if (memo_k_.empty()) {
-      memo_k_ = Tensor(dtype_, rows, cols_);
-      memo_v_ = Tensor(dtype_, rows, cols_);
+      memo_k_ = Tensor(dtype_, rows, k_cols_);
+      memo_v_ = Tensor(dtype_, rows, v_cols_);
     } else {
       memo_k_.ResizeRows(rows);
       memo_v_.ResizeRows(rows);
@@ -410,7 +412,7 @@ Check LayerOracle::CheckKvLive(const KvCache& cache, const model::RefCache& ref)
   }
   // K and V buffers of that many slots at the stack's width and dtype.
   const int64_t bytes =
-      cache.HasBuffer() ? 2 * ref.kv_capacity() * cols_ * ElementBytes(dtype_) : 0;
+      cache.HasBuffer() ? ref.kv_capacity() * (k_cols_ + v_cols_) * ElementBytes(dtype_) : 0;
   if (cache.LiveBytes() != bytes) {
     return Mismatch{"kv LiveBytes", std::to_string(bytes), std::to_string(cache.LiveBytes())};
   }
@@ -436,7 +438,7 @@ Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::Re
   // LiveBytes is the K and V buffers of Dim rows each, the rows the content check reads
   // (RotatingWindowSlotsInto validates Dim against the offset and the window).
   const int64_t bytes =
-      cache.HasBuffer() ? 2 * cache.buffer_rows() * cols_ * ElementBytes(dtype_) : 0;
+      cache.HasBuffer() ? cache.buffer_rows() * (k_cols_ + v_cols_) * ElementBytes(dtype_) : 0;
   if (cache.LiveBytes() != bytes) {
     return Mismatch{"window LiveBytes", std::to_string(bytes), std::to_string(cache.LiveBytes())};
   }
@@ -498,11 +500,11 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
 }
 
 Check LayerOracle::CheckSnapshotBytes(const CacheSnapshot& prod, int64_t kv_rows) const {
-  // Spec §7. B = 1; K and V rows are kv_cols wide in the activation dtype; a recurrent
+  // Spec §7. B = 1; K rows are Dk wide, V rows Dv, in the activation dtype; a recurrent
   // snapshot is one whole state.
   const int64_t expected = prod.kind() == CacheKind::kRecurrent
                                ? RecurrentStateBytes()
-                               : 2 * kv_rows * cols_ * ElementBytes(dtype_);
+                               : kv_rows * (k_cols_ + v_cols_) * ElementBytes(dtype_);
   if (prod.SizeBytes() == expected) return std::nullopt;
   return Mismatch{"snapshot SizeBytes (spec §7)", std::to_string(expected),
                   std::to_string(prod.SizeBytes())};
@@ -594,7 +596,8 @@ Check LayerOracle::CheckAttentionOnce(const History& history,
   const AttendedShape shape{layer_,
                             spec_.kind,
                             spec_.window,
-                            cols_,
+                            k_cols_,
+                            v_cols_,
                             query_len,
                             history.length,
                             logical_.IsPureCausal(),

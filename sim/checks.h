@@ -64,7 +64,7 @@ Status RotatingWindowSlotsInto(int64_t offset, int64_t idx, int64_t rows, int64_
 struct AttendedShape {
   int32_t layer;
   CacheKind kind;
-  int64_t layer_window, cols;
+  int64_t layer_window, k_cols, v_cols;
   int64_t query_len, key_len;
   bool causal;
   bool has_applier;
@@ -237,7 +237,7 @@ class LayerOracle {
   int32_t layer_;
   LayerSpec spec_;
   DType dtype_;
-  int64_t cols_;
+  int64_t k_cols_, v_cols_;  // K and V row widths
   RecurrentDims dims_;
   model::RefGdnFolder folder_;
   // ExpectedRow's memo: rows [0, capacity) of K and V, the hash each holds, and whether set.

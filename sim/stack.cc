@@ -11,11 +11,12 @@ namespace kvtwin::sim {
 Status StackConfig::Validate() const {
   if (layers.empty()) return InvalidArgument("the stack has no layers");
   if (layers.size() > 127) return InvalidArgument("at most 127 layers (the provenance tag)");
-  if (kv_heads < 1 || head_dim < 1 || kv_cols() < kTagElements) {
+  if (kv_heads < 1 || head_dim < 1 || value_dim < 1 || k_cols() < kTagElements ||
+      v_cols() < kTagElements) {
     return InvalidArgument(
-        fmt::format("kv_heads x head_dim = {} must be >= {} so K/V rows "
-                    "carry their provenance",
-                    kv_cols(), kTagElements));
+        fmt::format("kv_heads x head_dim = {} and kv_heads x value_dim = {} must be >= {} so "
+                    "K and V rows carry their provenance",
+                    k_cols(), v_cols(), kTagElements));
   }
   const RecurrentDims& r = recurrent;
   if (r.conv_tail < 1 || r.num_k_heads < 1 || r.num_v_heads < 1 || r.head_k_dim < 1 ||
@@ -42,9 +43,9 @@ std::string StackConfig::Describe() const {
   }
   if (layers.size() > 4) kinds += ", ...";
   const RecurrentDims& r = recurrent;
-  return fmt::format("{} x{} [{}] {} kv={}x{} rec=tail{} hk{} hv{} dk{} dv{}", preset,
-                     layers.size(), kinds, DTypeName(dtype), kv_heads, head_dim, r.conv_tail,
-                     r.num_k_heads, r.num_v_heads, r.head_k_dim, r.head_v_dim);
+  return fmt::format("{} x{} [{}] {} kv={}x{}/{} rec=tail{} hk{} hv{} dk{} dv{}", preset,
+                     layers.size(), kinds, DTypeName(dtype), kv_heads, head_dim, value_dim,
+                     r.conv_tail, r.num_k_heads, r.num_v_heads, r.head_k_dim, r.head_v_dim);
 }
 
 const std::vector<std::string>& PresetNames() {

@@ -27,16 +27,21 @@ struct StackConfig {
   std::vector<LayerSpec> layers;
   DType dtype = DType::kFloat32;  // activation / K-V dtype
   int64_t kv_heads = 2;
-  int64_t head_dim = 4;
+  // K and V head widths differ (Dk != Dv, as in spec §7's K[B,H,Cap,Dk], V[B,H,Cap,Dv]): a
+  // cache that sizes, copies or counts V with K's width shows in every run (with equal
+  // widths it would hide). Both rows must hold the provenance tag.
+  int64_t head_dim = 4;   // Dk
+  int64_t value_dim = 5;  // Dv
   // Two key heads shared by pairs of value heads, and Dk != Dv: a head mapping wrong only
   // for grouped heads, or a state stored transposed, shows in every run (with one key head
   // or square heads both would hide). conv_dim = 2*2*2 + 4*3 = 20; the state is 12 x 2.
   RecurrentDims recurrent = {
       .conv_tail = 3, .num_k_heads = 2, .num_v_heads = 4, .head_k_dim = 2, .head_v_dim = 3};
 
-  int64_t kv_cols() const { return kv_heads * head_dim; }
+  int64_t k_cols() const { return kv_heads * head_dim; }
+  int64_t v_cols() const { return kv_heads * value_dim; }
   Status Validate() const;
-  // "mixed x3 [kv, rotating(W=4), recurrent] f32 kv=2x4 rec=tail3 hk2 hv4 dk2 dv3"
+  // "mixed x3 [kv, rotating(W=4), recurrent] f32 kv=2x4/5 rec=tail3 hk2 hv4 dk2 dv3"
   std::string Describe() const;
 };
 

@@ -116,7 +116,7 @@ TEST(LayerOracle, ReportsARowFromAnotherBranchWithItsProvenance) {
   const model::TokenLog branch_a = Tokens(synth, {1, 2, 3}, 5);
   const model::TokenLog branch_b = Tokens(synth, {1, 4, 3}, 5);  // same token at position 2
   KvCache cache;
-  Tensor k(DType::kFloat32, 3, 8), v(DType::kFloat32, 3, 8);
+  Tensor k(DType::kFloat32, 3, config.k_cols()), v(DType::kFloat32, 3, config.v_cols());
   for (int64_t p = 0; p < 3; ++p) {
     oracle.FillRow(k, p, p, branch_b[static_cast<size_t>(p)], false);
     oracle.FillRow(v, p, p, branch_b[static_cast<size_t>(p)], true);
@@ -180,7 +180,7 @@ TEST(LayerOracle, ChecksAKvSnapshotFarFromTheStartOnAFreshOracle) {
                                model::TokenLog(log.begin() + kFrom, log.end())};
   for (const int64_t bad : {int64_t{-1}, int64_t{0}, int64_t{9}}) {
     LayerOracle oracle(synth, config, 0);
-    Tensor k(DType::kFloat32, kTo, 8), v(DType::kFloat32, kTo, 8);
+    Tensor k(DType::kFloat32, kTo, config.k_cols()), v(DType::kFloat32, kTo, config.v_cols());
     for (int64_t p = 0; p < kTo; ++p) {
       oracle.FillRow(k, p, p, log[static_cast<size_t>(p)], false);
       oracle.FillRow(v, p, p, log[static_cast<size_t>(p)], true);
@@ -214,7 +214,7 @@ TEST(LayerOracle, NamesTheOneWrongRowOfALongBuffer) {
   for (const int64_t bad : {int64_t{-1}, int64_t{0}, int64_t{23}, int64_t{39}}) {
     for (const bool in_value : {false, true}) {
       LayerOracle oracle(synth, config, 0);
-      Tensor k(DType::kFloat32, 40, 8), v(DType::kFloat32, 40, 8);
+      Tensor k(DType::kFloat32, 40, config.k_cols()), v(DType::kFloat32, 40, config.v_cols());
       for (int64_t p = 0; p < 40; ++p) {
         oracle.FillRow(k, p, p, log[static_cast<size_t>(p)], false);
         oracle.FillRow(v, p, p, log[static_cast<size_t>(p)], true);
@@ -292,12 +292,14 @@ TEST(LayerOracle, ReportsASnapshotThatShouldBeNull) {
 // trie's byte counter and the eviction budget are sums of it.
 TEST(LayerOracle, ReportsSnapshotSizesThatAreNotTheSpecs) {
   SyntheticForward synth(5);
-  LayerOracle rotating(synth, OneLayer(CacheKind::kRotating), 0);
+  const StackConfig window_config = OneLayer(CacheKind::kRotating);
+  LayerOracle rotating(synth, window_config, 0);
   const model::TokenLog log = Tokens(synth, {1, 2}, 5);
   const model::RefSnap ref =
       model::RefSnapshot{model::RefKind::kRotating, 0, 2, model::TokenLog(log)};
   for (const int64_t rows : {int64_t{2}, int64_t{4}}) {  // 4: two rows of grow padding
-    Tensor k(DType::kFloat32, rows, 8), v(DType::kFloat32, rows, 8);
+    Tensor k(DType::kFloat32, rows, window_config.k_cols()),
+        v(DType::kFloat32, rows, window_config.v_cols());
     for (int64_t p = 0; p < 2; ++p) {
       rotating.FillRow(k, p, p, log[static_cast<size_t>(p)], false);
       rotating.FillRow(v, p, p, log[static_cast<size_t>(p)], true);
@@ -311,6 +313,26 @@ TEST(LayerOracle, ReportsSnapshotSizesThatAreNotTheSpecs) {
       EXPECT_EQ(c->what, "window snapshot rows (a clone of State())");
       EXPECT_EQ(c->expected, "2");
     }
+  }
+  // A KV snapshot whose V rows are as wide as K's (a cache that sized V with Dk): 2 rows of
+  // f32 K (8 columns) and V (10 columns) are 144 bytes, not 128.
+  {
+    const StackConfig kv_config = OneLayer(CacheKind::kFullKv);
+    ASSERT_NE(kv_config.k_cols(), kv_config.v_cols());
+    LayerOracle kv(synth, kv_config, 0);
+    Tensor k(DType::kFloat32, 2, kv_config.k_cols()), v(DType::kFloat32, 2, kv_config.k_cols());
+    for (int64_t p = 0; p < 2; ++p) {
+      kv.FillRow(k, p, p, log[static_cast<size_t>(p)], false);
+      kv.FillRow(v, p, p, log[static_cast<size_t>(p)], true);
+    }
+    const std::unique_ptr<KvSnapshot> snap =
+        KvSnapshot::Make(0, 2, {TensorView(k)}, {TensorView(v)});
+    const Check c =
+        kv.CheckSnapshot(snap.get(), model::RefSnapshot{model::RefKind::kKv, 0, 2, log});
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->what, "snapshot SizeBytes (spec §7)");
+    EXPECT_EQ(c->expected, "144");
+    EXPECT_EQ(c->actual, "128");
   }
   // A recurrent snapshot whose conv tail is not in the activation dtype: 3 x 20 bf16 + 12 x 2
   // float32 is 216 bytes, where an f32 stack needs 336.
