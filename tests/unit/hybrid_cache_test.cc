@@ -320,6 +320,28 @@ TEST(HybridCache, UnequalTokensPerSequenceIsUnsupportedAfterTheKvUpdate) {
   EXPECT_EQ(cache.num_seqs(), 0);
 }
 
+// Spec §2.9.1 (and the header's contract): "cache full" while slots are handed out returns
+// at once, so a new sequence that got a slot before the failure stays mapped to it with the
+// rows of the slot's earlier owner, not zeroed (ZeroSlots runs only after every allocation).
+// Unreachable through the model's own calls (as many slots as sequences); the two other
+// slots are taken behind the cache's back. Mutant 153 zeroes them first.
+TEST(HybridCache, SlotsTakenBeforeAFailedAllocationKeepTheirOldRows) {
+  HybridCache cache = Make(3);
+  Forward(cache, {{0, 0}}, {1});  // seq 0 in slot 0
+  ASSERT_EQ(*cache.AllocSlot(), 1);
+  ASSERT_EQ(*cache.AllocSlot(), 2);
+  ASSERT_TRUE(cache.Remove(0, 0, kUnbounded).ok());  // slot 0 free again, its rows kept
+  ASSERT_EQ(cache.slot_of(0), std::nullopt);
+  const Status started = cache.StartForward(std::vector<BatchToken>{{1, 0}, {2, 0}});
+  EXPECT_EQ(started, ResourceExhausted("cache full"));
+  EXPECT_EQ(cache.slot_of(1), 0);  // popped and mapped before seq 2 found nothing
+  EXPECT_EQ(cache.ref_count(0), 1);
+  EXPECT_EQ(cache.slot_of(2), std::nullopt);
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    EXPECT_EQ(Row(cache, layer, 0), Tagged(1, layer)) << "layer " << layer;
+  }
+}
+
 TEST(HybridCache, RemoveResetsConvStateAtTheNextForward) {
   HybridCache cache = Make(4);
   Forward(cache, {{0, 0}}, {1});
