@@ -372,6 +372,10 @@ Check LayerOracle::CheckRecurrentLiveBytes(const RecurrentCache& cache) const {
                   std::to_string(cache.LiveBytes())};
 }
 
+int64_t LayerOracle::KvRowBytes(int64_t rows) const {
+  return rows * (k_cols_ + v_cols_) * ElementBytes(dtype_);
+}
+
 int64_t LayerOracle::RecurrentStateBytes() const {
   // Spec §2.3, B = 1: conv [tail x conv_dim] in the activation dtype, delta [Hv x Dv x Dk]
   // always float32.
@@ -411,8 +415,7 @@ Check LayerOracle::CheckKvLive(const KvCache& cache, const model::RefCache& ref)
                     std::to_string(cache.Capacity())};
   }
   // K and V buffers of that many slots at the stack's width and dtype.
-  const int64_t bytes =
-      cache.HasBuffer() ? ref.kv_capacity() * (k_cols_ + v_cols_) * ElementBytes(dtype_) : 0;
+  const int64_t bytes = cache.HasBuffer() ? KvRowBytes(ref.kv_capacity()) : 0;
   if (cache.LiveBytes() != bytes) {
     return Mismatch{"kv LiveBytes", std::to_string(bytes), std::to_string(cache.LiveBytes())};
   }
@@ -437,8 +440,7 @@ Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::Re
   }
   // LiveBytes is the K and V buffers of Dim rows each, the rows the content check reads
   // (RotatingWindowSlotsInto validates Dim against the offset and the window).
-  const int64_t bytes =
-      cache.HasBuffer() ? cache.buffer_rows() * (k_cols_ + v_cols_) * ElementBytes(dtype_) : 0;
+  const int64_t bytes = cache.HasBuffer() ? KvRowBytes(cache.buffer_rows()) : 0;
   if (cache.LiveBytes() != bytes) {
     return Mismatch{"window LiveBytes", std::to_string(bytes), std::to_string(cache.LiveBytes())};
   }
@@ -500,11 +502,9 @@ Check LayerOracle::CheckRecurrentState(const Tensor& conv, const MatF& delta,
 }
 
 Check LayerOracle::CheckSnapshotBytes(const CacheSnapshot& prod, int64_t kv_rows) const {
-  // Spec §7. B = 1; K rows are Dk wide, V rows Dv, in the activation dtype; a recurrent
-  // snapshot is one whole state.
-  const int64_t expected = prod.kind() == CacheKind::kRecurrent
-                               ? RecurrentStateBytes()
-                               : kv_rows * (k_cols_ + v_cols_) * ElementBytes(dtype_);
+  // Spec §7: K and V rows of the snapshot's range, or one whole recurrent state.
+  const int64_t expected =
+      prod.kind() == CacheKind::kRecurrent ? RecurrentStateBytes() : KvRowBytes(kv_rows);
   if (prod.SizeBytes() == expected) return std::nullopt;
   return Mismatch{"snapshot SizeBytes (spec §7)", std::to_string(expected),
                   std::to_string(prod.SizeBytes())};

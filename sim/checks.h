@@ -160,6 +160,8 @@ class LayerOracle {
   std::span<const int64_t> Identity(int64_t n);
   // Bytes of one recurrent state (a live one or a snapshot's): spec §2.3's shapes.
   int64_t RecurrentStateBytes() const;
+  // Spec §7, B = 1: `rows` K rows (Dk wide) and V rows (Dv wide) in the activation dtype.
+  int64_t KvRowBytes(int64_t rows) const;
   // LiveBytes() against RecurrentStateBytes() (0 without a state).
   Check CheckRecurrentLiveBytes(const RecurrentCache& cache) const;
   Check CheckKvLive(const KvCache& cache, const model::RefCache& ref);
