@@ -47,7 +47,7 @@ RefCache RefCache::Rotating(int64_t window) {
 
 RefCache RefCache::Recurrent() { return RefCache(RefKind::kRecurrent, 0); }
 
-void RefCache::Write(const TokenLog& tokens) {
+void RefCache::Write(std::span<const Token> tokens) {
   KV_CHECK(!tokens.empty(), "a forward writes at least one token");
   const int64_t start = Offset();
   // Rotating (§2.2 Update step 1): the start boundary is cloned before the write, because
@@ -65,7 +65,10 @@ void RefCache::Write(const TokenLog& tokens) {
   // width edge unless base lags behind). Whole-state kinds took their start boundary
   // before the write (rotating) or at prepare time (recurrent), so they start after it.
   const int64_t first = kind_ == RefKind::kKv ? start : start + 1;
-  for (int64_t reached : ScheduledIn(first, Offset())) CaptureAt(reached, batched);
+  // Ascending, as prepared; CaptureAt fills slots but never changes the offsets.
+  for (int64_t reached : scheduled_) {
+    if (first <= reached && reached <= Offset()) CaptureAt(reached, batched);
+  }
 }
 
 void RefCache::CaptureAt(int64_t reached, bool batched_write) {
@@ -120,14 +123,6 @@ bool RefCache::WantsCapture(int64_t reached) const {
     if (scheduled_[i] == reached && !captured_[i].has_value()) return true;
   }
   return false;
-}
-
-std::vector<int64_t> RefCache::ScheduledIn(int64_t lo, int64_t hi) const {
-  std::vector<int64_t> out;
-  for (int64_t o : scheduled_) {
-    if (lo <= o && o <= hi) out.push_back(o);
-  }
-  return out;
 }
 
 RefSnapshot RefCache::WholeStateAt(int64_t from, int64_t to) const {
@@ -250,15 +245,16 @@ void RefCache::CommitSpeculation(const TokenLog& forward, int64_t accepted, int6
   const int64_t n = std::clamp<int64_t>(accepted, 0, static_cast<int64_t>(forward.size()));
   if (kind_ == RefKind::kKv) {
     if (split > 0) {
-      Write(TokenLog(forward.begin(), forward.begin() + split));
-      Write(TokenLog(forward.begin() + split, forward.end()));
+      const std::span<const Token> all(forward);
+      Write(all.first(static_cast<size_t>(split)));
+      Write(all.subspan(static_cast<size_t>(split)));
     } else {
       Write(forward);
     }
     Truncate(log_, start + n);  // the commit is a pure cursor move
     return;
   }
-  if (n > 0) Write(TokenLog(forward.begin(), forward.begin() + n));
+  if (n > 0) Write(std::span<const Token>(forward).first(static_cast<size_t>(n)));
 }
 
 RefSnap RefCache::Merge(RefSnap parent, RefSnap child) const {
@@ -345,13 +341,16 @@ void ExpectedVisibleRangesInto(RefKind kind, int64_t window, int64_t o, int64_t 
   CanonicalizeRanges(out);
   for (const RefRect& b : mask.blocks) {
     if (b.q_lo > p || p >= b.q_hi || b.k_lo >= b.k_hi) continue;
-    // Cut [k_lo, k_hi) out of every range; a range can split in two.
-    std::vector<PositionRange> kept;
-    for (const PositionRange& r : out) {
-      if (r.first < b.k_lo) kept.push_back({r.first, std::min(r.end, b.k_lo)});
-      if (r.end > b.k_hi) kept.push_back({std::max(r.first, b.k_hi), r.end});
+    // Cut [k_lo, k_hi) out of every range; a range can split in two. The pieces go behind
+    // the ranges they come from, in order, and the originals are dropped: `out` keeps its
+    // buffer (callers pass a scratch; this runs for every query of every checked forward).
+    const size_t n = out.size();
+    for (size_t i = 0; i < n; ++i) {
+      const PositionRange r = out[i];
+      if (r.first < b.k_lo) out.push_back({r.first, std::min(r.end, b.k_lo)});
+      if (r.end > b.k_hi) out.push_back({std::max(r.first, b.k_hi), r.end});
     }
-    out = std::move(kept);
+    out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n));
   }
 }
 

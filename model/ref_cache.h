@@ -52,7 +52,7 @@ class RefCache {
 
   // Appends the tokens of one forward (recurrent: only the real, unpadded tokens) and runs
   // the capture rules of the kind. REQUIRES: !tokens.empty().
-  void Write(const TokenLog& tokens);
+  void Write(std::span<const Token> tokens);
   RefSnap Snapshot(int64_t from) const;
   // Same outcome classes as the production cache: FailedPrecondition when a schedule is
   // active, InvalidArgument for an offset behind the cache or unsorted/duplicate offsets.
@@ -82,8 +82,6 @@ class RefCache {
   void OfferCapture(int64_t reached, RefSnap snap);
   // Whether OfferCapture(reached, ...) would fill a slot.
   bool WantsCapture(int64_t reached) const;
-  // Scheduled offsets o with lo <= o <= hi, ascending.
-  std::vector<int64_t> ScheduledIn(int64_t lo, int64_t hi) const;
   // The whole-state snapshot {from, to, tokens [0, to)} of the log as it was at `to`.
   RefSnapshot WholeStateAt(int64_t from, int64_t to) const;
   bool RestoreKv(const RefSnapshot* snap, int64_t target);

@@ -144,8 +144,13 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
     KV_CHECK(relaxed.ok(), relaxed.status().ToString());
     return std::move(relaxed).value();
   };
+  std::vector<RelaxRect>& rect_side = relax_rect_side_;
+  std::vector<RelaxRect>& wider_side = relax_wider_side_;
+  rect_side.clear();
+  wider_side.clear();
   if (write.mask == MaskForm::kRelax) {
-    logical = relax(logical, {RelaxRect{rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi}});
+    rect_side.push_back(RelaxRect{rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi});
+    logical = relax(logical, rect_side);
     ref_mask.rects.push_back(rect);
   }
   if (write.mask == MaskForm::kRelaxBlock) {
@@ -156,7 +161,6 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
     // reference states the rectangle whole.
     const model::RefRect wider{std::max<int64_t>(0, rect.q_lo - 1), rect.q_hi + 2,
                                std::max<int64_t>(0, rect.k_lo - 2), rect.k_hi + 1};
-    std::vector<RelaxRect> rect_side, wider_side;
     CutRelaxSides(rect, wider, start, rect_side, wider_side);
     logical = AttentionMask::Intersect(relax(logical, rect_side),
                                        relax(AttentionMask::Causal(), wider_side));

@@ -252,14 +252,15 @@ class LayerOracle {
   std::vector<int64_t> identity_, window_slots_, row_positions_;
   std::vector<model::PositionRange> seen_ranges_, want_ranges_;
   VisibleSet visible_, materialized_;
-  AttentionMask logical_;        // BuildMasks' production mask
-  model::RefMask ref_mask_;      // and the reference's
-  MatF query_;                   // CheckAttention's queries,
-  std::vector<double> weights_;  // one query's scores
-  VecD expected_;                // and its reference output;
-  MatF ref_k_, ref_v_;           // the expected rows at the history's positions
-  SdpaScratch sdpa_scratch_;     // production attention's buffers
-  MatF attention_out_;           // and its output
+  AttentionMask logical_;                                      // BuildMasks' production mask
+  model::RefMask ref_mask_;                                    // and the reference's
+  std::vector<RelaxRect> relax_rect_side_, relax_wider_side_;  // its relaxations' pieces
+  MatF query_;                                                 // CheckAttention's queries,
+  std::vector<double> weights_;                                // one query's scores
+  VecD expected_;                                              // and its reference output;
+  MatF ref_k_, ref_v_;        // the expected rows at the history's positions
+  SdpaScratch sdpa_scratch_;  // production attention's buffers
+  MatF attention_out_;        // and its output
   // The shapes CheckAttentionOnce has met in this run, sorted.
   std::vector<AttendedShape> attended_;
   ShapeRunCounts* run_counts_ = nullptr;

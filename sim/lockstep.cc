@@ -276,19 +276,18 @@ Check LockstepDriver::AddToPool(Layer& layer, SnapshotPtr prod, model::RefSnap r
   return std::nullopt;
 }
 
-model::TokenLog LockstepDriver::TokensFor(const Layer& layer, const Op& op) const {
-  model::TokenLog tokens;
-  tokens.reserve(op.tokens.size());
+void LockstepDriver::TokensInto(const Layer& layer, const Op& op, model::TokenLog& out) const {
+  out.clear();
   uint64_t h = layer.ref.log().empty() ? synth_.seed() : layer.ref.log().back().h;
   for (int32_t id : op.tokens) {
     h = NextHash(h, id);
-    tokens.push_back(model::Token{id, h});
+    out.push_back(model::Token{id, h});
   }
-  return tokens;
 }
 
 Check LockstepDriver::Write(const Op& op, Layer& layer, int32_t index) {
-  const model::TokenLog tokens = TokensFor(layer, op);
+  model::TokenLog& tokens = write_tokens_;
+  TokensInto(layer, op, tokens);
   const int64_t start = layer.ref.Offset();
   const History history = Forward(*layer.cache, op, layer, index, tokens);
   layer.ref.Write(tokens);

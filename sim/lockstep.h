@@ -98,8 +98,9 @@ class LockstepDriver {
   static void ClearLayer(Layer& layer);
   Check ApplyToLayer(const Op& op, Layer& layer, int32_t index);
   Check Write(const Op& op, Layer& layer, int32_t index);
-  // The op's tokens with their provenance hashes, continuing the layer's reference log.
-  model::TokenLog TokensFor(const Layer& layer, const Op& op) const;
+  // The op's tokens with their provenance hashes, continuing the layer's reference log,
+  // into `out` (a scratch the driver keeps: its buffer outlives the op).
+  void TokensInto(const Layer& layer, const Op& op, model::TokenLog& out) const;
   // One forward of `tokens` at the layer's reference offset plus `skip` (a speculation's
   // later forward) through `target` (the live cache or a speculation wrapper), folded into
   // the digest; empty for recurrent layers.
@@ -121,8 +122,12 @@ class LockstepDriver {
   uint64_t digest_ = 0;
   std::optional<Divergence> divergence_;
   ShapeRunCounts* run_counts_ = nullptr;
-  model::TokenLog through_;  // Speculate's scratch
-  ForwardScratch scratch_;   // every forward's input buffers
+  // Scratch kept across ops and runs, so a fuzz execution does not allocate them anew.
+  model::TokenLog through_;                     // Speculate: the log plus the forwards
+  model::TokenLog write_tokens_;                // Write: the op's tokens
+  std::vector<LayerCache*> spec_live_;          // Speculate: the layers it wraps
+  std::vector<model::TokenLog> spec_forwards_;  // Speculate: each layer's tokens
+  ForwardScratch scratch_;                      // every forward's input buffers
 };
 
 }  // namespace kvtwin::sim

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -85,8 +87,8 @@ int64_t SpeculationSplit(const Op& op) {
 }
 
 Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
-  std::vector<LayerCache*> live;
-  live.reserve(layers_.size());
+  std::vector<LayerCache*>& live = spec_live_;
+  live.clear();
   for (Layer& l : layers_) live.push_back(l.cache.get());
   Result<Speculation> spec = op.isolated ? BeginIsolatedSpeculation(live) : BeginSpeculation(live);
   // Every kind a stack can hold is wrappable; a refusal here is a production bug.
@@ -94,21 +96,22 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     *layer_index = 0;
     return Mismatch{"BeginSpeculation outcome", "ok", spec.status().ToString()};
   }
-  std::vector<model::TokenLog> forwards;
-  forwards.reserve(layers_.size());
+  // forwards[i] is layer i's tokens (its buffer kept from earlier speculations).
+  std::vector<model::TokenLog>& forwards = spec_forwards_;
+  if (forwards.size() < layers_.size()) forwards.resize(layers_.size());
   const bool abandoned = op.abandon_after >= 0;
   // One forward, or two through the same wrappers: a wrapper must carry what it
   // accumulated from one forward into the next. Forward k covers tokens [cuts[k], cuts[k+1]).
   const int64_t split = SpeculationSplit(op);
   const auto n = static_cast<int64_t>(op.tokens.size());
-  const std::vector<int64_t> cuts =
-      split > 0 ? std::vector<int64_t>{0, split, n} : std::vector<int64_t>{0, n};
+  const std::array<int64_t, 3> cut_at{0, split > 0 ? split : n, n};
+  const std::span<const int64_t> cuts(cut_at.data(), split > 0 ? 3 : 2);
   const int32_t forwarded = abandoned ? op.abandon_after : num_layers();
   for (int32_t i = 0; i < forwarded; ++i) {
     Layer& layer = layers_[static_cast<size_t>(i)];
     *layer_index = i;
-    forwards.push_back(TokensFor(layer, op));
-    const model::TokenLog& tokens = forwards.back();
+    TokensInto(layer, op, forwards[static_cast<size_t>(i)]);
+    const model::TokenLog& tokens = forwards[static_cast<size_t>(i)];
     LayerCache& w = spec->layer(static_cast<size_t>(i));
     const bool attention = w.kind() != CacheKind::kRecurrent;
     // A draft model reads the target through the wrapper's View, before and after.
