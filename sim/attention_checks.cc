@@ -131,8 +131,13 @@ constexpr double kAttentionTolerance = 1e-4;
 void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, int64_t key_len) {
   AttentionMask& logical = logical_;
   model::RefMask& ref_mask = ref_mask_;
-  logical = IsNonCausal(write.mask) ? AttentionMask::Zero() : AttentionMask::Causal();
-  ref_mask.causal = !IsNonCausal(write.mask);
+  // Most checks (every view, every plain write) want the mask the last one left: reassigning
+  // it would free and rebuild its members each time.
+  const bool causal = !IsNonCausal(write.mask);
+  if (!(causal ? logical.IsPureCausal() : logical.IsZero())) {
+    logical = causal ? AttentionMask::Causal() : AttentionMask::Zero();
+  }
+  ref_mask.causal = causal;
   ref_mask.rects.clear();
   ref_mask.blocks.clear();
   const auto ref_rect = [](const MaskRect& r) {
