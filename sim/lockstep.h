@@ -127,6 +127,7 @@ class LockstepDriver {
   model::TokenLog write_tokens_;                // Write: the op's tokens
   std::vector<LayerCache*> spec_live_;          // Speculate: the layers it wraps
   std::vector<model::TokenLog> spec_forwards_;  // Speculate: each layer's tokens
+  std::vector<int64_t> spec_offsets_;           // Speculate: the contract probe's schedule
   ForwardScratch scratch_;                      // every forward's input buffers
 };
 

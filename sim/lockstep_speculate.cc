@@ -23,7 +23,8 @@ namespace kvtwin::sim {
 namespace {
 
 // The §2.7 answers every wrapper gives, whatever it wraps; `offset` is where it must be.
-Check CheckWrapperContract(LayerCache& w, int64_t offset) {
+// `offsets` is scratch for the refused schedule.
+Check CheckWrapperContract(LayerCache& w, int64_t offset, std::vector<int64_t>& offsets) {
   auto expect = [](bool ok, const char* what, const char* want, const char* got) -> Check {
     if (ok) return std::nullopt;
     return Mismatch{fmt::format("speculation wrapper {}", what), want, got};
@@ -42,8 +43,9 @@ Check CheckWrapperContract(LayerCache& w, int64_t offset) {
                        "a snapshot")) {
     return c;
   }
-  if (Check c = expect(!w.PrepareSnapshots({offset + 1}).ok(), "PrepareSnapshots",
-                       "FailedPrecondition", "ok")) {
+  offsets.assign(1, offset + 1);
+  if (Check c = expect(!w.PrepareSnapshots(offsets).ok(), "PrepareSnapshots", "FailedPrecondition",
+                       "ok")) {
     return c;
   }
   if (Check c = expect(w.TakeSnapshots().empty() && !w.ScheduleActive(), "capture schedule", "none",
@@ -148,7 +150,7 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
       }
     }
     const int64_t end = layer.ref.Offset() + static_cast<int64_t>(tokens.size());
-    if (Check c = CheckWrapperContract(w, end)) return c;
+    if (Check c = CheckWrapperContract(w, end, spec_offsets_)) return c;
     for (PoolEntry& e : layer.pool) {
       if (e.prod == nullptr) continue;
       if (Check c = CheckWrapperGivenSnapshot(w, e.prod, end)) return c;
