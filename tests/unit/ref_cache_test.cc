@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/core/rng.h"
+
 namespace kvtwin::model {
 namespace {
 
@@ -733,6 +735,46 @@ TEST(RefAttention, RotatingPrefillMatchesTheManualMask) {
     EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 0, 6, p, kCausal), causal[p]) << p;
     EXPECT_EQ(ExpectedVisible(RefKind::kRotating, 4, 0, 6, p, relax), relaxed[p]) << p;
   }
+}
+
+// The checks read a query's visible positions as ranges (ExpectedVisibleRangesInto, into a
+// reused buffer); ExpectedVisible states the same rule position by position. Over seeded
+// random forwards and masks (up to two rectangles and two blocks, so ranges split and
+// blocks cut pieces of earlier cuts) the two must agree, whatever the buffer held before.
+TEST(RefAttention, VisibleRangesAgreeWithThePositionByPositionRule) {
+  Rng rng(20261127);
+  std::vector<PositionRange> ranges{{100, 200}, {300, 301}};  // stale contents
+  const auto rect = [&rng] {
+    const auto q_lo = static_cast<int64_t>(rng.Below(12));
+    const auto k_lo = static_cast<int64_t>(rng.Below(12));
+    return RefRect{q_lo, q_lo + static_cast<int64_t>(rng.Below(6)), k_lo,
+                   k_lo + static_cast<int64_t>(rng.Below(8))};
+  };
+  int64_t split = 0;  // cases where a block left two ranges, so the cut was exercised
+  for (int trial = 0; trial < 4000; ++trial) {
+    const RefKind kind = rng.Below(2) == 0 ? RefKind::kKv : RefKind::kRotating;
+    const auto window = static_cast<int64_t>(1 + rng.Below(6));
+    const auto o = static_cast<int64_t>(rng.Below(8));
+    const auto query_len = static_cast<int64_t>(1 + rng.Below(6));
+    RefMask mask{rng.Below(2) == 0, {}, {}};
+    for (uint64_t n = rng.Below(3); n > 0; --n) mask.rects.push_back(rect());
+    for (uint64_t n = rng.Below(3); n > 0; --n) mask.blocks.push_back(rect());
+    for (int64_t p = o; p < o + query_len; ++p) {
+      ExpectedVisibleRangesInto(kind, window, o, query_len, p, mask, ranges);
+      std::vector<int64_t> positions;
+      for (const PositionRange& r : ranges) {
+        ASSERT_LT(r.first, r.end) << "trial " << trial;
+        if (!positions.empty()) {
+          ASSERT_LT(positions.back(), r.first) << "trial " << trial;
+        }
+        for (int64_t k = r.first; k < r.end; ++k) positions.push_back(k);
+      }
+      if (ranges.size() > 1 && !mask.blocks.empty()) ++split;
+      ASSERT_EQ(positions, ExpectedVisible(kind, window, o, query_len, p, mask))
+          << "trial " << trial << " query " << p;
+    }
+  }
+  EXPECT_GT(split, 100);  // the generator reaches the case the cut exists for
 }
 
 TEST(RefAttention, RectangleNeverReopensOutsideTheWindow) {
