@@ -161,6 +161,25 @@ void BottomRightCausalRows(int64_t query_len, int64_t key_len, VisibleSet& out) 
   }
 }
 
+// A causal prefill over a rotating history (logical order) with window W > 0: what
+// Intersect(causal, SlidingWindowMask(...)) resolves to, found without building either.
+// Query i at offset + i sees the keys from the window's start to itself; when no key falls
+// outside any window, the window mask is zero and the result is the kernel's causal mode.
+void SlidingCausalRows(int64_t offset, int64_t query_len, int64_t key_len, int64_t window,
+                       VisibleSet& out) {
+  const int64_t oldest = OldestPosition(offset, query_len, key_len);
+  // Window starts rise with the query, so the last query's is the largest.
+  if (offset + query_len - 1 - window + 1 - oldest <= 0) {
+    BottomRightCausalRows(query_len, key_len, out);
+    return;
+  }
+  for (int64_t i = 0; i < query_len; ++i) {
+    const int64_t first = std::clamp<int64_t>(offset + i - window + 1 - oldest, 0, key_len);
+    AddRows(out, first, std::min(key_len, offset + i - oldest + 1));
+    EndQuery(out);
+  }
+}
+
 // Array mode: a cell is visible iff its additive value is above -inf.
 void FiniteCells(const MatF& mask, VisibleSet& out) {
   for (int64_t i = 0; i < mask.rows(); ++i) {
@@ -233,6 +252,15 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
   out.ranges.clear();
   // Only an applier builds a new mask; otherwise the caller's is used in place.
   std::optional<AttentionMask> applied;
+  // The common rotating prefill (causal, one window) in place: every forward's visibility
+  // would otherwise build an L x K window array and its intersection.
+  if (history.has_applier && !want_bias && history.applier.query_len > 1 &&
+      history.applier.query_len == query_len && history.applier.window > 0 &&
+      logical.IsPureCausal()) {
+    KV_CHECK(history.applier.key_len == key_len, "applier K differs from the history length");
+    SlidingCausalRows(offset, query_len, key_len, history.applier.window, out);
+    return std::optional<MatF>();
+  }
   if (history.has_applier) {
     KV_CHECK(history.applier.key_len == key_len, "applier K differs from the history length");
     Result<AttentionMask> result = ApplyRotating(history.applier, logical, offset);

@@ -616,5 +616,35 @@ TEST(Sdpa, IntoWithAReusedScratchEqualsAFreshCall) {
   }
 }
 
+// A causal prefill over a rotating history resolves in place (no window array, no
+// intersection); the materialized path still builds SlidingWindowMask ∩ causal and reads
+// its cells. The two must name the same rows for every shape: K from the W - 1 older keys
+// a prefill keeps down to none, windows narrower and wider than the batch, offsets at 0.
+TEST(ApplyRotating, CausalPrefillInPlaceMatchesTheMaterializedWindow) {
+  Rng rng(20261127);
+  VisibleSet in_place, materialized;
+  int64_t blocked = 0;  // shapes where the window hid some key from some query
+  for (int trial = 0; trial < 3000; ++trial) {
+    const auto window = static_cast<int64_t>(1 + rng.Below(8));
+    const auto query_len = static_cast<int64_t>(2 + rng.Below(8));
+    const auto offset = static_cast<int64_t>(rng.Below(12));
+    const int64_t held = std::min(offset, window - 1) + query_len;
+    const int64_t key_len = held - static_cast<int64_t>(rng.Below(static_cast<uint64_t>(held)));
+    PlainHistory hist(key_len);
+    hist.h.has_applier = true;
+    hist.h.applier = {key_len, query_len, window, 0};
+    const Status a = VisibleRowsInto(hist.h, AttentionMask::Causal(), offset, query_len, in_place);
+    const Status b = MaterializedVisibleRowsInto(hist.h, AttentionMask::Causal(), offset, query_len,
+                                                 materialized);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.ToString() << " " << b.ToString();
+    ASSERT_EQ(in_place.begin, materialized.begin)
+        << "W " << window << " L " << query_len << " K " << key_len << " offset " << offset;
+    ASSERT_EQ(in_place.ranges, materialized.ranges)
+        << "W " << window << " L " << query_len << " K " << key_len << " offset " << offset;
+    if (!SlidingWindowMask(offset, query_len, key_len, window).IsZero()) ++blocked;
+  }
+  EXPECT_GT(blocked, 500);
+}
+
 }  // namespace
 }  // namespace kvtwin
