@@ -261,6 +261,19 @@ class RequestDriver {
   // flat, as they were before the pass.
   std::vector<std::pair<TrieNode*, size_t>> squeeze_held_;
   std::vector<const CacheSnapshot*> squeeze_slots_;
+  // One Session runs at a time; its per-request buffers live here so they outlive it: the
+  // plan's capture offsets, its stored tokens, and what ProbeMisuse observes of the manager
+  // (the pending captures and each cache's offset and schedule) before and after a probe.
+  std::vector<int64_t> session_capture_offsets_;
+  model::TokenLog session_stored_;
+  struct ManagerState {
+    std::vector<std::pair<int64_t, bool>> pending;
+    std::vector<std::pair<int64_t, bool>> caches;
+    int64_t nodes = 0, bytes = 0;
+    size_t path = 0, calls = 0;
+    bool operator==(const ManagerState&) const = default;
+  };
+  ManagerState probe_before_, probe_after_;
 };
 
 }  // namespace kvtwin::sim

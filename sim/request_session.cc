@@ -34,7 +34,13 @@ Check StatusIsOk(const Status& s, const char* call) {
 class RequestDriver::Session {
  public:
   Session(RequestDriver& driver, const RequestPlan& plan)
-      : d_(driver), plan_(plan), capture_offsets_(PrefillCaptureOffsets(d_.options_, plan)) {
+      : d_(driver),
+        plan_(plan),
+        capture_offsets_(d_.session_capture_offsets_),
+        stored_(d_.session_stored_),
+        probe_before_(d_.probe_before_),
+        probe_after_(d_.probe_after_) {
+    PrefillCaptureOffsetsInto(d_.options_, plan, capture_offsets_);
     StoredTokensInto(plan, d_.synth_.seed(), stored_);
   }
 
@@ -62,13 +68,6 @@ class RequestDriver::Session {
 
   // What an illegal session call must leave as it was: the pending captures, every cache's
   // offset and schedule, the trie's size and bytes, the active path and the cache calls.
-  struct ManagerState {
-    std::vector<std::pair<int64_t, bool>> pending;
-    std::vector<std::pair<int64_t, bool>> caches;
-    int64_t nodes = 0, bytes = 0;
-    size_t path = 0, calls = 0;
-    bool operator==(const ManagerState&) const = default;
-  };
   // Into `m`, whose vectors keep their capacity: the probes observe twice per refused call.
   void Observe(ManagerState& m) const {
     m.pending.clear();
@@ -566,8 +565,8 @@ class RequestDriver::Session {
   const RequestPlan& plan_;
   // PrefillCaptureOffsets of the plan: scheduled once, and offered again by every refused
   // SchedulePrefillSnapshots probe.
-  const std::vector<int64_t> capture_offsets_;
-  model::TokenLog stored_;  // inputs then outputs, with provenance hashes
+  std::vector<int64_t>& capture_offsets_;
+  model::TokenLog& stored_;  // inputs then outputs, with provenance hashes
   // Where the session is, for a report: a literal, or a format with the step's numbers,
   // rendered only then (a passing run formatted one per prefill chunk and decode step).
   struct Phase {
@@ -598,7 +597,7 @@ class RequestDriver::Session {
   Phase phase_;
   BeginReport report_;
   model::RefSession rules_;  // the session contract's state: closed until Begin succeeds
-  ManagerState probe_before_, probe_after_;  // ProbeMisuse scratch
+  ManagerState &probe_before_, &probe_after_;  // ProbeMisuse scratch
   bool cancelled_ = false;
   int64_t budget_bytes_ = 0;  // this request's budget; 0 = unlimited
 };
