@@ -133,9 +133,7 @@ struct RequestDriverOptions {
 
 // The offsets a request's SchedulePrefillSnapshots asks for: the plan's user offsets, then
 // every capture_interval-th position up to the prompt length, then len - pre_thinking.
-std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
-                                           const RequestPlan& plan);
-// The same into `requested` (replaced), keeping its capacity.
+// Into `requested` (replaced), keeping its capacity.
 void PrefillCaptureOffsetsInto(const RequestDriverOptions& options, const RequestPlan& plan,
                                std::vector<int64_t>& requested);
 // The request's stored tokens, inputs then outputs, with their provenance hashes from

@@ -563,8 +563,8 @@ class RequestDriver::Session {
 
   RequestDriver& d_;
   const RequestPlan& plan_;
-  // PrefillCaptureOffsets of the plan: scheduled once, and offered again by every refused
-  // SchedulePrefillSnapshots probe.
+  // PrefillCaptureOffsetsInto of the plan (the driver's buffer): scheduled once, and offered
+  // again by every refused SchedulePrefillSnapshots probe.
   std::vector<int64_t>& capture_offsets_;
   model::TokenLog& stored_;  // inputs then outputs, with provenance hashes
   // Where the session is, for a report: a literal, or a format with the step's numbers,
@@ -601,13 +601,6 @@ class RequestDriver::Session {
   bool cancelled_ = false;
   int64_t budget_bytes_ = 0;  // this request's budget; 0 = unlimited
 };
-
-std::vector<int64_t> PrefillCaptureOffsets(const RequestDriverOptions& options,
-                                           const RequestPlan& plan) {
-  std::vector<int64_t> requested;
-  PrefillCaptureOffsetsInto(options, plan, requested);
-  return requested;
-}
 
 void StoredTokensInto(const RequestPlan& plan, uint64_t hash_seed, model::TokenLog& stored) {
   stored.clear();

@@ -22,6 +22,12 @@ int64_t OldestPosition(int64_t offset, int64_t query_len, int64_t key_len) {
   return std::max<int64_t>(0, offset + query_len - key_len);
 }
 
+// The first key column query q of a sliding-window prefill may see: keys older than
+// offset + q - W + 1 fall outside the W keys ending at the query.
+int64_t WindowStart(int64_t offset, int64_t q, int64_t window, int64_t oldest, int64_t key_len) {
+  return std::clamp<int64_t>(offset + q - window + 1 - oldest, 0, key_len);
+}
+
 // A rectangle changes nothing when it is empty or lies inside the causal triangle (every
 // cell already has k <= q); keeping it would only push the mask off the causal fast path.
 bool IsNoOpRect(const RelaxRect& r) {
@@ -169,13 +175,13 @@ void SlidingCausalRows(int64_t offset, int64_t query_len, int64_t key_len, int64
                        VisibleSet& out) {
   const int64_t oldest = OldestPosition(offset, query_len, key_len);
   // Window starts rise with the query, so the last query's is the largest.
-  if (offset + query_len - 1 - window + 1 - oldest <= 0) {
+  if (WindowStart(offset, query_len - 1, window, oldest, key_len) == 0) {
     BottomRightCausalRows(query_len, key_len, out);
     return;
   }
   for (int64_t i = 0; i < query_len; ++i) {
-    const int64_t first = std::clamp<int64_t>(offset + i - window + 1 - oldest, 0, key_len);
-    AddRows(out, first, std::min(key_len, offset + i - oldest + 1));
+    AddRows(out, WindowStart(offset, i, window, oldest, key_len),
+            std::min(key_len, offset + i - oldest + 1));
     EndQuery(out);
   }
 }
@@ -252,17 +258,15 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
   out.ranges.clear();
   // Only an applier builds a new mask; otherwise the caller's is used in place.
   std::optional<AttentionMask> applied;
-  // The common rotating prefill (causal, one window) in place: every forward's visibility
-  // would otherwise build an L x K window array and its intersection.
-  if (history.has_applier && !want_bias && history.applier.query_len > 1 &&
-      history.applier.query_len == query_len && history.applier.window > 0 &&
-      logical.IsPureCausal()) {
-    KV_CHECK(history.applier.key_len == key_len, "applier K differs from the history length");
-    SlidingCausalRows(offset, query_len, key_len, history.applier.window, out);
-    return std::optional<MatF>();
-  }
   if (history.has_applier) {
     KV_CHECK(history.applier.key_len == key_len, "applier K differs from the history length");
+    // The common rotating prefill (causal, one window) in place: every forward's visibility
+    // would otherwise build an L x K window array and its intersection.
+    if (!want_bias && history.applier.query_len > 1 && history.applier.query_len == query_len &&
+        history.applier.window > 0 && logical.IsPureCausal()) {
+      SlidingCausalRows(offset, query_len, key_len, history.applier.window, out);
+      return std::optional<MatF>();
+    }
     Result<AttentionMask> result = ApplyRotating(history.applier, logical, offset);
     if (!result.ok()) return result.status();
     applied = std::move(result).value();
@@ -388,8 +392,7 @@ AttentionMask SlidingWindowMask(int64_t offset, int64_t query_len, int64_t key_l
   MatF out(query_len, key_len);
   bool blocked = false;
   for (int64_t q = 0; q < query_len; ++q) {
-    // Keys older than offset + q - W + 1 fall outside the W keys ending at the query.
-    const int64_t count = std::clamp<int64_t>(offset + q - window + 1 - oldest, 0, key_len);
+    const int64_t count = WindowStart(offset, q, window, oldest, key_len);
     out.row(q).head(count).setConstant(kNegInf);
     out.row(q).tail(key_len - count).setZero();
     blocked = blocked || count > 0;
