@@ -4,8 +4,10 @@
 #include "src/attention_mask.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -43,6 +45,12 @@ int64_t BroadcastDim(int64_t a, int64_t b) {
 
 bool BroadcastsTo(const MatF& m, int64_t rows, int64_t cols) {
   return (m.rows() == rows || m.rows() == 1) && (m.cols() == cols || m.cols() == 1);
+}
+
+Status DoesNotBroadcast(const MatF& m, int64_t rows, int64_t cols) {
+  return InvalidArgument("mask array [" + std::to_string(m.rows()) + " x " +
+                         std::to_string(m.cols()) + "] does not broadcast to [" +
+                         std::to_string(rows) + " x " + std::to_string(cols) + "]");
 }
 
 // REQUIRES: BroadcastsTo(m, rows, cols).
@@ -203,28 +211,42 @@ void FiniteCells(const MatF& mask, VisibleSet& out) {
 // a, so it is never visible; any other cell holds 0 + a, visible iff a > -inf (NaN is not).
 // So per query: the open keys are the causal prefix plus the rectangles' reopened keys, and
 // the array (when there is one) is scanned only there, along its contiguous row.
+// With `window` > 0 the mask is intersected with SlidingWindowMask(offset, L, K, window) as
+// well (the rotating prefill): that adds -inf before each query's window start and 0 from
+// it, so keys before the start are closed whatever the mask holds and the rest keep their
+// value (a + 0 = a).
 void FiniteCellsOf(const AttentionMask& mask, int64_t offset, int64_t query_len, int64_t key_len,
-                   VisibleSet& out) {
+                   int64_t window, VisibleSet& out) {
   const int64_t oldest = OldestPosition(offset, query_len, key_len);
   const std::optional<MatF>& array = mask.array();
-  std::vector<RowRange> open;
+  // The causal prefix and one range per rectangle: on the stack for the few rectangles a
+  // mask usually has (this runs per forward).
+  constexpr size_t kInlineRanges = 8;
+  std::array<RowRange, kInlineRanges> inline_open;
+  std::vector<RowRange> heap_open;
+  const size_t max_open = 1 + (mask.causal() ? mask.rects().size() : 0);
+  if (max_open > kInlineRanges) heap_open.resize(max_open);
+  const std::span<RowRange> storage =
+      max_open > kInlineRanges ? std::span<RowRange>(heap_open) : std::span<RowRange>(inline_open);
   for (int64_t q = 0; q < query_len; ++q) {
     const int64_t pos = offset + q;
     const int64_t causal_end =
         mask.causal() ? std::clamp<int64_t>(pos - oldest + 1, 0, key_len) : key_len;
-    open.assign(1, RowRange{0, causal_end});
+    size_t n_open = 0;
+    storage[n_open++] = RowRange{0, causal_end};
     if (mask.causal()) {
       for (const RelaxRect& r : mask.rects()) {
         if (pos < r.q_lo || pos >= r.q_hi) continue;
         const int64_t lo = std::max(causal_end, r.k_lo - oldest);
         const int64_t hi = std::min(key_len, r.k_hi - oldest);
-        if (lo < hi) open.push_back(RowRange{lo, hi});
+        if (lo < hi) storage[n_open++] = RowRange{lo, hi};
       }
-      std::sort(open.begin(), open.end(),
+      std::sort(storage.begin(), storage.begin() + static_cast<std::ptrdiff_t>(n_open),
                 [](const RowRange& x, const RowRange& y) { return x.lo < y.lo; });
     }
-    int64_t done = 0;  // keys before it are decided (the open ranges may overlap)
-    for (const RowRange& range : open) {
+    // Keys before it are decided (the open ranges may overlap), or outside the window.
+    int64_t done = window > 0 ? WindowStart(offset, q, window, oldest, key_len) : 0;
+    for (const RowRange& range : storage.first(n_open)) {
       const int64_t lo = std::max(range.lo, done);
       if (lo >= range.hi) continue;
       done = range.hi;
@@ -262,9 +284,20 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
     KV_CHECK(history.applier.key_len == key_len, "applier K differs from the history length");
     // The common rotating prefill (causal, one window) in place: every forward's visibility
     // would otherwise build an L x K window array and its intersection.
-    if (!want_bias && history.applier.query_len > 1 && history.applier.query_len == query_len &&
-        history.applier.window > 0 && logical.IsPureCausal()) {
+    const bool in_place = !want_bias && history.applier.query_len > 1 &&
+                          history.applier.query_len == query_len && history.applier.window > 0;
+    if (in_place && logical.IsPureCausal()) {
       SlidingCausalRows(offset, query_len, key_len, history.applier.window, out);
+      return std::optional<MatF>();
+    }
+    // Any other mask the same way, the window as a per-query floor. An array that does not
+    // broadcast to [L x K] is refused as the dispatch below refuses it (Intersect with a
+    // window array would abort on it instead).
+    if (in_place) {
+      if (logical.array().has_value() && !BroadcastsTo(*logical.array(), query_len, key_len)) {
+        return DoesNotBroadcast(*logical.array(), query_len, key_len);
+      }
+      FiniteCellsOf(logical, offset, query_len, key_len, history.applier.window, out);
       return std::optional<MatF>();
     }
     Result<AttentionMask> result = ApplyRotating(history.applier, logical, offset);
@@ -281,12 +314,10 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
     return std::optional<MatF>();
   }
   if (mask.array().has_value() && !BroadcastsTo(*mask.array(), query_len, key_len)) {
-    return InvalidArgument("mask array [" + std::to_string(mask.array()->rows()) + " x " +
-                           std::to_string(mask.array()->cols()) + "] does not broadcast to [" +
-                           std::to_string(query_len) + " x " + std::to_string(key_len) + "]");
+    return DoesNotBroadcast(*mask.array(), query_len, key_len);
   }
   if (!want_bias) {
-    FiniteCellsOf(mask, offset, query_len, key_len, out);
+    FiniteCellsOf(mask, offset, query_len, key_len, /*window=*/0, out);
     return std::optional<MatF>();
   }
   MatF materialized = mask.AsArray(offset, query_len, key_len);

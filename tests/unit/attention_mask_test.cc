@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -644,6 +646,84 @@ TEST(ApplyRotating, CausalPrefillInPlaceMatchesTheMaterializedWindow) {
     if (!SlidingWindowMask(offset, query_len, key_len, window).IsZero()) ++blocked;
   }
   EXPECT_GT(blocked, 500);
+}
+
+// Every other mask on a rotating prefill resolves in place too, the window as a per-query
+// floor under FiniteCellsOf: zero, causal with rectangles, arrays of every broadcast shape
+// (with or without causal and rectangles) holding -inf, +inf, NaN and -0. Held to two
+// materialized forms: the dispatch's own (want_bias builds Intersect(mask, window) and reads
+// its cells) and the spec's formula spelled out, Intersect with SlidingWindowMask resolved
+// over a history without an applier. An array that cannot meet [L x K] stays an error.
+TEST(ApplyRotating, EveryPrefillMaskInPlaceMatchesTheMaterializedWindow) {
+  Rng rng(20261128);
+  const float values[] = {
+      0.0f, -0.0f, 1.5f, -2.0f, -kInf, kInf, std::numeric_limits<float>::quiet_NaN()};
+  VisibleSet in_place, materialized, formula;
+  int64_t blocked = 0, rects = 0, arrays = 0, refused = 0;
+  for (int trial = 0; trial < 6000; ++trial) {
+    const auto window = static_cast<int64_t>(1 + rng.Below(8));
+    const auto query_len = static_cast<int64_t>(2 + rng.Below(8));
+    const auto offset = static_cast<int64_t>(rng.Below(12));
+    const int64_t held = std::min(offset, window - 1) + query_len;
+    const int64_t key_len = held - static_cast<int64_t>(rng.Below(static_cast<uint64_t>(held)));
+    AttentionMask mask = rng.Chance(1, 4) ? AttentionMask::Zero() : AttentionMask::Causal();
+    if (mask.causal() && rng.Chance(2, 3)) {
+      std::vector<RelaxRect> r;
+      const int64_t end = offset + query_len + 2;
+      for (uint64_t i = 0, n = 1 + rng.Below(3); i < n; ++i) {
+        const int64_t q_lo = rng.Range(0, end), k_lo = rng.Range(0, end);
+        r.push_back(RelaxRect{q_lo, rng.Range(q_lo, end), k_lo, rng.Range(k_lo, end)});
+      }
+      mask = mask.Relax(r).value();
+    }
+    // none, [L x K], [1 x K], [L x 1], [1 x 1], and a K width that fits nothing
+    const auto shape = rng.Below(mask.IsZero() ? 5 : 7);
+    if (shape == 0 && mask.IsZero()) continue;  // nothing but the window
+    if (shape > 0 && shape < 6) {
+      const int64_t rows = shape == 2 || shape == 4 ? 1 : query_len;
+      const int64_t cols = shape == 3 || shape == 4 ? 1 : (shape == 5 ? key_len + 1 : key_len);
+      MatF arr(rows, cols);
+      for (int64_t i = 0; i < arr.size(); ++i) {
+        arr.data()[i] = values[rng.Below(std::size(values))];
+      }
+      mask = mask.causal() ? AttentionMask::Intersect(mask, AttentionMask::Array(arr))
+                           : AttentionMask::Array(arr);
+    }
+    if (mask.IsPureCausal()) continue;  // the causal case has its own test above
+    const std::string where = "W " + std::to_string(window) + " L " + std::to_string(query_len) +
+                              " K " + std::to_string(key_len) + " offset " +
+                              std::to_string(offset) + " trial " + std::to_string(trial);
+    PlainHistory hist(key_len);
+    hist.h.has_applier = true;
+    hist.h.applier = {key_len, query_len, window, 0};
+    const Status a = VisibleRowsInto(hist.h, mask, offset, query_len, in_place);
+    const AttentionMask sliding = SlidingWindowMask(offset, query_len, key_len, window);
+    const bool fits =
+        !mask.array().has_value() || (mask.array()->cols() == 1 || mask.array()->cols() == key_len);
+    if (!fits) {
+      // The materialized path aborts (Intersect) or refuses (Resolve) on this mask; the
+      // in-place path must refuse it, not read past the array.
+      ASSERT_FALSE(a.ok()) << where;
+      ++refused;
+      continue;
+    }
+    const Status b = MaterializedVisibleRowsInto(hist.h, mask, offset, query_len, materialized);
+    const PlainHistory plain(key_len);
+    const Status c = VisibleRowsInto(plain.h, AttentionMask::Intersect(mask, sliding), offset,
+                                     query_len, formula);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << where;
+    ASSERT_EQ(in_place.begin, materialized.begin) << where;
+    ASSERT_EQ(in_place.ranges, materialized.ranges) << where;
+    ASSERT_EQ(in_place.begin, formula.begin) << where;
+    ASSERT_EQ(in_place.ranges, formula.ranges) << where;
+    blocked += !sliding.IsZero();
+    rects += !mask.rects().empty();
+    arrays += mask.array().has_value();
+  }
+  EXPECT_GT(blocked, 1000);
+  EXPECT_GT(rects, 1000);
+  EXPECT_GT(arrays, 1000);
+  EXPECT_GT(refused, 100);
 }
 
 }  // namespace
