@@ -9,6 +9,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <iterator>
@@ -618,20 +619,26 @@ TEST(Sdpa, IntoWithAReusedScratchEqualsAFreshCall) {
   }
 }
 
+// A rotating prefill's shape {W, L, offset, K}: K from the W - 1 older keys a prefill keeps
+// down to none, windows narrower and wider than the batch, offsets from 0.
+std::array<int64_t, 4> DrawPrefill(Rng& rng) {
+  const auto window = static_cast<int64_t>(1 + rng.Below(8));
+  const auto query_len = static_cast<int64_t>(2 + rng.Below(8));
+  const auto offset = static_cast<int64_t>(rng.Below(12));
+  const int64_t held = std::min(offset, window - 1) + query_len;
+  const int64_t key_len = held - static_cast<int64_t>(rng.Below(static_cast<uint64_t>(held)));
+  return {window, query_len, offset, key_len};
+}
+
 // A causal prefill over a rotating history resolves in place (no window array, no
 // intersection); the materialized path still builds SlidingWindowMask ∩ causal and reads
-// its cells. The two must name the same rows for every shape: K from the W - 1 older keys
-// a prefill keeps down to none, windows narrower and wider than the batch, offsets at 0.
+// its cells. The two must name the same rows for every shape.
 TEST(ApplyRotating, CausalPrefillInPlaceMatchesTheMaterializedWindow) {
   Rng rng(20261127);
   VisibleSet in_place, materialized;
   int64_t blocked = 0;  // shapes where the window hid some key from some query
   for (int trial = 0; trial < 3000; ++trial) {
-    const auto window = static_cast<int64_t>(1 + rng.Below(8));
-    const auto query_len = static_cast<int64_t>(2 + rng.Below(8));
-    const auto offset = static_cast<int64_t>(rng.Below(12));
-    const int64_t held = std::min(offset, window - 1) + query_len;
-    const int64_t key_len = held - static_cast<int64_t>(rng.Below(static_cast<uint64_t>(held)));
+    const auto [window, query_len, offset, key_len] = DrawPrefill(rng);
     PlainHistory hist(key_len);
     hist.h.has_applier = true;
     hist.h.applier = {key_len, query_len, window, 0};
@@ -661,11 +668,7 @@ TEST(ApplyRotating, EveryPrefillMaskInPlaceMatchesTheMaterializedWindow) {
   VisibleSet in_place, materialized, formula;
   int64_t blocked = 0, rects = 0, arrays = 0, refused = 0;
   for (int trial = 0; trial < 6000; ++trial) {
-    const auto window = static_cast<int64_t>(1 + rng.Below(8));
-    const auto query_len = static_cast<int64_t>(2 + rng.Below(8));
-    const auto offset = static_cast<int64_t>(rng.Below(12));
-    const int64_t held = std::min(offset, window - 1) + query_len;
-    const int64_t key_len = held - static_cast<int64_t>(rng.Below(static_cast<uint64_t>(held)));
+    const auto [window, query_len, offset, key_len] = DrawPrefill(rng);
     AttentionMask mask = rng.Chance(1, 4) ? AttentionMask::Zero() : AttentionMask::Causal();
     if (mask.causal() && rng.Chance(2, 3)) {
       std::vector<RelaxRect> r;
