@@ -175,25 +175,6 @@ void BottomRightCausalRows(int64_t query_len, int64_t key_len, VisibleSet& out) 
   }
 }
 
-// A causal prefill over a rotating history (logical order) with window W > 0: what
-// Intersect(causal, SlidingWindowMask(...)) resolves to, found without building either.
-// Query i at offset + i sees the keys from the window's start to itself; when no key falls
-// outside any window, the window mask is zero and the result is the kernel's causal mode.
-void SlidingCausalRows(int64_t offset, int64_t query_len, int64_t key_len, int64_t window,
-                       VisibleSet& out) {
-  const int64_t oldest = OldestPosition(offset, query_len, key_len);
-  // Window starts rise with the query, so the last query's is the largest.
-  if (WindowStart(offset, query_len - 1, window, oldest, key_len) == 0) {
-    BottomRightCausalRows(query_len, key_len, out);
-    return;
-  }
-  for (int64_t i = 0; i < query_len; ++i) {
-    AddRows(out, WindowStart(offset, i, window, oldest, key_len),
-            std::min(key_len, offset + i - oldest + 1));
-    EndQuery(out);
-  }
-}
-
 // Array mode: a cell is visible iff its additive value is above -inf.
 void FiniteCells(const MatF& mask, VisibleSet& out) {
   for (int64_t i = 0; i < mask.rows(); ++i) {
@@ -214,7 +195,9 @@ void FiniteCells(const MatF& mask, VisibleSet& out) {
 // With `window` > 0 the mask is intersected with SlidingWindowMask(offset, L, K, window) as
 // well (the rotating prefill): that adds -inf before each query's window start and 0 from
 // it, so keys before the start are closed whatever the mask holds and the rest keep their
-// value (a + 0 = a).
+// value (a + 0 = a). For a causal mask where the window hides nothing this is the kernel's
+// bottom-right causal mode, as the materialized path resolves it, since a rotating
+// history never holds more keys than positions (K <= offset + L, so oldest + K = offset + L).
 void FiniteCellsOf(const AttentionMask& mask, int64_t offset, int64_t query_len, int64_t key_len,
                    int64_t window, VisibleSet& out) {
   const int64_t oldest = OldestPosition(offset, query_len, key_len);
@@ -282,18 +265,13 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
   std::optional<AttentionMask> applied;
   if (history.has_applier) {
     KV_CHECK(history.applier.key_len == key_len, "applier K differs from the history length");
-    // The common rotating prefill (causal, one window) in place: every forward's visibility
-    // would otherwise build an L x K window array and its intersection.
-    const bool in_place = !want_bias && history.applier.query_len > 1 &&
-                          history.applier.query_len == query_len && history.applier.window > 0;
-    if (in_place && logical.IsPureCausal()) {
-      SlidingCausalRows(offset, query_len, key_len, history.applier.window, out);
-      return std::optional<MatF>();
-    }
-    // Any other mask the same way, the window as a per-query floor. An array that does not
-    // broadcast to [L x K] is refused as the dispatch below refuses it (Intersect with a
-    // window array would abort on it instead).
-    if (in_place) {
+    // A rotating prefill in place, whatever its mask: the window is a per-query floor on
+    // the mask's own open keys, where the materialized path builds an L x K window array
+    // and its intersection for every forward. An array that does not broadcast to [L x K]
+    // is refused as the dispatch below refuses it (Intersect with a window array would
+    // abort on it instead).
+    if (!want_bias && history.applier.query_len > 1 && history.applier.query_len == query_len &&
+        history.applier.window > 0) {
       if (logical.array().has_value() && !BroadcastsTo(*logical.array(), query_len, key_len)) {
         return DoesNotBroadcast(*logical.array(), query_len, key_len);
       }
