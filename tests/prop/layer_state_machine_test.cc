@@ -35,6 +35,18 @@ RC_GTEST_PROP(LayerStateMachine, FullKvCacheMatchesReference, ()) { CheckKind(Ca
 RC_GTEST_PROP(LayerStateMachine, RotatingCacheMatchesReference, ()) {
   CheckKind(CacheKind::kRotating);
 }
+// Windows wider than the ring's 256-slot growth step: a fresh ring grows by the step, not to
+// W, so the buffer holds 256 rows before it holds W; a batch cuts that padding, a decode
+// grows again by min(256, W - offset). Windows of at most 256 never reach those branches.
+RC_GTEST_PROP(LayerStateMachine, WideRotatingCacheMatchesReference, ()) {
+  ASSERT_TRUE(kPinnedParams);
+  const int64_t window = *rc::gen::element<int64_t>(257, 300, 520);
+  StackConfig config;
+  config.preset = "single";
+  config.dtype = *rc::gen::element(DType::kFloat32, DType::kBFloat16);
+  config.layers = {LayerSpec{CacheKind::kRotating, window}};
+  CheckStack(config, window);
+}
 RC_GTEST_PROP(LayerStateMachine, RecurrentCacheMatchesReference, ()) {
   CheckKind(CacheKind::kRecurrent);
 }
