@@ -355,6 +355,17 @@ TEST(ApplyRotating, ArrayOfAnotherWidthIsAnError) {
   EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
 }
 
+// A decode has one query: a causal mask whose array has more rows cannot be gathered into
+// one ring-order row and is refused, not cut to its first row.
+TEST(ApplyRotating, CausalDecodeArrayOfTwoQueryRowsIsAnError) {
+  const AttentionMask mask =
+      AttentionMask::Intersect(AttentionMask::Causal(), AttentionMask::Array(MatF::Zero(2, 4)));
+  const Result<AttentionMask> m = ApplyRotating({4, 1, 4, 3}, mask, 6);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("1 query row"), std::string::npos) << m.status().message();
+}
+
 TEST(ApplyRotating, PrefillIntersectsWithTheWindowInLogicalOrder) {
   // L = 6 into W = 4: K = 6 logical-order keys, no gather.
   const Result<AttentionMask> m = ApplyRotating({6, 6, 4, 6}, AttentionMask::Causal(), 0);

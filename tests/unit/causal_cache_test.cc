@@ -331,6 +331,29 @@ TEST(CausalCacheInit, DerivesMemoryAndCellCount) {
   EXPECT_EQ(CellsOf(InitConfig(1, 16, 3, 0)), invalid);
 }
 
+// The cell table is bounded (2^24 cells): a size past it, or sizes each within it whose cell
+// count is not, are refused before anything is allocated, each by its own check.
+TEST(CausalCacheInit, RefusesMoreCellsThanTheBound) {
+  constexpr int64_t kBound = int64_t{1} << 24;
+  const auto refusal = [](const CausalConfig& c) {
+    auto made = CausalCache::Create(c);
+    EXPECT_FALSE(made.ok());
+    if (made.ok()) return std::string();
+    EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
+    return made.status().message();
+  };
+  const std::string beyond = "sizes beyond 16777216";
+  EXPECT_NE(refusal(InitConfig(1, kBound + 1, 8, kUnbounded)).find(beyond), std::string::npos);
+  EXPECT_NE(refusal(InitConfig(1, 16, kBound + 1, kUnbounded)).find(beyond), std::string::npos);
+  // 2^12 sequences of 2^13 cells: each size fits, their product does not.
+  EXPECT_NE(refusal(InitConfig(1 << 12, 1 << 13, 8, kUnbounded)).find("33554432 cells exceed"),
+            std::string::npos);
+  // 2^24 - 1 cells fit; padded to a multiple of 11 they do not (2^24 + 6).
+  EXPECT_NE(refusal(InitConfig(1, kBound - 1, 8, kUnbounded, kUnbounded, 11))
+                .find("16777222 cells exceed"),
+            std::string::npos);
+}
+
 // Zero stands for a cell never written.
 std::vector<float> PaddedRow(float t) {
   return t == 0 ? std::vector<float>(kCols, 0.0f) : TokenRow(t);
