@@ -73,7 +73,7 @@ bool RunRequestSeeds(sim::RequestOptions options, uint64_t first, int64_t count,
 // wide nodes, template variants, memory pressure): about a second for 40 per config.
 bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& runs,
                         uint64_t& requests) {
-  for (const std::string& preset : sim::PresetNames()) {
+  for (const std::string& preset : sim::RequestPresetNames()) {
     for (const int64_t budget : {int64_t{0}, int64_t{6000}}) {
       sim::RequestOptions options;
       options.preset = preset;

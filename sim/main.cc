@@ -13,7 +13,8 @@ void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::Mo
   cmd->add_option("--block-scale", m.block_scale, "Mooncake: tokens per 512-token block (1..512)");
   cmd->add_option("--skip", m.skip, "Mooncake: leave out the first N requests");
   cmd->add_option("--limit", m.limit, "Mooncake: N requests only (0 = all)");
-  cmd->add_option("--preset", h.preset, "Mooncake: dense | sliding | recurrent | mixed");
+  cmd->add_option("--preset", h.preset,
+                  "Mooncake: dense | rotating | sliding | recurrent | mixed | holey");
   cmd->add_option("--layers", h.layers, "Mooncake: layers in the stack");
   cmd->add_option("--window", h.window, "Mooncake: W of rotating layers");
   cmd->add_option("--dtype", h.dtype, "Mooncake: f32 | bf16");
@@ -32,7 +33,8 @@ void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::Mo
 }
 
 void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
-  cmd->add_option("--preset", o.preset, "dense | sliding | recurrent | mixed");
+  cmd->add_option("--preset", o.preset,
+                  "dense | rotating | sliding | recurrent | mixed | holey (stateless layers)");
   cmd->add_option("--layers", o.layers, "layers in the stack");
   cmd->add_option("--window", o.window, "W of rotating layers");
   cmd->add_option("--dtype", o.dtype, "f32 | bf16");
@@ -46,7 +48,7 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
 }
 
 void AddRunOptions(CLI::App* cmd, kvtwin::sim::RunOptions& o) {
-  cmd->add_option("--preset", o.preset, "dense | sliding | recurrent | mixed");
+  cmd->add_option("--preset", o.preset, "dense | rotating | sliding | recurrent | mixed");
   cmd->add_option("--layers", o.layers, "layers in the stack");
   cmd->add_option("--window", o.window, "W of rotating layers");
   cmd->add_option("--dtype", o.dtype, "f32 | bf16");

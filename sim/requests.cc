@@ -18,9 +18,10 @@ Status OutOfRange(const char* flag, int64_t value, int64_t lo, int64_t hi) {
 // some runs evict constantly and others never do. Returns every derived option.
 std::string SwarmStack(RequestOptions& o) {
   Rng rng = Rng::Derive(o.seed, "swarm-stack");
-  const auto& presets = PresetNames();
+  const auto& presets = RequestPresetNames();
   o.preset = presets[static_cast<size_t>(rng.Below(presets.size()))];
-  o.layers = static_cast<int32_t>(rng.Range(1, 5));
+  // A holey stack's layer 0 is stateless: it needs a second layer.
+  o.layers = static_cast<int32_t>(rng.Range(o.preset == "holey" ? 2 : 1, 5));
   // Wide windows too: a window that outlasts several nodes stays linear across their
   // boundaries, where rewinds and restores below a snapshot's end are still allowed.
   const int64_t windows[] = {1, 2, 3, 4, 8, 16, 32};

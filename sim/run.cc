@@ -37,7 +37,7 @@ Status ValidateRunOptions(const RunOptions& options) {
   auto dtype = ParseDType(options.dtype);
   if (!dtype.ok()) return dtype.status();
   auto stack = StackFromPreset(options.preset, options.layers, options.window, *dtype);
-  return stack.ok() ? Status::Ok() : stack.status();
+  return stack.ok() ? RequireStateful(*stack) : stack.status();
 }
 
 std::string ReproduceCommand(const RunOptions& options, uint64_t seed) {

@@ -26,11 +26,14 @@ Status StackConfig::Validate() const {
   if (r.num_v_heads % r.num_k_heads != 0) {
     return InvalidArgument("recurrent num_v_heads must be a multiple of num_k_heads");
   }
+  bool stateful = false;
   for (size_t i = 0; i < layers.size(); ++i) {
-    if (layers[i].kind == CacheKind::kRotating && layers[i].window < 1) {
+    stateful = stateful || !layers[i].stateless;
+    if (!layers[i].stateless && layers[i].kind == CacheKind::kRotating && layers[i].window < 1) {
       return InvalidArgument(fmt::format("layer {}: window must be >= 1", i));
     }
   }
+  if (!stateful) return InvalidArgument("every layer is stateless: the manager has no cache");
   return Status::Ok();
 }
 
@@ -38,6 +41,10 @@ std::string StackConfig::Describe() const {
   std::string kinds;
   for (size_t i = 0; i < layers.size() && i < 4; ++i) {
     if (i > 0) kinds += ", ";
+    if (layers[i].stateless) {
+      kinds += "none";
+      continue;
+    }
     kinds += CacheKindName(layers[i].kind);
     if (layers[i].kind == CacheKind::kRotating) kinds += fmt::format("(W={})", layers[i].window);
   }
@@ -52,6 +59,26 @@ const std::vector<std::string>& PresetNames() {
   static const std::vector<std::string> names = {"dense", "sliding", "recurrent", "mixed",
                                                  "rotating"};
   return names;
+}
+
+const std::vector<std::string>& RequestPresetNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all = PresetNames();
+    all.push_back("holey");
+    return all;
+  }();
+  return names;
+}
+
+Status RequireStateful(const StackConfig& config) {
+  for (const LayerSpec& spec : config.layers) {
+    if (spec.stateless) {
+      return InvalidArgument(fmt::format(
+          "preset '{}' has stateless layers, which only request runs model (kvtwin requests)",
+          config.preset));
+    }
+  }
+  return Status::Ok();
 }
 
 Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers, int64_t window,
@@ -75,9 +102,19 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
     } else if (preset == "mixed") {
       const CacheKind cycle[3] = {CacheKind::kFullKv, CacheKind::kRotating, CacheKind::kRecurrent};
       spec.kind = cycle[i % 3];
+    } else if (preset == "holey") {
+      if (num_layers < 2) {
+        return InvalidArgument(fmt::format(
+            "preset 'holey' needs >= 2 layers (its layer 0 is stateless), got {}", num_layers));
+      }
+      // Positions 0 and 3 of each cycle of 5 are holes; the kind of a hole is unused.
+      const CacheKind cycle[5] = {CacheKind::kFullKv, CacheKind::kFullKv, CacheKind::kRotating,
+                                  CacheKind::kFullKv, CacheKind::kRecurrent};
+      spec.kind = cycle[i % 5];
+      spec.stateless = i % 5 == 0 || i % 5 == 3;
     } else {
-      return InvalidArgument(
-          fmt::format("unknown preset '{}' (dense, rotating, sliding, recurrent, mixed)", preset));
+      return InvalidArgument(fmt::format(
+          "unknown preset '{}' (dense, rotating, sliding, recurrent, mixed, holey)", preset));
     }
     if (spec.kind == CacheKind::kRotating) spec.window = window;
     config.layers.push_back(spec);
@@ -95,6 +132,10 @@ Result<DType> ParseDType(const std::string& name) {
 std::vector<std::unique_ptr<LayerCache>> BuildCaches(const StackConfig& config) {
   std::vector<std::unique_ptr<LayerCache>> caches;
   for (const LayerSpec& spec : config.layers) {
+    if (spec.stateless) {
+      caches.push_back(nullptr);  // a hole in the manager's list (spec §3.1)
+      continue;
+    }
     switch (spec.kind) {
       case CacheKind::kFullKv:
         caches.push_back(std::make_unique<KvCache>());

@@ -20,6 +20,9 @@ namespace kvtwin::sim {
 struct LayerSpec {
   CacheKind kind = CacheKind::kFullKv;
   int64_t window = 0;  // rotating only
+  // A stateless layer: a null hole in the prefix manager's cache list (spec §3.1). Only the
+  // request level models holes; the layer drivers refuse a stack with one (RequireStateful).
+  bool stateless = false;
 };
 
 struct StackConfig {
@@ -45,8 +48,15 @@ struct StackConfig {
   std::string Describe() const;
 };
 
-// The preset names StackFromPreset accepts.
+// The preset names the layer drivers take (sweeps, ops traces, layer fuzz targets).
 const std::vector<std::string>& PresetNames();
+// The preset names a request run takes: PresetNames() and "holey", whose layers cycle
+// through [stateless, kv, rotating, stateless, recurrent] (a leading, an inner and a
+// trailing hole; at least 2 layers, so one is stateful).
+const std::vector<std::string>& RequestPresetNames();
+// InvalidArgument naming the preset when `config` has a stateless layer: only request runs
+// model the manager's null holes.
+Status RequireStateful(const StackConfig& config);
 // Builds a stack; `window` is W for rotating layers. Errors name the bad value.
 Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers, int64_t window,
                                     DType dtype);

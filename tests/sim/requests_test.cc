@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "sim/cache_calls.h"
+#include "sim/run.h"
+#include "sim/stack.h"
 #include "sim/switch_reference.h"
 #include "sim/trie_checks.h"
 #include "src/kv_cache.h"
@@ -30,6 +32,9 @@ RequestOptions Options(const std::string& preset, const std::string& dtype, int6
                        uint64_t seed) {
   RequestOptions o;
   o.preset = preset;
+  // Five holey layers: [none, kv, rotating, none, recurrent], holes first, inside and last
+  // but one.
+  if (preset == "holey") o.layers = 5;
   o.dtype = dtype;
   o.budget_bytes = budget;
   o.seed = seed;
@@ -76,7 +81,7 @@ TEST_P(RequestSweep, FindsNoDivergenceOnTheCorrectManager) {
 
 INSTANTIATE_TEST_SUITE_P(PresetsDtypesBudgets, RequestSweep,
                          ::testing::Combine(::testing::Values("dense", "sliding", "recurrent",
-                                                              "mixed"),
+                                                              "mixed", "holey"),
                                             ::testing::Values("f32", "bf16"),
                                             ::testing::Values(0, kTinyBudget, kModerateBudget)),
                          [](const ::testing::TestParamInfo<RequestSweep::ParamType>& p) {
@@ -86,6 +91,31 @@ INSTANTIATE_TEST_SUITE_P(PresetsDtypesBudgets, RequestSweep,
                                    : budget == kTinyBudget ? "_tiny_budget"
                                                            : "_budget");
                          });
+
+// Stateless layers are null holes in the manager's list (spec §3.1): the holey preset builds
+// them, the request runs take it, and everything that drives layers directly refuses it.
+TEST(HoleyStack, HolesAreNullCachesAndOnlyRequestRunsTakeThem) {
+  const StackConfig config = StackFromPreset("holey", 5, 4, DType::kFloat32).value();
+  const std::vector<std::unique_ptr<LayerCache>> caches = BuildCaches(config);
+  ASSERT_EQ(caches.size(), 5u);
+  EXPECT_EQ(caches[0], nullptr);
+  EXPECT_EQ(caches[3], nullptr);
+  ASSERT_NE(caches[1], nullptr);
+  ASSERT_NE(caches[2], nullptr);
+  ASSERT_NE(caches[4], nullptr);
+  EXPECT_EQ(caches[1]->kind(), CacheKind::kFullKv);
+  EXPECT_EQ(caches[2]->kind(), CacheKind::kRotating);
+  EXPECT_EQ(caches[4]->kind(), CacheKind::kRecurrent);
+  EXPECT_NE(config.Describe().find("[none, kv, rotating(W=4), none, ...]"), std::string::npos)
+      << config.Describe();
+  EXPECT_FALSE(StackFromPreset("holey", 1, 4, DType::kFloat32).ok());  // nothing stateful
+  RunOptions sweep;
+  sweep.preset = "holey";
+  EXPECT_NE(ValidateRunOptions(sweep).message().find("stateless layers"), std::string::npos);
+  RequestOptions requests;
+  requests.preset = "holey";
+  EXPECT_TRUE(ValidateRequestOptions(requests).ok());
+}
 
 TEST(RequestCoverage, TheWorkloadReachesEveryMechanism) {
   RequestCoverage c;

@@ -472,7 +472,12 @@ TEST(TraceReaderErrors, HeaderFields) {
        "/model/window: expected an integer, got string"},
       {[](Json& j) { j["model"]["window"] = 0; }, "/model/window: must be >= 1, got 0"},
       {[](Json& j) { j["model"]["preset"] = "huge"; },
-       R"(/model/preset: unknown preset "huge" (expected one of dense, sliding, recurrent, mixed, rotating))"},
+       R"(/model/preset: unknown preset "huge" (expected one of dense, sliding, recurrent, mixed, rotating, holey))"},
+      {[](Json& j) {
+         j["model"]["preset"] = "holey";
+         j["model"]["layers"] = 1;
+       },
+       "/model: preset 'holey' needs >= 2 layers (its layer 0 is stateless), got 1"},
       {[](Json& j) { j["model"]["dtype"] = "f64"; },
        "/model/dtype: unknown dtype 'f64' (f32, bf16)"},
       {[](Json& j) { j["source"] = 3; }, "/source: expected a string, got 3"},
@@ -485,6 +490,15 @@ TEST(TraceReaderErrors, HeaderFields) {
          j["kind"] = "ops";  // an ops trace has no request driver options
        },
        R"(/budget: only allowed in a "requests" trace)"},
+      {[](Json& j) {
+         // Stateless layers are a request-level notion: the layer drivers have no holes.
+         j["kind"] = "ops";
+         for (const char* key : {"budget", "chunk", "capture_interval", "pre_thinking"}) {
+           j.erase(key);
+         }
+         j["model"]["preset"] = "holey";
+       },
+       R"(/model/preset: unknown preset "holey" (expected one of dense, sliding, recurrent, mixed, rotating))"},
       {[](Json& j) { j["expect"] = 3; }, "/expect: expected a string, got 3"},
       {[](Json& j) { j["expect"] = "fail"; },
        R"(/expect: expected "pass" or "divergence: KIND", got "fail")"},
