@@ -44,7 +44,9 @@ void CheckRequests(const std::string& preset, bool tiny_budget) {
   const int64_t window = Pick<int64_t>(1, 8);
   const bool bf16 = Chance(50);
   const Result<StackConfig> config =
-      StackFromPreset(preset, /*num_layers=*/4, window, bf16 ? DType::kBFloat16 : DType::kFloat32);
+      // Five holey layers reach a hole at the start, inside and at the end of a kind cycle.
+      StackFromPreset(preset, /*num_layers=*/preset == "holey" ? 5 : 4, window,
+                      bf16 ? DType::kBFloat16 : DType::kFloat32);
   RC_ASSERT(config.ok());
   RequestDriverOptions options;
   options.budget_bytes = tiny_budget ? Pick<int64_t>(1500, 6000) : 0;
@@ -99,6 +101,13 @@ RC_GTEST_PROP(RequestStateMachine, MixedUnderTinyBudgetKeepsEveryInvariant, ()) 
 }
 RC_GTEST_PROP(RequestStateMachine, MixedUnlimitedMatchesExactSwitch, ()) {
   CheckRequests("mixed", false);
+}
+// Stateless layers: null holes in the manager's cache list (spec §3.1).
+RC_GTEST_PROP(RequestStateMachine, HoleyUnderTinyBudgetKeepsEveryInvariant, ()) {
+  CheckRequests("holey", true);
+}
+RC_GTEST_PROP(RequestStateMachine, HoleyUnlimitedMatchesExactSwitch, ()) {
+  CheckRequests("holey", false);
 }
 
 }  // namespace
