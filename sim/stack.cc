@@ -86,6 +86,11 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
   if (num_layers < 1)
     return InvalidArgument(fmt::format("layers must be >= 1, got {}", num_layers));
   if (window < 1) return InvalidArgument(fmt::format("window must be >= 1, got {}", window));
+  // Said here rather than as Validate's "every layer is stateless": it names the fix.
+  if (preset == "holey" && num_layers < 2) {
+    return InvalidArgument(fmt::format(
+        "preset 'holey' needs >= 2 layers (its layer 0 is stateless), got {}", num_layers));
+  }
   StackConfig config;
   config.preset = preset;
   config.dtype = dtype;
@@ -103,10 +108,6 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
       const CacheKind cycle[3] = {CacheKind::kFullKv, CacheKind::kRotating, CacheKind::kRecurrent};
       spec.kind = cycle[i % 3];
     } else if (preset == "holey") {
-      if (num_layers < 2) {
-        return InvalidArgument(fmt::format(
-            "preset 'holey' needs >= 2 layers (its layer 0 is stateless), got {}", num_layers));
-      }
       // Positions 0 and 3 of each cycle of 5 are holes; the kind of a hole is unused.
       const CacheKind cycle[5] = {CacheKind::kFullKv, CacheKind::kFullKv, CacheKind::kRotating,
                                   CacheKind::kFullKv, CacheKind::kRecurrent};
