@@ -105,9 +105,15 @@ ConvWeights SyntheticForward::ConvParams(int32_t layer, const RecurrentDims& dim
   ConvWeights w;
   w.w = MatF(dims.conv_dim(), dims.conv_tail + 1);
   for (Eigen::Index i = 0; i < w.w.size(); ++i) w.w.data()[i] = Uniform(state, -0.5f, 0.5f);
-  w.bias = VecF(dims.conv_dim());
-  for (Eigen::Index i = 0; i < w.bias.size(); ++i) w.bias(i) = Uniform(state, -0.1f, 0.1f);
-  w.silu = true;
+  // Spec §2.4.1 makes both the bias and the SiLU optional (Qwen3.5 applies SiLU; a plain
+  // short conv does not). Each layer draws its own form, a quarter of them without each, so
+  // every run of a few recurrent layers reaches both sides of the kernel's two branches.
+  const uint64_t form = SplitMix64(state);
+  if (form % 4 != 0) {
+    w.bias = VecF(dims.conv_dim());
+    for (Eigen::Index i = 0; i < w.bias.size(); ++i) w.bias(i) = Uniform(state, -0.1f, 0.1f);
+  }
+  w.silu = (form / 4) % 4 != 0;
   return w;
 }
 
