@@ -9,8 +9,10 @@
 #include "src/prefix_trie.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -482,16 +484,39 @@ TEST(PrefixTrieDeathTest, MisplacedSnapshotsAndBadEdgesAbort) {
   EXPECT_DEATH(e.trie.SplitNode(a, 3), "outside");
 }
 
+// Runs `fn` on a thread with a stack of `bytes`. The test process's own stack may be
+// unlimited (ulimit -s in a container), and then no recursion would ever overflow it.
+void OnStackOf(size_t bytes, const std::function<void()>& fn) {
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, bytes), 0);
+  pthread_t thread;
+  const auto run = [](void* f) -> void* {
+    (*static_cast<const std::function<void()>*>(f))();
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&thread, &attr, run, const_cast<std::function<void()>*>(&fn)), 0);
+  ASSERT_EQ(pthread_join(thread, nullptr), 0);
+  pthread_attr_destroy(&attr);
+}
+
 TEST(PrefixTrie, DeepChainWalksAndDestroysWithoutOverflowingTheStack) {
   constexpr int64_t kDepth = 100'000;
+  // A recursive walk or teardown takes a frame of at least 16 bytes per node: 1.6 MB here,
+  // against a 512 KB stack (a release teardown through unique_ptr fits 100,000 levels
+  // in the default 8 MB, so the default stack would not tell).
+  constexpr size_t kStack = 512 * 1024;
   auto trie = std::make_unique<PrefixTrie>(std::vector<LayerCache*>{}, Tick{0});
   TrieNode* node = trie->root();
   const Keys key{7};
   for (int64_t i = 0; i < kDepth; ++i) node = trie->AppendChild(node, key, i + 1);
   int64_t visited = 0;
-  trie->Walk([&visited](TrieNode*) { ++visited; });
+  OnStackOf(kStack, [&] {
+    trie->Walk([&visited](TrieNode*) { ++visited; });
+    trie.reset();
+  });
   EXPECT_EQ(visited, kDepth + 1);
-  trie.reset();  // a recursive teardown would need one stack frame per node
+  EXPECT_EQ(trie, nullptr);
 }
 
 // Walk keeps its stack between walks; a walk started inside another's visitor gets one of
