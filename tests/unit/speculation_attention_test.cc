@@ -535,5 +535,34 @@ TEST(SpeculationDeathTest, LiveRotatingUsedDirectlyDuringSpeculationAbortsTheCom
       "used directly during a speculation");
 }
 
+// A committed wrapper refuses further writes: the speculation's own committed flag only
+// guards Commit, and a caller still holding the wrapper could otherwise append to the live
+// cache behind the commit.
+TEST(SpeculationDeathTest, WriteThroughACommittedKvWrapperAborts) {
+  EXPECT_DEATH(
+      {
+        KvCache live;
+        FillKv(live, 3);
+        Speculation spec = Begin({&live});
+        WriteTagged(Attn(spec, 0), 3, 2);
+        spec.Commit(1);
+        WriteTagged(Attn(spec, 0), 4, 1);
+      },
+      "write through a committed speculation");
+}
+
+TEST(SpeculationDeathTest, WriteThroughACommittedRotatingWrapperAborts) {
+  EXPECT_DEATH(
+      {
+        RotatingCache live(4);
+        FillRot(live, RotPrefixes(4)[2]);
+        Speculation spec = Begin({&live});
+        WriteTagged(Attn(spec, 0), live.Offset(), 2);
+        spec.Commit(1);
+        WriteTagged(Attn(spec, 0), live.Offset(), 1);
+      },
+      "write through a committed speculation");
+}
+
 }  // namespace
 }  // namespace kvtwin
