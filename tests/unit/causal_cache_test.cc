@@ -329,6 +329,12 @@ TEST(CausalCacheInit, DerivesMemoryAndCellCount) {
   EXPECT_EQ(CellsOf(InitConfig(1, 0, 3, kUnbounded)), invalid);
   EXPECT_EQ(CellsOf(InitConfig(1, 16, 0, kUnbounded)), invalid);
   EXPECT_EQ(CellsOf(InitConfig(1, 16, 3, 0)), invalid);
+  // Every size must be positive, each on its own (padding 0 would divide by zero later).
+  EXPECT_EQ(CellsOf(InitConfig(0, 16, 3, kUnbounded)), invalid);
+  EXPECT_EQ(CellsOf(InitConfig(1, 16, 3, kUnbounded, kUnbounded, 0)), invalid);
+  CausalConfig no_cols = InitConfig(1, 16, 3, kUnbounded);
+  no_cols.kv_cols = 0;
+  EXPECT_EQ(CellsOf(no_cols), invalid);
 }
 
 // The cell table is bounded (2^24 cells): a size past it, or sizes each within it whose cell
