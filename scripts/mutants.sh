@@ -28,15 +28,17 @@
 # Usage: scripts/mutants.sh [PATTERN]   (PATTERN: substring of the patch file names)
 #   A full run writes tests/mutants/RESULTS.md; a subset writes scratch/RESULTS.md.
 #   Environment: MUTANTS_SOURCE=worktree (default) or head (`git archive HEAD`, for a working
-#   tree that is mid-edit), MUTANTS_FUZZ_SECONDS (per fuzz target, default 5),
-#   MUTANTS_BASELINE=0, MUTANTS_JOBS (ninja -j, default 2).
+#   tree that is mid-edit), MUTANTS_FUZZ_SECONDS (per fuzz target, default 5; 0 skips the
+#   fuzz stage), MUTANTS_BASELINE=0, MUTANTS_JOBS (ninja -j, default 2), MUTANTS_DIR (the
+#   patches, default tests/mutants: another directory, such as the operator mutants of
+#   scripts/operator-mutants.py, is measured like a subset).
 # Exit: 0 after a measurement (survivors included), 2 on a setup error (one line).
 set -euo pipefail
 
 die() { echo "mutants: $*" >&2; exit 2; }
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mutants_dir="$root/tests/mutants"
+mutants_dir="${MUTANTS_DIR:-$root/tests/mutants}"
 scratch="${TMPDIR:-/tmp}/kvtwin-mutants"
 tree="$scratch/tree"
 pristine="$scratch/pristine-src"
@@ -65,7 +67,7 @@ patches=()
 while IFS= read -r name; do
   case "$name" in *"$pattern"*) patches+=("$mutants_dir/$name") ;; esac
 done < <(ls "$mutants_dir" | grep -E '^[0-9]{2,}-.*\.patch$' | sort -n)
-[ ${#patches[@]} -gt 0 ] || die "no patch in tests/mutants matches '${pattern}'"
+[ ${#patches[@]} -gt 0 ] || die "no patch in $mutants_dir matches '${pattern}'"
 
 # One run at a time per scratch directory: a second run would re-sync the tree and patch its
 # src/ under the first one. A run started meanwhile waits here.
@@ -185,7 +187,9 @@ configure() {
   fi
   fuzz_ok=0
   fuzz_reason="clang++ not found"
-  if command -v clang++ >/dev/null; then
+  if [ "$fuzz_seconds" = 0 ]; then
+    fuzz_reason="MUTANTS_FUZZ_SECONDS=0"
+  elif command -v clang++ >/dev/null; then
     if [ -f "$fuzz_build/build.ninja" ] ||
        (cd "$tree" && cmake --preset fuzz -B "$fuzz_build" >"$logs/configure-fuzz.log" 2>&1); then
       fuzz_ok=1
@@ -317,7 +321,11 @@ for p in "${patches[@]}"; do
 done
 
 # ------------------------------------------------------------------ report
-if [ -z "$pattern" ]; then out="$mutants_dir/RESULTS.md"; else out="$scratch/RESULTS.md"; fi
+if [ -z "$pattern" ] && [ -z "${MUTANTS_DIR:-}" ]; then
+  out="$mutants_dir/RESULTS.md"
+else
+  out="$scratch/RESULTS.md"
+fi
 total_secs=$(elapsed "$run_start" "$(now)")
 n_killed=0 n_survived=0 n_nocompile=0 n_noapply=0
 killed_secs=()

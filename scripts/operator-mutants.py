@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Goal: find where kvtwin's checks are blind, without guessing where to look. The hand-written
+catalogue (tests/mutants/) holds bugs someone thought of; this writes bugs nobody chose:
+one classic mutation operator applied at one randomly drawn site of src/*.cc, as patches
+that scripts/mutants.sh measures (MUTANTS_DIR=OUT_DIR). A survivor is either a gap in the
+checks or an equivalent change; each needs reading by hand.
+
+Method: every line of src/**/*.cc outside comments, preprocessor lines, KV_CHECKs and error
+returns (whose messages no differential check reads) is scanned for the sites of these
+operators, outside string literals:
+  relational  '<' <-> '<=', '>' <-> '>=' (binary, so written with spaces), '==' <-> '!='
+  logical     '&&' <-> '||'
+  constant    '+ 1' and '- 1' dropped, '0' <-> '1' as a whole literal
+  call        std::min <-> std::max
+  boolean     true <-> false
+  statement   a one-line expression statement deleted
+A seeded draw picks COUNT sites (all of them without --count); the same seed and tree give
+the same patches. A mutant that does not compile is reported so by mutants.sh and costs
+only its build.
+
+Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N] [--files GLOB ...]
+  then MUTANTS_DIR=OUT_DIR MUTANTS_BASELINE=0 scripts/mutants.sh
+"""
+import argparse
+import difflib
+import glob
+import os
+import random
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, pattern, replacement): the pattern's first group is what gets replaced.
+OPERATORS = [
+    ("le-to-lt", r" (<=) ", "<"),
+    ("lt-to-le", r" (<) ", "<="),
+    ("ge-to-gt", r" (>=) ", ">"),
+    ("gt-to-ge", r" (>) ", ">="),
+    ("eq-to-ne", r" (==) ", "!="),
+    ("ne-to-eq", r" (!=) ", "=="),
+    ("and-to-or", r" (&&) ", "||"),
+    ("or-to-and", r" (\|\|) ", "&&"),
+    ("drop-plus-one", r"( \+ 1)(?![0-9.])", ""),
+    ("drop-minus-one", r"( - 1)(?![0-9.])", ""),
+    ("zero-to-one", r"(?<![\w.])(0)(?![\w.])", "1"),
+    ("one-to-zero", r"(?<![\w.])(1)(?![\w.])", "0"),
+    ("min-to-max", r"(std::min)\b", "std::max"),
+    ("max-to-min", r"(std::max)\b", "std::min"),
+    ("true-to-false", r"\b(true)\b", "false"),
+    ("false-to-true", r"\b(false)\b", "true"),
+]
+
+SKIP = re.compile(r"KV_CHECK|InvalidArgument|OutOfRange|FailedPrecondition|ResourceExhausted|"
+                  r"NotFound|Unavailable|Status\(|static_assert|std::to_string|ShapeString")
+STATEMENT = re.compile(r"^\s*[A-Za-z_][\w:.\->\[\]()]*\s*(\(|=[^=]|\+=|-=|\+\+|--|\.)[^;]*;\s*$")
+DECLARATION = re.compile(r"^\s*(const\s+)?(auto|int|int64_t|int32_t|size_t|bool|float|double|"
+                         r"uint\w+|std::|Tensor|MatF|VecF|[A-Z]\w*(<[^>]*>)?[&*]?\s+\w+\s*[=({;])")
+
+
+def code_part(line):
+    """The line up to a // comment, with string and char literals blanked (same length)."""
+    out, quote, i = [], None, 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            out.append(" ")
+            if c == "\\":
+                out.append(" ")
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+            out.append(" ")
+        elif line.startswith("//", i):
+            break
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def sites(path):
+    """Every (line index, operator name, start, end, replacement) in one file."""
+    lines = open(path).read().split("\n")
+    found, in_block = [], False
+    for n, line in enumerate(lines):
+        stripped = line.strip()
+        if in_block:
+            in_block = "*/" not in stripped
+            continue
+        if stripped.startswith("/*"):
+            in_block = "*/" not in stripped
+            continue
+        if not stripped or stripped.startswith(("//", "#")) or SKIP.search(line):
+            continue
+        code = code_part(line)
+        for name, pattern, repl in OPERATORS:
+            for m in re.finditer(pattern, code):
+                found.append((n, name, m.start(1), m.end(1), repl))
+        prev = lines[n - 1].rstrip() if n > 0 else ""
+        if (STATEMENT.match(code) and not DECLARATION.match(code) and
+                not stripped.startswith(("return", "case", "default", "break", "continue")) and
+                prev.endswith((";", "{", "}"))):
+            found.append((n, "delete-statement", 0, len(line), None))
+    return lines, found
+
+
+def patch_text(rel, lines, site):
+    n, name, start, end, repl = site
+    old = lines[n]
+    new = None if repl is None else old[:start] + repl + old[end:]
+    mutated = list(lines)
+    if new is None:
+        mutated[n] = old[: len(old) - len(old.lstrip())] + "// (deleted) " + old.strip()
+        shown = "deleted"
+    else:
+        mutated[n] = new
+        shown = "`" + new.strip() + "`"
+    diff = difflib.unified_diff([l + "\n" for l in lines], [l + "\n" for l in mutated],
+                                f"a/{rel}", f"b/{rel}", n=3)
+    body = "".join(diff)
+    desc = f"Description: operator mutant {name} at {rel}:{n + 1}: `{old.strip()}` -> {shown}\n"
+    return desc + "\n" + f"diff -u a/{rel} b/{rel}\n" + body
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--count", type=int, default=0)
+    ap.add_argument("--files", nargs="*", default=["src/*.cc", "src/core/*.cc"])
+    args = ap.parse_args()
+    if os.path.exists(args.out_dir) and os.listdir(args.out_dir):
+        sys.exit(f"operator-mutants: {args.out_dir} is not empty")
+    paths = sorted({p for g in args.files for p in glob.glob(os.path.join(ROOT, g))})
+    if not paths:
+        sys.exit("operator-mutants: --files matches no file")
+    every = []
+    for path in paths:
+        lines, found = sites(path)
+        every += [(os.path.relpath(path, ROOT), lines, s) for s in found]
+    rng = random.Random(args.seed)
+    chosen = rng.sample(every, args.count) if 0 < args.count < len(every) else every
+    os.makedirs(args.out_dir, exist_ok=True)
+    for i, (rel, lines, site) in enumerate(chosen, 1):
+        stem = re.sub(r"[^a-z0-9]+", "-", f"{os.path.basename(rel)}-{site[0] + 1}-{site[1]}")
+        with open(os.path.join(args.out_dir, f"{i:03d}-{stem}.patch"), "w") as f:
+            f.write(patch_text(rel, lines, site))
+    print(f"{len(chosen)} of {len(every)} sites in {len(paths)} files -> {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()
