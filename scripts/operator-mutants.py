@@ -18,7 +18,13 @@ A seeded draw picks COUNT sites (all of them without --count); the same seed and
 the same patches. A mutant that does not compile is reported so by mutants.sh and costs
 only its build.
 
-Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N] [--files GLOB ...]
+--family swap writes a second family instead (same sites rule, no statement deletions):
+  names that come in pairs swapped (k_ and v_, .k() and .v(), rows() and cols(), .first and
+  .second, front() and back(), from() and to(), start_offset() and end_offset()) and
+  += and -= flipped: the copy-paste slips the classic operators cannot write.
+
+Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N] [--family classic|swap]
+                                   [--files GLOB ...]
   then MUTANTS_DIR=OUT_DIR MUTANTS_BASELINE=0 scripts/mutants.sh
 """
 import argparse
@@ -51,6 +57,27 @@ OPERATORS = [
     ("false-to-true", r"\b(false)\b", "true"),
 ]
 
+# --family swap: copy-paste slips between names that come in pairs (K and V, rows and
+# columns, a range's two ends, a pair's halves) and a flipped compound assignment.
+SWAPS = [
+    ("k-to-v", r"\b(k_)\b", "v_"),
+    ("v-to-k", r"\b(v_)\b", "k_"),
+    ("k-call-to-v", r"\.(k)\(\)", "v"),
+    ("v-call-to-k", r"\.(v)\(\)", "k"),
+    ("rows-to-cols", r"\b(rows)\(\)", "cols"),
+    ("cols-to-rows", r"\b(cols)\(\)", "rows"),
+    ("first-to-second", r"\.(first)\b", "second"),
+    ("second-to-first", r"\.(second)\b", "first"),
+    ("front-to-back", r"\b(front)\(\)", "back"),
+    ("back-to-front", r"\b(back)\(\)", "front"),
+    ("from-to-to", r"\b(from)\(\)", "to"),
+    ("to-to-from", r"\b(to)\(\)", "from"),
+    ("start-to-end-offset", r"\b(start_offset)\(\)", "end_offset"),
+    ("end-to-start-offset", r"\b(end_offset)\(\)", "start_offset"),
+    ("plus-assign-to-minus", r" (\+=) ", "-="),
+    ("minus-assign-to-plus", r" (-=) ", "+="),
+]
+
 SKIP = re.compile(r"KV_CHECK|InvalidArgument|OutOfRange|FailedPrecondition|ResourceExhausted|"
                   r"NotFound|Unavailable|Status\(|static_assert|std::to_string|ShapeString")
 STATEMENT = re.compile(r"^\s*[A-Za-z_][\w:.\->\[\]()]*\s*(\(|=[^=]|\+=|-=|\+\+|--|\.)[^;]*;\s*$")
@@ -81,7 +108,7 @@ def code_part(line):
     return "".join(out)
 
 
-def sites(path):
+def sites(path, operators, statements):
     """Every (line index, operator name, start, end, replacement) in one file."""
     lines = open(path).read().split("\n")
     found, in_block = [], False
@@ -96,11 +123,11 @@ def sites(path):
         if not stripped or stripped.startswith(("//", "#")) or SKIP.search(line):
             continue
         code = code_part(line)
-        for name, pattern, repl in OPERATORS:
+        for name, pattern, repl in operators:
             for m in re.finditer(pattern, code):
                 found.append((n, name, m.start(1), m.end(1), repl))
         prev = lines[n - 1].rstrip() if n > 0 else ""
-        if (STATEMENT.match(code) and not DECLARATION.match(code) and
+        if (statements and STATEMENT.match(code) and not DECLARATION.match(code) and
                 not stripped.startswith(("return", "case", "default", "break", "continue")) and
                 prev.endswith((";", "{", "}"))):
             found.append((n, "delete-statement", 0, len(line), None))
@@ -131,6 +158,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--files", nargs="*", default=["src/*.cc", "src/core/*.cc"])
+    ap.add_argument("--family", choices=["classic", "swap"], default="classic")
     args = ap.parse_args()
     if os.path.exists(args.out_dir) and os.listdir(args.out_dir):
         sys.exit(f"operator-mutants: {args.out_dir} is not empty")
@@ -139,7 +167,8 @@ def main():
         sys.exit("operator-mutants: --files matches no file")
     every = []
     for path in paths:
-        lines, found = sites(path)
+        classic = args.family == "classic"
+        lines, found = sites(path, OPERATORS if classic else SWAPS, statements=classic)
         every += [(os.path.relpath(path, ROOT), lines, s) for s in found]
     rng = random.Random(args.seed)
     chosen = rng.sample(every, args.count) if 0 < args.count < len(every) else every
