@@ -335,6 +335,12 @@ TEST(CausalCacheInit, DerivesMemoryAndCellCount) {
   CausalConfig no_cols = InitConfig(1, 16, 3, kUnbounded);
   no_cols.kv_cols = 0;
   EXPECT_EQ(CellsOf(no_cols), invalid);
+  // A memory of 0 is refused before the parallel-sequence bump could raise it to the
+  // window; a negative chunk likewise.
+  EXPECT_EQ(CellsOf(InitConfig(2, 16, 8, 4, 0)), invalid);
+  CausalConfig negative_chunk = InitConfig(1, 16, 3, kUnbounded);
+  negative_chunk.chunk = -1;
+  EXPECT_EQ(CellsOf(negative_chunk), invalid);
 }
 
 // The cell table is bounded (2^24 cells): a size past it, or sizes each within it whose cell
