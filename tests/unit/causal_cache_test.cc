@@ -329,6 +329,10 @@ TEST(CausalCacheInit, DerivesMemoryAndCellCount) {
   EXPECT_EQ(CellsOf(InitConfig(1, 0, 3, kUnbounded)), invalid);
   EXPECT_EQ(CellsOf(InitConfig(1, 16, 0, kUnbounded)), invalid);
   EXPECT_EQ(CellsOf(InitConfig(1, 16, 3, 0)), invalid);
+  // The smallest cache: every size 1 (each bound is inclusive), one cell.
+  CausalConfig smallest = InitConfig(1, 1, 1, kUnbounded);
+  smallest.kv_cols = 1;
+  EXPECT_EQ(CellsOf(smallest), 1);
   // Every size must be positive, each on its own (padding 0 would divide by zero later).
   EXPECT_EQ(CellsOf(InitConfig(0, 16, 3, kUnbounded)), invalid);
   EXPECT_EQ(CellsOf(InitConfig(1, 16, 3, kUnbounded, kUnbounded, 0)), invalid);
