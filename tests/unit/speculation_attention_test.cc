@@ -507,61 +507,50 @@ TEST(SpeculationWrappers, ViewBeforeTheForwardShowsTheLiveHistory) {
 
 // ---- programmer errors ----------------------------------------------------------------
 
-// The whole scenario runs inside the death statement: a parent-side open speculation over
-// a misused live cache would abort in its destructor.
-TEST(SpeculationDeathTest, LiveKvUsedDirectlyDuringSpeculationAbortsTheCommit) {
-  EXPECT_DEATH(
-      {
-        KvCache live;
-        FillKv(live, 3);
-        Speculation spec = Begin({&live});
-        WriteTagged(Attn(spec, 0), 3, 2);
-        WriteTagged(live, 5, 1);
-        spec.Commit(1);
-      },
-      "used directly during a speculation");
+// A live KV cache of 3 tokens, or a wrapped rotating one with its cursor mid-ring, a
+// speculation begun over it and two tokens written through the wrapper; then `misuse`. The
+// whole scenario runs inside the death statement: a parent-side open speculation over a
+// misused live cache would abort in its destructor.
+template <typename Misuse>
+void SpeculateThen(bool rotating, Misuse misuse) {
+  KvCache kv;
+  RotatingCache rot(4);
+  if (rotating) {
+    FillRot(rot, RotPrefixes(4)[2]);
+  } else {
+    FillKv(kv, 3);
+  }
+  AttentionCache& live = rotating ? static_cast<AttentionCache&>(rot) : kv;
+  Speculation spec = Begin({&live});
+  WriteTagged(Attn(spec, 0), live.Offset(), 2);
+  misuse(live, spec);
 }
 
-TEST(SpeculationDeathTest, LiveRotatingUsedDirectlyDuringSpeculationAbortsTheCommit) {
-  EXPECT_DEATH(
-      {
-        RotatingCache live(4);
-        FillRot(live, RotPrefixes(4)[2]);
-        Speculation spec = Begin({&live});
-        WriteTagged(Attn(spec, 0), live.Offset(), 2);
-        WriteTagged(live, live.Offset(), 1);
-        spec.Commit(1);
-      },
-      "used directly during a speculation");
+TEST(SpeculationDeathTest, LiveCacheUsedDirectlyDuringSpeculationAbortsTheCommit) {
+  for (const bool rotating : {false, true}) {
+    EXPECT_DEATH(SpeculateThen(rotating,
+                               [](AttentionCache& live, Speculation& spec) {
+                                 WriteTagged(live, live.Offset(), 1);
+                                 spec.Commit(1);
+                               }),
+                 "used directly during a speculation")
+        << (rotating ? "rotating" : "KV");
+  }
 }
 
 // A committed wrapper refuses further writes: the speculation's own committed flag only
 // guards Commit, and a caller still holding the wrapper could otherwise append to the live
 // cache behind the commit.
-TEST(SpeculationDeathTest, WriteThroughACommittedKvWrapperAborts) {
-  EXPECT_DEATH(
-      {
-        KvCache live;
-        FillKv(live, 3);
-        Speculation spec = Begin({&live});
-        WriteTagged(Attn(spec, 0), 3, 2);
-        spec.Commit(1);
-        WriteTagged(Attn(spec, 0), 4, 1);
-      },
-      "write through a committed speculation");
-}
-
-TEST(SpeculationDeathTest, WriteThroughACommittedRotatingWrapperAborts) {
-  EXPECT_DEATH(
-      {
-        RotatingCache live(4);
-        FillRot(live, RotPrefixes(4)[2]);
-        Speculation spec = Begin({&live});
-        WriteTagged(Attn(spec, 0), live.Offset(), 2);
-        spec.Commit(1);
-        WriteTagged(Attn(spec, 0), live.Offset(), 1);
-      },
-      "write through a committed speculation");
+TEST(SpeculationDeathTest, WriteThroughACommittedWrapperAborts) {
+  for (const bool rotating : {false, true}) {
+    EXPECT_DEATH(SpeculateThen(rotating,
+                               [](AttentionCache& live, Speculation& spec) {
+                                 spec.Commit(1);
+                                 WriteTagged(Attn(spec, 0), live.Offset(), 1);
+                               }),
+                 "write through a committed speculation")
+        << (rotating ? "rotating" : "KV");
+  }
 }
 
 }  // namespace
