@@ -37,46 +37,36 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (name, pattern, replacement): the pattern's first group is what gets replaced.
-OPERATORS = [
-    ("le-to-lt", r" (<=) ", "<"),
-    ("lt-to-le", r" (<) ", "<="),
-    ("ge-to-gt", r" (>=) ", ">"),
-    ("gt-to-ge", r" (>) ", ">="),
-    ("eq-to-ne", r" (==) ", "!="),
-    ("ne-to-eq", r" (!=) ", "=="),
-    ("and-to-or", r" (&&) ", "||"),
-    ("or-to-and", r" (\|\|) ", "&&"),
-    ("drop-plus-one", r"( \+ 1)(?![0-9.])", ""),
-    ("drop-minus-one", r"( - 1)(?![0-9.])", ""),
-    ("zero-to-one", r"(?<![\w.])(0)(?![\w.])", "1"),
-    ("one-to-zero", r"(?<![\w.])(1)(?![\w.])", "0"),
-    ("min-to-max", r"(std::min)\b", "std::max"),
-    ("max-to-min", r"(std::max)\b", "std::min"),
-    ("true-to-false", r"\b(true)\b", "false"),
-    ("false-to-true", r"\b(false)\b", "true"),
-]
+
+def both_ways(a_name, b_name, pattern, a, b):
+    """The two directions of one swap, as (name, pattern, replacement) operators: the
+    pattern's first group, written {} here, is what gets replaced."""
+    return [(f"{a_name}-to-{b_name}", pattern.format(re.escape(a)), b),
+            (f"{b_name}-to-{a_name}", pattern.format(re.escape(b)), a)]
+
+
+BINARY = r" ({}) "  # clang-format writes binary operators between spaces
+OPERATORS = (both_ways("le", "lt", BINARY, "<=", "<") + both_ways("ge", "gt", BINARY, ">=", ">") +
+             both_ways("eq", "ne", BINARY, "==", "!=") + both_ways("and", "or", BINARY, "&&", "||") +
+             [("drop-plus-one", r"( \+ 1)(?![0-9.])", ""),
+              ("drop-minus-one", r"( - 1)(?![0-9.])", "")] +
+             both_ways("zero", "one", r"(?<![\w.])({})(?![\w.])", "0", "1") +
+             both_ways("min", "max", r"({})\b", "std::min", "std::max") +
+             both_ways("true", "false", r"\b({})\b", "true", "false"))
 
 # --family swap: copy-paste slips between names that come in pairs (K and V, rows and
 # columns, a range's two ends, a pair's halves) and a flipped compound assignment.
-SWAPS = [
-    ("k-to-v", r"\b(k_)\b", "v_"),
-    ("v-to-k", r"\b(v_)\b", "k_"),
-    ("k-call-to-v", r"\.(k)\(\)", "v"),
-    ("v-call-to-k", r"\.(v)\(\)", "k"),
-    ("rows-to-cols", r"\b(rows)\(\)", "cols"),
-    ("cols-to-rows", r"\b(cols)\(\)", "rows"),
-    ("first-to-second", r"\.(first)\b", "second"),
-    ("second-to-first", r"\.(second)\b", "first"),
-    ("front-to-back", r"\b(front)\(\)", "back"),
-    ("back-to-front", r"\b(back)\(\)", "front"),
-    ("from-to-to", r"\b(from)\(\)", "to"),
-    ("to-to-from", r"\b(to)\(\)", "from"),
-    ("start-to-end-offset", r"\b(start_offset)\(\)", "end_offset"),
-    ("end-to-start-offset", r"\b(end_offset)\(\)", "start_offset"),
-    ("plus-assign-to-minus", r" (\+=) ", "-="),
-    ("minus-assign-to-plus", r" (-=) ", "+="),
-]
+CALL = r"\b({})\(\)"
+SWAPS = (both_ways("k", "v", r"\b({})\b", "k_", "v_") +
+         [(f"{n}-call-to-{m}", r"\.({})\(\)".format(n), m) for n, m in (("k", "v"), ("v", "k"))] +
+         both_ways("rows", "cols", CALL, "rows", "cols") +
+         both_ways("first", "second", r"\.({})\b", "first", "second") +
+         both_ways("front", "back", CALL, "front", "back") +
+         both_ways("from", "to", CALL, "from", "to") +
+         [("start-to-end-offset", CALL.format("start_offset"), "end_offset"),
+          ("end-to-start-offset", CALL.format("end_offset"), "start_offset")] +
+         [("plus-assign-to-minus", BINARY.format(r"\+="), "-="),
+          ("minus-assign-to-plus", BINARY.format("-="), "+=")])
 
 SKIP = re.compile(r"KV_CHECK|InvalidArgument|OutOfRange|FailedPrecondition|ResourceExhausted|"
                   r"NotFound|Unavailable|Status\(|static_assert|std::to_string|ShapeString")
