@@ -293,6 +293,13 @@ TEST(HybridCache, CopyOnWriteFailureIsRememberedUntilTheNextForward) {
   EXPECT_EQ(cache.slot_of(1), 0);
   EXPECT_EQ(cache.ref_count(0), 2);
 
+  // A reserve forward copies nothing, so it has no copy-on-write to fail: the failure of
+  // the forward before must not leak into it.
+  ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{1, 2}}, true).ok());
+  const Result<Tensor> reserved = cache.ConvState(0);
+  ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
+  EXPECT_EQ(cache.slot_of(1), 0);
+
   ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{1, 2}}).ok());
   const Result<Tensor> state = cache.ConvState(0);
   ASSERT_TRUE(state.ok()) << state.status().ToString();
