@@ -349,12 +349,15 @@ void PrefixCache::EnforceEvictionPolicy() {
   while (trie_.paged_out_bytes() > options_.max_paged_out_bytes) {
     TrieNode* victim = PickVictim(active);
     if (victim == nullptr) break;  // may stay over budget
+    const int64_t nodes = trie_.num_nodes();
     if (victim->num_children() == 0) {
       trie_.RemoveNode(victim);
     } else {
       // Its own restore point goes; KV data survives by concatenation into the child.
       trie_.MergeWithChild(victim);
     }
+    // Either way one node goes: a pass that removed none would pick the same victim forever.
+    KV_CHECK(trie_.num_nodes() == nodes - 1, "an eviction step did not remove its victim");
   }
   if (eviction_hook_) eviction_hook_(true);
 }
