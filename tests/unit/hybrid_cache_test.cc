@@ -429,5 +429,14 @@ TEST(HybridCacheDeathTest, UpdateBeforeConvStateAborts) {
   EXPECT_DEATH((void)cache.ConvState(kLayers), "out of range");
 }
 
+// A failed StartForward ends the forward before it: its conv state is gone, not readable.
+TEST(HybridCacheDeathTest, ConvStateAfterAFailedStartForwardAborts) {
+  HybridCache cache = Make(2);
+  Forward(cache, {{0, 0}}, {1});
+  ASSERT_EQ(*cache.AllocSlot(), 1);  // the only free slot, taken behind the cache's back
+  ASSERT_EQ(cache.StartForward(std::vector<BatchToken>{{1, 0}}), ResourceExhausted("cache full"));
+  EXPECT_DEATH((void)cache.ConvState(0), "without a successful StartForward");
+}
+
 }  // namespace
 }  // namespace kvtwin
