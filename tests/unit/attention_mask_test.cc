@@ -366,6 +366,33 @@ TEST(ApplyRotating, CausalDecodeArrayOfTwoQueryRowsIsAnError) {
   EXPECT_NE(m.status().message().find("1 query row"), std::string::npos) << m.status().message();
 }
 
+// The same two refusals reach the caller of the dispatch as values, on every path over a
+// ring-layout history (decode or View): visible rows in place and materialized, and SDPA.
+// A caller's malformed mask is an operating error, not a broken invariant.
+TEST(ApplyRotating, DecodeMaskRefusalsComeBackFromTheDispatch) {
+  PlainHistory hist(4);
+  hist.h.has_applier = true;
+  hist.h.applier = {4, 1, 4, 3};
+  const AttentionMask wrong_width = AttentionMask::Array(MatF::Zero(1, 3));
+  const AttentionMask two_rows =
+      AttentionMask::Intersect(AttentionMask::Causal(), AttentionMask::Array(MatF::Zero(2, 4)));
+  VisibleSet set;
+  SdpaScratch scratch;
+  MatF out;
+  for (const auto& [mask, words] : {std::pair{&wrong_width, "mask K width"},
+                                    std::pair{&two_rows, "1 query row"}}) {
+    const Status statuses[] = {
+        VisibleRowsInto(hist.h, *mask, 6, 1, set),
+        MaterializedVisibleRowsInto(hist.h, *mask, 6, 1, set),
+        SdpaInto(MatF::Ones(1, 2), hist.h, *mask, 6, 1.0f, scratch, out)};
+    for (const Status& s : statuses) {
+      ASSERT_FALSE(s.ok()) << words;
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+      EXPECT_NE(s.message().find(words), std::string::npos) << s.ToString();
+    }
+  }
+}
+
 TEST(ApplyRotating, PrefillIntersectsWithTheWindowInLogicalOrder) {
   // L = 6 into W = 4: K = 6 logical-order keys, no gather.
   const Result<AttentionMask> m = ApplyRotating({6, 6, 4, 6}, AttentionMask::Causal(), 0);
