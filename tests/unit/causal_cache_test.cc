@@ -548,5 +548,19 @@ TEST_P(CausalCacheTest, ReserveUsesTheWholeCacheWithoutMetadata) {
   EXPECT_EQ(MaskStrings(view), (std::vector<std::string>{"00xxxxxx", "00xxxxxx"}));
 }
 
+// A reserve larger than the cache is "cache full", and, like the other full forward, leaves
+// no forward started: the metadata is untouched and Put is refused.
+TEST_P(CausalCacheTest, ReservingMoreTokensThanCellsStartsNoForward) {
+  CausalCache cache = std::move(CausalCache::Create(Config(1, 2, 4))).value();
+  ASSERT_EQ(cache.num_cells(), 2);
+  RunStep(cache, {{0}, {0}, {0}, {0}, {"0"}});
+  const Status full = cache.StartForward(Batch({0, 0, 0}, {1, 2, 3}), /*reserve=*/true);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(cache.locations().empty());
+  EXPECT_EQ(cache.ranges().at(0), std::make_pair(int64_t{0}, int64_t{0}));
+  const Tensor rows = RowsOf({1, 2, 3}, TokenRow);
+  EXPECT_EQ(cache.Put(rows, rows).code(), StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace kvtwin
