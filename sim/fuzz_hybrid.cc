@@ -95,7 +95,7 @@ MultiSeqConfig DecodeConfig(const std::array<uint8_t, kHeaderBytes>& h) {
   MultiSeqConfig c;
   c.window = Pick<int64_t, 8>({kvtwin::kUnbounded, kvtwin::kUnbounded, 1, 2, 3, 4, 5, 8}, h[0]);
   if (c.window != kvtwin::kUnbounded && h[1] % 2 == 1) c.memory = c.window + (h[1] / 2) % 5;
-  c.chunk = Pick<int64_t, 6>({0, 0, 0, 2, 3, 4}, h[2]);
+  c.chunk = Pick<int64_t, 8>({0, 0, 0, 0, 1, 2, 3, 4}, h[2]);
   c.max_seqs = Pick<int32_t, 8>({1, 2, 2, 3, 3, 4, 6, kMaxSeqs}, h[3]);
   c.capacity = Pick<int64_t, 5>({4, 6, 8, 12, 16}, h[4]);
   c.max_batch = Pick<int64_t, 6>({1, 2, 4, 8, 8, 16}, h[5]);
