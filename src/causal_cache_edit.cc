@@ -119,7 +119,9 @@ bool CausalCache::CanResume(int32_t seq, int64_t pos) const {
     first = std::min(first, cell.pos);
     last = std::max(last, cell.pos);
   }
-  if (last < 0) return false;
+  // Every edit erases a sequence's range with its last cell, so a range always holds one.
+  KV_CHECK(last >= 0, "causal cache: the range of sequence " + std::to_string(seq) +
+                          " holds none of its cells");
   return std::max<int64_t>(0, pos - config_.window) >= first && pos <= last + 1;
 }
 
