@@ -174,7 +174,7 @@ std::vector<std::vector<bool>> BuildMask(const std::vector<CausalCache::Cell>& c
 
 CausalCache::CausalCache(CausalConfig config) : config_(config) {}
 
-Result<CausalCache> CausalCache::Create(CausalConfig config) {
+Result<int64_t> CausalCache::DeriveCells(CausalConfig& config) {
   KV_RETURN_IF_ERROR(ValidateSizes(config));
   KV_RETURN_IF_ERROR(DeriveMemory(config));
   const int64_t cells = config.memory == kUnbounded
@@ -185,6 +185,13 @@ Result<CausalCache> CausalCache::Create(CausalConfig config) {
     return InvalidArgument("causal cache: " + std::to_string(padded) + " cells exceed " +
                            std::to_string(kMaxCells));
   }
+  return padded;
+}
+
+Result<CausalCache> CausalCache::Create(CausalConfig config) {
+  Result<int64_t> cells = DeriveCells(config);
+  if (!cells.ok()) return cells.status();
+  const int64_t padded = *cells;
   CausalCache cache(config);
   cache.cells_.resize(static_cast<size_t>(padded));
   cache.k_ = Tensor(config.dtype, padded, config.kv_cols);

@@ -55,6 +55,10 @@ class CausalCache {
   // unbounded; cells = max_seqs × capacity (unbounded memory) or max_seqs × memory +
   // max_batch, rounded up to `padding`. Errors: memory < window, non-positive sizes.
   static Result<CausalCache> Create(CausalConfig config);
+  // The cell count Create would allocate, or its refusal, without allocating: what a caller
+  // (or a test of the 2^24 bound) asks before committing the memory. `config` gets Create's
+  // derived memory.
+  static Result<int64_t> DeriveCells(CausalConfig& config);
 
   struct Cell {
     int64_t pos = -1;

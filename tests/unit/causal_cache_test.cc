@@ -368,6 +368,18 @@ TEST(CausalCacheInit, RefusesMoreCellsThanTheBound) {
   EXPECT_NE(refusal(InitConfig(1, kBound - 1, 8, kUnbounded, kUnbounded, 11))
                 .find("16777222 cells exceed"),
             std::string::npos);
+  // Exactly 2^24 is the largest cache, whether the sizes or the padding reach it. Asked of
+  // DeriveCells, which allocates nothing: the cache itself would take about a gigabyte.
+  for (const int64_t padding : {1, 2}) {
+    CausalConfig at = InitConfig(1, kBound - padding + 1, 8, kUnbounded, kUnbounded, padding);
+    const Result<int64_t> fits = CausalCache::DeriveCells(at);
+    ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+    EXPECT_EQ(*fits, kBound);
+  }
+  CausalConfig seqs_at = InitConfig(static_cast<int32_t>(kBound), 1, 8, kUnbounded);
+  EXPECT_TRUE(CausalCache::DeriveCells(seqs_at).ok());
+  CausalConfig batch_at = InitConfig(1, 16, kBound, kUnbounded);
+  EXPECT_TRUE(CausalCache::DeriveCells(batch_at).ok());
 }
 
 // Zero stands for a cell never written.
