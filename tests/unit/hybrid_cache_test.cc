@@ -185,8 +185,18 @@ TEST(HybridCacheSlots, ParamsShapeTheConvState) {
   EXPECT_EQ(cache->config().hidden, 512);
   ASSERT_TRUE(cache->StartForward(std::vector<BatchToken>{{0, 0}, {1, 0}}).ok());
   EXPECT_EQ(cache->ConvState(0)->ShapeString(), "f32[2x2560]");
+  // Each size on both sides of its bound: 0 refused, 1 (the smallest conv state) accepted.
   config.d_conv = 0;
   EXPECT_EQ(HybridCache::Create(config).status().code(), StatusCode::kInvalidArgument);
+  config.d_conv = 1;
+  config.hidden = 0;
+  EXPECT_EQ(HybridCache::Create(config).status().code(), StatusCode::kInvalidArgument);
+  config.hidden = 1;
+  EXPECT_TRUE(HybridCache::Create(config).ok());
+  config.num_conv_layers = -1;
+  EXPECT_EQ(HybridCache::Create(config).status().code(), StatusCode::kInvalidArgument);
+  config.num_conv_layers = 0;
+  EXPECT_TRUE(HybridCache::Create(config).ok());
 }
 
 TEST(HybridCacheSlots, NumSeqsAndSeqTokensDescribeTheForward) {
