@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "src/kernels.h"
-#include "src/kv_cache.h"
 
 namespace kvtwin {
 namespace {
@@ -450,18 +449,6 @@ TEST(RecurrentCacheDeathTest, PutWithTheWrongNumberOfStatesAborts) {
   EXPECT_DEATH(cache.Put(4, {ConvFilled(DType::kFloat32, 1.0f)}, {DeltaFilled(1.0f)}),
                "1 states for 1 snapshot splits");
   EXPECT_DEATH(cache.Put(1, {}, {}), "non-empty");
-}
-
-// Merge reads neither side's state (the child's supersedes the parent's), but a snapshot of
-// another kind on either side is still a broken caller, not a null child.
-TEST(RecurrentCacheDeathTest, MergeWithAnotherKindOnEitherSideAborts) {
-  const auto kv = [] {
-    const Tensor rows(DType::kFloat32, 1, 4);
-    return KvSnapshot::Make(0, 1, {rows}, {rows});
-  };
-  RecurrentCache cache = CacheAt(1, 0.0f);
-  EXPECT_DEATH(cache.Merge(kv(), nullptr), "recurrent cache given a");
-  EXPECT_DEATH(cache.Merge(nullptr, kv()), "recurrent cache given a");
 }
 
 }  // namespace
