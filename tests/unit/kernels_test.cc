@@ -191,6 +191,24 @@ TEST(CausalConv1D, RejectsAnInputInADifferentDtypeThanTheTail) {
   EXPECT_DEATH(CausalConv1D(cc.tail, x32, 4, cc.weights, {}), "KV_CHECK failed");
 }
 
+// The other arguments are checked against the tail too, each with its own message.
+TEST(CausalConv1D, RejectsEveryArgumentThatDoesNotFitTheTail) {
+  const ConvCase cc = MakeConvCase(DType::kFloat32, 3, 5, 4, true, false);
+  const Tensor wide_x(DType::kFloat32, 4, 6);
+  EXPECT_DEATH(CausalConv1D(cc.tail, wide_x, 4, cc.weights, {}), "vs tail");
+  EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 5, cc.weights, {}), "real_len outside");
+  EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, -1, cc.weights, {}), "real_len outside");
+  ConvWeights short_kernel = cc.weights;
+  short_kernel.w = MatF::Zero(5, 3);
+  EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 4, short_kernel, {}), "conv weights must be");
+  ConvWeights few_channels = cc.weights;
+  few_channels.w = MatF::Zero(4, 4);
+  EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 4, few_channels, {}), "conv weights must be");
+  ConvWeights short_bias = cc.weights;
+  short_bias.bias = cc.weights.bias.head(4);
+  EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 4, short_bias, {}), "conv bias must be");
+}
+
 TEST(CausalConv1D, RejectsSplitsThatAreNotStrictlyInsideTheRealPrefix) {
   const ConvCase cc = MakeConvCase(DType::kFloat32, 3, 5, 4, false, false);
   EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 3, cc.weights, {3}), "strictly ascending");
@@ -500,6 +518,41 @@ TEST(GatedDelta, RejectsValueHeadsThatAreNotAMultipleOfKeyHeads) {
   const GdnInputs inputs = MakeInputs(params.dims, rng, 2);
   const MatF state = MatF::Zero(params.dims.delta_rows(), params.dims.head_k_dim);
   EXPECT_DEATH(GatedDelta(state, inputs, 2, params, {}), "multiple of Hk");
+}
+
+// Every argument of the scan is checked against the dims before the first step, each with
+// its own message: a caller's shape slip must abort, never read past a row.
+TEST(GatedDelta, RejectsEveryArgumentThatDoesNotFitTheDims) {
+  for (auto* scan : {&GatedDelta, &GatedDeltaSegmented}) {
+    Rng rng = Rng::Derive(kSeed, "gdn-death-shapes");
+    const GdnParams params = MakeParams(Dims(1, 2, 4, 4), rng);
+    const GdnInputs inputs = MakeInputs(params.dims, rng, 3);
+    const MatF state = MatF::Zero(params.dims.delta_rows(), params.dims.head_k_dim);
+    EXPECT_DEATH(scan(MatF::Zero(state.rows() + 1, state.cols()), inputs, 3, params, {}),
+                 "delta state must be");
+    EXPECT_DEATH(scan(MatF::Zero(state.rows(), state.cols() + 1), inputs, 3, params, {}),
+                 "delta state must be");
+    GdnInputs wide_qkv = inputs;
+    wide_qkv.qkv = MatF::Zero(3, inputs.qkv.cols() + 1);
+    EXPECT_DEATH(scan(state, wide_qkv, 3, params, {}), "qkv must be");
+    GdnInputs narrow_ba = inputs;
+    narrow_ba.ba = MatF::Zero(3, inputs.ba.cols() - 1);
+    EXPECT_DEATH(scan(state, narrow_ba, 3, params, {}), "ba must be");
+    GdnInputs short_ba = inputs;
+    short_ba.ba = inputs.ba.topRows(2);
+    EXPECT_DEATH(scan(state, short_ba, 2, params, {}), "row counts differ");
+    GdnParams short_bias = params;
+    short_bias.dt_bias = params.dt_bias.head(1);
+    EXPECT_DEATH(scan(state, inputs, 3, short_bias, {}), "dt_bias and a_exp");
+    GdnParams short_a = params;
+    short_a.a_exp = params.a_exp.head(1);
+    EXPECT_DEATH(scan(state, inputs, 3, short_a, {}), "dt_bias and a_exp");
+    EXPECT_DEATH(scan(state, inputs, 4, params, {}), "real_len outside");
+    EXPECT_DEATH(scan(state, inputs, -1, params, {}), "real_len outside");
+    GdnParams no_dk = params;
+    no_dk.dims.head_k_dim = 0;
+    EXPECT_DEATH(scan(MatF::Zero(state.rows(), 0), inputs, 3, no_dk, {}), "must be positive");
+  }
 }
 
 }  // namespace
