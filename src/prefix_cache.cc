@@ -283,7 +283,9 @@ TrieNode* PrefixCache::AdvancePath(TrieNode* from, std::span<const TrieKey> keys
 }
 
 void PrefixCache::CompactPath() {
-  if (active_path_.size() < 2) return;
+  // Both callers have just advanced the path past its frontier, so it holds a node below
+  // the root.
+  KV_CHECK(active_path_.size() >= 2, "CompactPath on a path of the root alone");
   TrieNode* parent = active_path_[active_path_.size() - 2];
   KV_CHECK(active_path_.back()->parent() == parent, "active path is not a parent chain");
   // A user parent is a restore point the caller asked for; only plain segments fold.
