@@ -18,7 +18,7 @@ MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
     // The default (= window) or more memory, which may reach the capacity (then unbounded).
     if (rng.Chance(1, 2)) c.memory = c.window + rng.Range(0, 4);
   }
-  // Chunk 1 is the boundary (every token its own chunk); 3 divides no window above.
+  // Chunk 1 is the boundary (every token its own chunk); 3 is not a power of two.
   const int64_t chunks[] = {1, 2, 3, 4};
   if (rng.Chance(1, 3)) c.chunk = chunks[rng.Below(4)];
   c.max_seqs = static_cast<int32_t>(rng.Range(1, 8));
