@@ -130,6 +130,11 @@ TEST(Tensor, NewTensorsAndGrownRowsAreZero) {
     EXPECT_EQ(Tensor(dtype, 0, 5).rows(), 0);
     Tensor no_cols(dtype, 3, 0);  // rows without bytes: copies move nothing
     no_cols.CopyRows(0, Tensor(dtype, 3, 0), 1, 2);
+    // Columns without rows have no buffer either: nothing to copy, nothing passed to memcpy
+    // (a null pointer there is undefined even for zero bytes; the asan preset's UBSan says so).
+    Tensor no_rows(dtype, 0, 5);
+    no_rows.CopyRows(0, Tensor(dtype, 0, 5), 0, 0);
+    EXPECT_EQ(no_rows.Rows(0, 0).cols(), 5);
     no_cols.ResizeRows(5);
     EXPECT_EQ(no_cols.rows(), 5);
     EXPECT_EQ(no_cols.cols(), 0);
