@@ -379,12 +379,11 @@ TEST(ApplyRotating, DecodeMaskRefusalsComeBackFromTheDispatch) {
   VisibleSet set;
   SdpaScratch scratch;
   MatF out;
-  for (const auto& [mask, words] : {std::pair{&wrong_width, "mask K width"},
-                                    std::pair{&two_rows, "1 query row"}}) {
-    const Status statuses[] = {
-        VisibleRowsInto(hist.h, *mask, 6, 1, set),
-        MaterializedVisibleRowsInto(hist.h, *mask, 6, 1, set),
-        SdpaInto(MatF::Ones(1, 2), hist.h, *mask, 6, 1.0f, scratch, out)};
+  for (const auto& [mask, words] :
+       {std::pair{&wrong_width, "mask K width"}, std::pair{&two_rows, "1 query row"}}) {
+    const Status statuses[] = {VisibleRowsInto(hist.h, *mask, 6, 1, set),
+                               MaterializedVisibleRowsInto(hist.h, *mask, 6, 1, set),
+                               SdpaInto(MatF::Ones(1, 2), hist.h, *mask, 6, 1.0f, scratch, out)};
     for (const Status& s : statuses) {
       ASSERT_FALSE(s.ok()) << words;
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();

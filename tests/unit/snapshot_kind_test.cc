@@ -26,7 +26,8 @@ SnapshotPtr SnapshotOf(CacheKind kind) {
     case CacheKind::kRotating:
       return std::make_unique<RotatingSnapshot>(0, 1, 1, row, row);
     case CacheKind::kRecurrent:
-      return std::make_unique<RecurrentSnapshot>(1, Tensor(DType::kFloat32, d.conv_tail, d.conv_dim()),
+      return std::make_unique<RecurrentSnapshot>(1,
+                                                 Tensor(DType::kFloat32, d.conv_tail, d.conv_dim()),
                                                  MatF::Zero(d.delta_rows(), d.head_k_dim));
   }
   return nullptr;
