@@ -268,6 +268,34 @@ TEST(AttentionMask, IntersectBroadcastsArraysOfDifferentShapes) {
   ExpectSameMask(*m.array(), want);
 }
 
+// Every pair of broadcastable shapes, square ones included (where a [1 x K] and an [L x 1]
+// have as many entries as a side of [K x K]): each cell is the sum of the cells the two
+// arrays broadcast to it, in both argument orders.
+TEST(AttentionMask, IntersectBroadcastsEveryPairOfShapesCellByCell) {
+  Rng rng(20261128);
+  for (const auto& [l, k] : {std::pair{2, 3}, std::pair{3, 3}, std::pair{3, 2}, std::pair{1, 3}}) {
+    const std::pair<int64_t, int64_t> shapes[] = {{l, k}, {1, k}, {l, 1}, {1, 1}};
+    for (const auto& [ar, ac] : shapes) {
+      for (const auto& [br, bc] : shapes) {
+        MatF a(ar, ac), b(br, bc);
+        for (int64_t i = 0; i < a.size(); ++i) a.data()[i] = static_cast<float>(rng.Range(-8, 8));
+        for (int64_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<float>(rng.Range(-8, 8));
+        const int64_t rows = std::max(ar, br), cols = std::max(ac, bc);
+        MatF want(rows, cols);
+        for (int64_t q = 0; q < rows; ++q) {
+          for (int64_t c = 0; c < cols; ++c) {
+            want(q, c) = a(ar == 1 ? 0 : q, ac == 1 ? 0 : c) + b(br == 1 ? 0 : q, bc == 1 ? 0 : c);
+          }
+        }
+        const AttentionMask m =
+            AttentionMask::Intersect(AttentionMask::Array(a), AttentionMask::Array(b));
+        ASSERT_TRUE(m.array().has_value());
+        ExpectSameMask(*m.array(), want);
+      }
+    }
+  }
+}
+
 TEST(AttentionMask, AsArrayBroadcastsAPureArray) {
   MatF row(1, 3);
   row << 0, -kInf, 0.5f;
