@@ -57,7 +57,8 @@ Status HybridCache::DeriveForward(std::span<const BatchToken> batch, bool reserv
   for (const BatchToken& token : batch) {
     if (counts[token.seq]++ == 0) cur_seqs_.push_back(token.seq);
   }
-  if (cur_seqs_.empty()) return Status::Ok();
+  // The KV side has already refused an empty batch.
+  KV_CHECK(!cur_seqs_.empty(), "hybrid forward of an empty batch");
   const int64_t want = static_cast<int64_t>(batch.size()) / num_seqs();
   for (int32_t seq : cur_seqs_) {
     if (counts[seq] != want) {
