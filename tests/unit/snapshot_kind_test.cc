@@ -1,7 +1,7 @@
-// A layer handed another layer's snapshot is a manager bug (spec §2: a snapshot is restored,
-// merged and split only by the cache that made it). Every cache must abort on it at every
-// entry point that takes a snapshot, rather than read a foreign layout as its own and serve
-// another layer's state.
+// A layer handed another layer's snapshot is a manager bug: Restore, Merge and Split (spec
+// §1.1) take snapshots of the cache's own kind (each cache's REQUIRES). Every cache must
+// abort on another kind at every entry point that takes a snapshot, rather than read a
+// foreign layout as its own and serve another layer's state.
 #include <gtest/gtest.h>
 
 #include <memory>
