@@ -47,7 +47,7 @@ TEST(Result, HoldsAValueOrTheErrorThatStoppedIt) {
 
 TEST(ResultDeathTest, AValueOfAnErrorOrAnErrorWithoutOneAborts) {
   EXPECT_DEATH(static_cast<void>(Half(1).value()), "1 is odd");
-  EXPECT_DEATH(Result<int>(Status::Ok()), "carries no value");
+  EXPECT_DEATH(static_cast<void>(Result<int>(Status::Ok())), "carries no value");
 }
 
 }  // namespace
