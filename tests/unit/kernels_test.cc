@@ -185,15 +185,12 @@ TEST(CausalConv1D, Bf16TailHoldsExactlyTheRoundedRawInputsNotTheOutputs) {
   EXPECT_TRUE(rounding_happened) << "inputs were already bf16; the test proves nothing";
 }
 
-TEST(CausalConv1D, RejectsAnInputInADifferentDtypeThanTheTail) {
-  const ConvCase cc = MakeConvCase(DType::kBFloat16, 3, 5, 4, false, false);
-  const Tensor x32 = Tensor::FromFloat(DType::kFloat32, cc.x.ToFloat());
-  EXPECT_DEATH(CausalConv1D(cc.tail, x32, 4, cc.weights, {}), "KV_CHECK failed");
-}
-
-// The other arguments are checked against the tail too, each with its own message.
+// Every argument is checked against the tail before the first row, each with its own
+// message: a caller's dtype or shape slip must abort, never read past a row.
 TEST(CausalConv1D, RejectsEveryArgumentThatDoesNotFitTheTail) {
   const ConvCase cc = MakeConvCase(DType::kFloat32, 3, 5, 4, true, false);
+  const Tensor x_bf16 = Tensor::FromFloat(DType::kBFloat16, cc.x.ToFloat());
+  EXPECT_DEATH(CausalConv1D(cc.tail, x_bf16, 4, cc.weights, {}), "not in the tail's dtype");
   const Tensor wide_x(DType::kFloat32, 4, 6);
   EXPECT_DEATH(CausalConv1D(cc.tail, wide_x, 4, cc.weights, {}), "vs tail");
   EXPECT_DEATH(CausalConv1D(cc.tail, cc.x, 5, cc.weights, {}), "real_len outside");
@@ -512,14 +509,6 @@ TEST(GatedDelta, RejectsSplitsThatAreNotStrictlyInsideTheRealPrefix) {
   EXPECT_DEATH(GatedDeltaSegmented(state, inputs, 4, params, {0}), "strictly ascending");
 }
 
-TEST(GatedDelta, RejectsValueHeadsThatAreNotAMultipleOfKeyHeads) {
-  Rng rng = Rng::Derive(kSeed, "gdn-death-heads");
-  const GdnParams params = MakeParams(Dims(2, 3, 4, 4), rng);
-  const GdnInputs inputs = MakeInputs(params.dims, rng, 2);
-  const MatF state = MatF::Zero(params.dims.delta_rows(), params.dims.head_k_dim);
-  EXPECT_DEATH(GatedDelta(state, inputs, 2, params, {}), "multiple of Hk");
-}
-
 // Every argument of the scan is checked against the dims before the first step, each with
 // its own message: a caller's shape slip must abort, never read past a row.
 TEST(GatedDelta, RejectsEveryArgumentThatDoesNotFitTheDims) {
@@ -552,6 +541,10 @@ TEST(GatedDelta, RejectsEveryArgumentThatDoesNotFitTheDims) {
     GdnParams no_dk = params;
     no_dk.dims.head_k_dim = 0;
     EXPECT_DEATH(scan(MatF::Zero(state.rows(), 0), inputs, 3, no_dk, {}), "must be positive");
+    const GdnParams odd = MakeParams(Dims(2, 3, 4, 4), rng);  // Hv not a multiple of Hk
+    EXPECT_DEATH(scan(MatF::Zero(odd.dims.delta_rows(), odd.dims.head_k_dim),
+                      MakeInputs(odd.dims, rng, 2), 2, odd, {}),
+                 "multiple of Hk");
   }
 }
 
