@@ -731,14 +731,17 @@ TEST(ApplyRotating, EveryPrefillMaskInPlaceMatchesTheMaterializedWindow) {
   const float values[] = {
       0.0f, -0.0f, 1.5f, -2.0f, -kInf, kInf, std::numeric_limits<float>::quiet_NaN()};
   VisibleSet in_place, materialized, formula;
-  int64_t blocked = 0, rects = 0, arrays = 0, refused = 0;
+  int64_t blocked = 0, rects = 0, many_rects = 0, arrays = 0, refused = 0;
   for (int trial = 0; trial < 6000; ++trial) {
     const auto [window, query_len, offset, key_len] = DrawPrefill(rng);
     AttentionMask mask = rng.Chance(1, 4) ? AttentionMask::Zero() : AttentionMask::Causal();
     if (mask.causal() && rng.Chance(2, 3)) {
       std::vector<RelaxRect> r;
       const int64_t end = offset + query_len + 2;
-      for (uint64_t i = 0, n = 1 + rng.Below(3); i < n; ++i) {
+      // A few rectangles, or (a third of the time) more open ranges per query than
+      // FiniteCellsOf keeps on the stack (8: one for causal, seven rectangles).
+      const uint64_t n = rng.Chance(1, 3) ? 8 + rng.Below(8) : 1 + rng.Below(3);
+      for (uint64_t i = 0; i < n; ++i) {
         const int64_t q_lo = rng.Range(0, end), k_lo = rng.Range(0, end);
         r.push_back(RelaxRect{q_lo, rng.Range(q_lo, end), k_lo, rng.Range(k_lo, end)});
       }
@@ -786,10 +789,12 @@ TEST(ApplyRotating, EveryPrefillMaskInPlaceMatchesTheMaterializedWindow) {
     ASSERT_EQ(in_place.ranges, formula.ranges) << where;
     blocked += !sliding.IsZero();
     rects += !mask.rects().empty();
+    many_rects += mask.causal() && mask.rects().size() >= 8;
     arrays += mask.array().has_value();
   }
   EXPECT_GT(blocked, 1000);
   EXPECT_GT(rects, 1000);
+  EXPECT_GT(many_rects, 50);  // Relax merges overlapping rectangles
   EXPECT_GT(arrays, 1000);
   EXPECT_GT(refused, 100);
 }

@@ -414,5 +414,25 @@ TEST(SpeculationDeathTest, LiveRecurrentUsedDirectlyDuringSpeculationAbortsTheCo
       "used directly during a speculation");
 }
 
+// A committed recurrent wrapper refuses further forwards, as the attention wrappers refuse
+// writes: Speculation's own committed flag only guards Commit, and a caller still holding
+// the wrapper could otherwise run a forward whose state the commit never sees. Alone on its
+// stack, so no other layer's check fires first.
+TEST(SpeculationDeathTest, ForwardThroughACommittedRecurrentWrapperAborts) {
+  for (const int64_t prefix : {int64_t{0}, int64_t{5}}) {
+    EXPECT_DEATH(
+        {
+          RecurrentCache live(specfx::Dims());
+          Prefill(live, K(), prefix);
+          Speculation spec = Begin({&live});
+          Forward(Rec(spec, 0), K(), 2);
+          spec.Commit(1);
+          Forward(Rec(spec, 0), K(), 1);
+        },
+        "forward through a committed speculation")
+        << "prefix " << prefix;
+  }
+}
+
 }  // namespace
 }  // namespace kvtwin
