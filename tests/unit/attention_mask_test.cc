@@ -113,12 +113,15 @@ TEST(AttentionMask, NoOpRectanglesLeaveThePureCausalMask) {
       {2, 2, 0, 3},  // empty in q
       {0, 3, 2, 2},  // empty in k
       {5, 7, 0, 3},  // fully inside the causal triangle: k_hi - 1 <= q_lo
+      {5, 7, 0, 6},  // on its edge: the last key column, 5, is the first query's own
   };
   for (const RelaxRect& r : no_ops) {
     const AttentionMask m = Relaxed(AttentionMask::Causal(), {r});
     EXPECT_TRUE(m.IsPureCausal());
     ExpectSameMask(m.AsArray(0, 4, 6), CausalReference(0, 4, 6));
   }
+  // One key column further reopens (q 5, k 6): kept.
+  EXPECT_FALSE(Relaxed(AttentionMask::Causal(), {{5, 7, 0, 7}}).IsPureCausal());
 }
 
 TEST(AttentionMask, RelaxMaterializesReopenedCells) {
