@@ -723,6 +723,38 @@ TEST(ApplyRotating, CausalPrefillInPlaceMatchesTheMaterializedWindow) {
   EXPECT_GT(blocked, 500);
 }
 
+// FiniteCellsOf keeps a query's open ranges on the stack up to 8 (the causal prefix and
+// seven rectangles) and on the heap beyond: every rectangle open for the same query, at
+// and around that capacity, one key column each past the causal frontier. Both stores must
+// hold exactly the ranges they are sized for (the asan preset sees a write one past either).
+TEST(ApplyRotating, EveryRectangleOpenForOneQueryAtTheInlineCapacity) {
+  constexpr int64_t kLen = 16;  // one prefill over a fresh ring as wide as it: nothing hidden
+  for (const int64_t n : {6, 7, 8, 9, 13}) {
+    std::vector<RelaxRect> rects;
+    for (int64_t i = 0; i < n; ++i) rects.push_back(RelaxRect{0, 1, 1 + i, 2 + i});
+    const AttentionMask mask = Relaxed(AttentionMask::Causal(), rects);
+    ASSERT_EQ(mask.rects().size(), static_cast<size_t>(n));
+    PlainHistory hist(kLen);
+    hist.h.has_applier = true;
+    hist.h.applier = {kLen, kLen, kLen, 0};
+    VisibleSet in_place, materialized;
+    ASSERT_TRUE(VisibleRowsInto(hist.h, mask, 0, kLen, in_place).ok());
+    ASSERT_TRUE(MaterializedVisibleRowsInto(hist.h, mask, 0, kLen, materialized).ok());
+    EXPECT_EQ(in_place.begin, materialized.begin) << n;
+    EXPECT_EQ(in_place.ranges, materialized.ranges) << n;
+    ASSERT_EQ(in_place.queries(), kLen);
+    // Query 0 sees itself and the n reopened keys; every later query its causal prefix.
+    EXPECT_EQ(std::vector<RowRange>(in_place.Of(0).begin(), in_place.Of(0).end()),
+              (std::vector<RowRange>{{0, 1 + n}}))
+        << n;
+    for (int64_t q = 1; q < kLen; ++q) {
+      EXPECT_EQ(std::vector<RowRange>(in_place.Of(q).begin(), in_place.Of(q).end()),
+                (std::vector<RowRange>{{0, q + 1}}))
+          << n << " q " << q;
+    }
+  }
+}
+
 // Every other mask on a rotating prefill resolves in place too, the window as a per-query
 // floor under FiniteCellsOf: zero, causal with rectangles, arrays of every broadcast shape
 // (with or without causal and rectangles) holding -inf, +inf, NaN and -0. Held to two
