@@ -637,6 +637,22 @@ TEST(Sdpa, QueryThatSeesNoRowGetsZeros) {
   ExpectSameMask(*out, MatF::Zero(1, 3));
 }
 
+// An empty history may come without tensors (History's defaults): every query sees no row
+// and gets a zero row, no tensor is read. And with tensors, whose rows are all stale.
+TEST(Sdpa, EmptyHistoryGivesZeroRowsWithOrWithoutTensors) {
+  const History bare;
+  const Result<MatF> none = Sdpa(MatF::Ones(2, 3), bare, AttentionMask::Causal(), 0, 1.0f);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->rows(), 2);
+  EXPECT_EQ(none->cols(), 0);
+  Tensor k = Tensor::FromFloat(DType::kFloat32, MatF::Ones(4, 3));
+  Tensor v = Tensor::FromFloat(DType::kFloat32, MatF::Ones(4, 2));
+  const History stale{&k, &v, 0, false, {}};
+  const Result<MatF> zeros = Sdpa(MatF::Ones(2, 3), stale, AttentionMask::Zero(), 0, 1.0f);
+  ASSERT_TRUE(zeros.ok());
+  ExpectSameMask(*zeros, MatF::Zero(2, 2));
+}
+
 TEST(Sdpa, QueryWidthMismatchIsAnError) {
   Tensor k = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 2));
   Tensor v = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 2));
