@@ -29,9 +29,8 @@ class CaptureSchedule {
 
   bool active() const { return active_; }
   int64_t base() const { return base_; }
-  const std::vector<int64_t>& offsets() const { return offsets_; }
 
-  // Scheduled offsets o with start <= o <= end, ascending: a view of offsets(), valid until
+  // Scheduled offsets o with start <= o <= end, ascending: a view of the schedule, valid until
   // the next Prepare, Take or Reset (CaptureReached leaves it valid). A view and not a copy:
   // every write of a cache with an active schedule asks.
   std::span<const int64_t> ScheduledIn(int64_t start, int64_t end) const;
