@@ -94,6 +94,14 @@ void RunStep(CausalCache& cache, const Step& s, const RowFn& row = TokenRow) {
     EXPECT_EQ(AsRows(cache.VRow(cell)), AsRows(view.v.Rows(cell - view.range_begin, 1)));
     cache.VRowInto(cell, reused);
     EXPECT_TRUE(reused.Equals(cache.VRow(cell))) << "cell " << cell;
+    // A buffer of another shape or dtype is reshaped, never written at its own shape.
+    const CausalConfig& c = cache.config();
+    const DType other = c.dtype == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
+    for (Tensor wrong : {Tensor(c.dtype, 1, c.kv_cols + 1), Tensor(c.dtype, 2, c.kv_cols),
+                         Tensor(other, 1, c.kv_cols)}) {
+      cache.VRowInto(cell, wrong);
+      EXPECT_TRUE(wrong.Equals(cache.VRow(cell))) << "cell " << cell;
+    }
   }
   EXPECT_EQ(MaskStrings(view), s.mask);
 }
