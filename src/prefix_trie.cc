@@ -211,7 +211,9 @@ void PrefixTrie::MergeWithChild(TrieNode* node) {
                                             std::to_string(node->children_.size()));
   std::unique_ptr<TrieNode> child = std::move(node->children_.front());
   node->children_.clear();
-  UnindexChild(node, child->edge_.front(), child.get());
+  // A node keeps an index only above kScanChildren children (IndexChild, UnindexChild), so
+  // a one-child node has none to update; the child's own index moves up below.
+  KV_CHECK(node->index_ == nullptr, "a one-child node keeps a child index");
   --num_nodes_;
 
   if (node->HasSnapshots() || child->HasSnapshots()) {
