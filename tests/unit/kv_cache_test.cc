@@ -421,9 +421,13 @@ TEST(KvCacheDeathTest, MergeOfNonAdjacentSnapshotsAborts) {
 TEST(KvCacheDeathTest, WriteWithADifferentDtypeOrWidthAborts) {
   KvCache cache;
   WriteSingles(cache, 2);
-  EXPECT_DEATH(cache.Update(Keys({3}, DType::kBFloat16), Values({3}, DType::kBFloat16)), "dtype");
-  EXPECT_DEATH(cache.Update(Rows({3}, kKeyCols + 1, 1.0f, DType::kFloat32), Values({3})), "column");
-  EXPECT_DEATH(cache.Update(Keys({3, 4}), Values({3})), "row count");
+  EXPECT_DEATH(cache.Update(Keys({3}, DType::kBFloat16), Values({3})), "KV write dtype differs");
+  EXPECT_DEATH(cache.Update(Keys({3}), Values({3}, DType::kBFloat16)), "KV write dtype differs");
+  EXPECT_DEATH(cache.Update(Rows({3}, kKeyCols + 1, 1.0f, DType::kFloat32), Values({3})),
+               "KV write column count differs");
+  EXPECT_DEATH(cache.Update(Keys({3}), Rows({3}, kValueCols - 1, -1.0f, DType::kFloat32)),
+               "KV write column count differs");
+  EXPECT_DEATH(cache.Update(Keys({3, 4}), Values({3})), "same row count");
 }
 
 TEST(KvCache, FirstWriteAfterFreeMaySetANewDtype) {

@@ -607,10 +607,32 @@ TEST(RotatingCache, Bf16WindowRoundTripsThroughSnapshotBitExactly) {
   }
 }
 
-TEST(RotatingCacheDeathTest, WriteWithADifferentDtypeAborts) {
-  RotatingCache cache(4);
-  WriteSingles(cache, 2);
-  EXPECT_DEATH(Write(cache, {3}, DType::kBFloat16), "dtype");
+// Every write is held to the first write's dtype and widths, K and V each, and to equal
+// row counts, whether it is a single token or a batch and whether the ring has wrapped.
+// By the rotating cache's own messages: the tensor copies below would abort on some of
+// these too, later and for another reason.
+TEST(RotatingCacheDeathTest, WriteOfAnotherShapeOrDtypeAborts) {
+  const DType bf = DType::kBFloat16, f32 = DType::kFloat32;
+  for (const int64_t before : {int64_t{2}, int64_t{6}}) {  // window 4: unwrapped, wrapped
+    for (const int64_t n : {int64_t{1}, int64_t{2}}) {
+      const std::vector<float> tags = Positions(before, n);
+      const auto write = [&](int64_t k_cols, DType k_dtype, int64_t v_cols, DType v_dtype,
+                             int64_t v_rows) {
+        RotatingCache cache(4);
+        WriteSingles(cache, before);
+        cache.Update(Rows(tags, k_cols, 1.0f, k_dtype),
+                     Rows(Positions(before, v_rows), v_cols, -1.0f, v_dtype));
+      };
+      const std::string at = "before " + std::to_string(before) + " n " + std::to_string(n);
+      EXPECT_DEATH(write(kKeyCols, bf, kValueCols, f32, n), "rotating write dtype differs") << at;
+      EXPECT_DEATH(write(kKeyCols, f32, kValueCols, bf, n), "rotating write dtype differs") << at;
+      EXPECT_DEATH(write(kKeyCols + 1, f32, kValueCols, f32, n), "rotating write column count")
+          << at;
+      EXPECT_DEATH(write(kKeyCols, f32, kValueCols - 1, f32, n), "rotating write column count")
+          << at;
+      EXPECT_DEATH(write(kKeyCols, f32, kValueCols, f32, n + 1), "same row count") << at;
+    }
+  }
 }
 
 }  // namespace
