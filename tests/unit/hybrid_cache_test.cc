@@ -436,7 +436,7 @@ TEST(HybridCacheDeathTest, UpdateBeforeConvStateAborts) {
   ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{0, 0}}).ok());
   const Tensor rows = Tensor::FromFloat(DType::kFloat32, TaggedF({1}, 0));
   EXPECT_DEATH(cache.UpdateConvState(0, rows), "before a successful ConvState");
-  EXPECT_DEATH((void)cache.ConvState(kLayers), "out of range");
+  EXPECT_DEATH((void)cache.ConvState(kLayers), "conv layer [0-9]+ out of range");
 }
 
 // A failed StartForward ends the forward before it: its conv state is gone, not readable.
