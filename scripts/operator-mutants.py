@@ -23,7 +23,12 @@ only its build.
   .second, front() and back(), from() and to(), start_offset() and end_offset()) and
   += and -= flipped: the copy-paste slips the classic operators cannot write.
 
-Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N] [--family classic|swap]
+--family arith writes a third: the sign slips of index arithmetic, binary '+' and '-'
+swapped (written with spaces, so unary minus and '++' stay), '- 1' made '+ 1' and the
+reverse, and '* 2' made '/ 2': an offset counted the wrong way, a range end one past on the
+other side, a doubling halved.
+
+Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N] [--family classic|swap|arith]
                                    [--files GLOB ...]
   then MUTANTS_DIR=OUT_DIR MUTANTS_BASELINE=0 scripts/mutants.sh
 """
@@ -67,6 +72,15 @@ SWAPS = (both_ways("k", "v", r"\b({})\b", "k_", "v_") +
           ("end-to-start-offset", CALL.format("end_offset"), "start_offset")] +
          [("plus-assign-to-minus", BINARY.format(r"\+="), "-="),
           ("minus-assign-to-plus", BINARY.format("-="), "+=")])
+
+# --family arith: sign slips. A '+ 1' or '- 1' flips to the other sign rather than to the
+# other operator with the same literal, which the generic swap would also write (the two
+# are one site each, so a draw never writes both).
+ARITH = ([("plus-one-to-minus-one", r"( \+ 1)(?![0-9.])", " - 1"),
+          ("minus-one-to-plus-one", r"( - 1)(?![0-9.])", " + 1"),
+          ("plus-to-minus", r" (\+) (?!1(?![0-9.]))", "-"),
+          ("minus-to-plus", r" (-) (?!1(?![0-9.]))", "+"),
+          ("times-two-to-halve", r"( \* 2)(?![0-9.])", " / 2")])
 
 SKIP = re.compile(r"KV_CHECK|InvalidArgument|OutOfRange|FailedPrecondition|ResourceExhausted|"
                   r"NotFound|Unavailable|Status\(|static_assert|std::to_string|ShapeString")
@@ -148,7 +162,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--files", nargs="*", default=["src/*.cc", "src/core/*.cc"])
-    ap.add_argument("--family", choices=["classic", "swap"], default="classic")
+    ap.add_argument("--family", choices=["classic", "swap", "arith"], default="classic")
     args = ap.parse_args()
     if os.path.exists(args.out_dir) and os.listdir(args.out_dir):
         sys.exit(f"operator-mutants: {args.out_dir} is not empty")
@@ -158,7 +172,10 @@ def main():
     every = []
     for path in paths:
         classic = args.family == "classic"
-        lines, found = sites(path, OPERATORS if classic else SWAPS, statements=classic)
+        operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH}[args.family]
+        lines, found = sites(path, operators, statements=classic)
+        if args.family == "arith":  # '-' between strings does not compile: not a bug
+            found = [f for f in found if '"' not in lines[f[0]] and "to_string" not in lines[f[0]]]
         every += [(os.path.relpath(path, ROOT), lines, s) for s in found]
     rng = random.Random(args.seed)
     chosen = rng.sample(every, args.count) if 0 < args.count < len(every) else every
