@@ -627,6 +627,20 @@ TEST(Sdpa, MatchesAHandComputedSoftmaxWithAdditiveBias) {
   EXPECT_NEAR((*out)(0, 1), 10.0 * (1.0 - w0), 1e-5);
 }
 
+// The softmax subtracts the largest score first, so scores far past float's exp range
+// (e^89 overflows) still give the exact weights; without it they give inf / inf = NaN.
+TEST(Sdpa, ScoresPastExpsRangeStillGiveTheSoftmax) {
+  Tensor k = Tensor::FromFloat(DType::kFloat32, (MatF(2, 1) << 100, 110).finished());
+  Tensor v = Tensor::FromFloat(DType::kFloat32, (MatF(2, 2) << 10, 0, 0, 10).finished());
+  const History h{&k, &v, 2, false, {}};
+  const Result<MatF> out = Sdpa((MatF(1, 1) << 1).finished(), h, AttentionMask::Zero(), 1, 1.0f);
+  ASSERT_TRUE(out.ok());
+  // scores 100 and 110: weights e^-10 / (1 + e^-10) and 1 / (1 + e^-10).
+  const double w0 = std::exp(-10.0) / (1.0 + std::exp(-10.0));
+  EXPECT_NEAR((*out)(0, 0), 10.0 * w0, 1e-5);
+  EXPECT_NEAR((*out)(0, 1), 10.0 * (1.0 - w0), 1e-5);
+}
+
 TEST(Sdpa, QueryThatSeesNoRowGetsZeros) {
   Tensor k = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 2));
   Tensor v = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 3));
