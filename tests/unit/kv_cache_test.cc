@@ -190,6 +190,22 @@ TEST(KvCache, CapacityGrowsInMultiplesOf256AndKeepsData) {
   EXPECT_EQ(cache.LiveBytes(), 1025 * (kKeyCols + kValueCols) * 4);
 }
 
+// ceil(L / 256) * 256 at the step's edges, for a first write and for a growth from an
+// aligned offset (the simulated forwards are far shorter than a step).
+TEST(KvCache, GrowthChunkIsTheForwardRoundedUpToTheStepAtItsEdges) {
+  for (const int64_t n : {255, 256, 257, 511, 512, 513}) {
+    const int64_t chunk = (n + 255) / 256 * 256;
+    KvCache fresh;
+    Write(fresh, Positions(0, n));
+    EXPECT_EQ(fresh.Capacity(), chunk) << "first write of " << n;
+    KvCache grown;
+    Write(grown, Positions(0, 256));
+    Write(grown, Positions(256, n));
+    EXPECT_EQ(grown.Capacity(), 256 + chunk) << "write of " << n << " at 256";
+    EXPECT_EQ(LiveTags(grown), Positions(0, 256 + n));
+  }
+}
+
 TEST(KvCache, GrowthFromAnUnalignedOffsetTruncatesOnlyPadding) {
   KvCache cache;
   Write(cache, Positions(0, 10));
