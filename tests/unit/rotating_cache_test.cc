@@ -88,6 +88,29 @@ const RotatingSnapshot& AsRotating(const SnapshotPtr& snap) {
 
 // --- spec §6.1 -----------------------------------------------------------------------
 
+// Every tail length in every regime: R1 (offset <= W), R2 (wrapped, the cursor anywhere in
+// the ring) and R3 (oversize after a batch). The speculation wrappers ask for the whole
+// window only, so shorter tails of a wrapped ring are held here.
+TEST(RotatingCache, LogicalTailIsTheNewestTokensOldestFirstInEveryRegime) {
+  const int64_t w = 4;
+  for (const int64_t offset : {2, 4, 5, 6, 7, 8, 11}) {
+    for (const bool batch : {false, true}) {
+      RotatingCache cache(w);
+      if (batch) {
+        WriteBatch(cache, offset);  // oversize (R3) once offset > W
+      } else {
+        WriteSingles(cache, offset);  // wrapped (R2) once offset > W
+      }
+      for (int64_t count = 0; count <= std::min(offset, w); ++count) {
+        const auto [k, v] = cache.LogicalTail(count);
+        const std::vector<float> got = count == 0 ? std::vector<float>{} : Tags(k, v, 0, count);
+        EXPECT_EQ(got, Positions(offset - count, count))
+            << "offset " << offset << (batch ? " batch" : " singles") << " count " << count;
+      }
+    }
+  }
+}
+
 TEST(RotatingCache, LiveRewindOutsideTheWindowIsRefused) {
   RotatingCache cache(4);
   WriteSingles(cache, 10);
