@@ -448,5 +448,11 @@ TEST(HybridCacheDeathTest, ConvStateAfterAFailedStartForwardAborts) {
   EXPECT_DEATH((void)cache.ConvState(0), "without a successful StartForward");
 }
 
+// A fresh cache has had no forward at all.
+TEST(HybridCacheDeathTest, ConvStateBeforeAnyStartForwardAborts) {
+  HybridCache cache = Make(2);
+  EXPECT_DEATH((void)cache.ConvState(0), "without a successful StartForward");
+}
+
 }  // namespace
 }  // namespace kvtwin
