@@ -73,9 +73,8 @@ SWAPS = (both_ways("k", "v", r"\b({})\b", "k_", "v_") +
          [("plus-assign-to-minus", BINARY.format(r"\+="), "-="),
           ("minus-assign-to-plus", BINARY.format("-="), "+=")])
 
-# --family arith: sign slips. A '+ 1' or '- 1' flips to the other sign rather than to the
-# other operator with the same literal, which the generic swap would also write (the two
-# are one site each, so a draw never writes both).
+# --family arith: sign slips. The generic '+'/'-' swaps skip a literal 1 after the operator,
+# so '+ 1' and '- 1' are each one site, flipped by their own operator.
 ARITH = ([("plus-one-to-minus-one", r"( \+ 1)(?![0-9.])", " - 1"),
           ("minus-one-to-plus-one", r"( - 1)(?![0-9.])", " + 1"),
           ("plus-to-minus", r" (\+) (?!1(?![0-9.]))", "-"),
