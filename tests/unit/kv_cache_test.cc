@@ -443,7 +443,7 @@ TEST(KvCacheDeathTest, WriteWithADifferentDtypeOrWidthAborts) {
                "KV write column count differs");
   EXPECT_DEATH(cache.Update(Keys({3}), Rows({3}, kValueCols - 1, -1.0f, DType::kFloat32)),
                "KV write column count differs");
-  EXPECT_DEATH(cache.Update(Keys({3, 4}), Values({3})), "same row count");
+  EXPECT_DEATH(cache.Update(Keys({3, 4}), Values({3})), "KV write needs K and V");
 }
 
 TEST(KvCache, FirstWriteAfterFreeMaySetANewDtype) {
