@@ -29,7 +29,8 @@
 #   A full run writes tests/mutants/RESULTS.md; a subset writes scratch/RESULTS.md.
 #   Environment: MUTANTS_SOURCE=worktree (default) or head (`git archive HEAD`, for a working
 #   tree that is mid-edit), MUTANTS_FUZZ_SECONDS (per fuzz target, default 5; 0 skips the
-#   fuzz stage), MUTANTS_BASELINE=0, MUTANTS_JOBS (ninja -j, default 2), MUTANTS_DIR (the
+#   fuzz stage), MUTANTS_BASELINE=0, MUTANTS_JOBS (ninja -j, default 2), MUTANTS_MEM_MB (the
+#   address-space cap of each release check, default 4096), MUTANTS_DIR (the
 #   patches, default tests/mutants: another directory, such as the operator mutants of
 #   scripts/operator-mutants.py, is measured like a subset).
 # Exit: 0 after a measurement (survivors included), 2 on a setup error (one line).
@@ -47,6 +48,8 @@ fuzz_build="$scratch/build-fuzz"
 logs="$scratch/logs"
 jobs="${MUTANTS_JOBS:-2}"
 fuzz_seconds="${MUTANTS_FUZZ_SECONDS:-5}"
+mem_cap_mb="${MUTANTS_MEM_MB:-4096}"
+[[ "$mem_cap_mb" =~ ^[1-9][0-9]*$ ]] || die "MUTANTS_MEM_MB must be a positive number of MiB, got '$mem_cap_mb'"
 
 pattern=""
 while [ $# -gt 0 ]; do
@@ -229,7 +232,12 @@ run_check() {
   set +e
   # `; exit` keeps the subshell from exec'ing timeout, so an abort's "Aborted" line goes
   # to the log, not to this script's stderr.
-  (cd "$tree" && timeout "$(timeout_of "${check_stages[$1]}")" bash -c "${check_cmds[$1]}"; exit) \
+  # The release checks run under an address-space cap: a mutant that allocates without end
+  # (an index that never advances, a size off by a factor) fails its check in seconds with
+  # bad_alloc instead of taking the machine down before its timeout. Not the fuzz stage:
+  # ASan reserves terabytes of address space up front.
+  (cd "$tree" && { [ "${check_stages[$1]}" = fuzz ] || ulimit -v $((mem_cap_mb * 1024)); } &&
+    timeout "$(timeout_of "${check_stages[$1]}")" bash -c "${check_cmds[$1]}"; exit) \
     >"$2" 2>&1 </dev/null
   status=$?
   set -e
