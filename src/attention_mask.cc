@@ -463,8 +463,14 @@ Status SdpaInto(const MatF& q, const History& history, const AttentionMask& logi
     return InvalidArgument("Sdpa: query width " + std::to_string(q.cols()) +
                            " differs from key width " + std::to_string(history.k->cols()));
   }
+  // Only an additive array can bias a visible score: causal, rectangles and the rotating
+  // window are 0 or -inf per cell, so without an array every visible cell's bias is +0 and
+  // the rows alone say everything (scale * dot + 0.0f equals scale * dot but for the sign
+  // of a zero, which exp cannot see). Resolving them in place spares an L x K array per
+  // forward: a rotating prefill's window, or a relaxed causal mask.
+  const bool want_bias = logical.array().has_value();
   Result<std::optional<MatF>> bias =
-      Resolve(history, logical, offset, q.rows(), scratch.visible, /*want_bias=*/true);
+      Resolve(history, logical, offset, q.rows(), scratch.visible, want_bias);
   if (!bias.ok()) return bias.status();
   out.setZero(q.rows(), history.v != nullptr ? history.v->cols() : 0);
   if (history.length == 0) return Status::Ok();

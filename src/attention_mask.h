@@ -102,8 +102,8 @@ Status MaterializedVisibleRowsInto(const History& history, const AttentionMask& 
 Result<MatF> Sdpa(const MatF& q, const History& history, const AttentionMask& logical,
                   int64_t offset, float scale);
 // Sdpa's buffers, kept by a caller that runs it often (the simulator's attention check), so
-// that a call allocates nothing once they have grown; only a mask that must be materialized
-// still is.
+// that a call allocates nothing once they have grown; only a mask with an additive array
+// (its values bias the scores) or a relaxed decode over a rotating ring is still materialized.
 struct SdpaScratch {
   VisibleSet visible;
   MatF keys, values;

@@ -3,9 +3,9 @@
 // leaves more allocated than it found is run again and then searched for leaks. Before the
 // layer targets cleared their driver after each input, the state an input built was freed
 // only by the next input's Reset, so any input that ended with more held than the previous
-// one looked leaky. Counted here the same way, by interposing the C allocator (this test is
-// its own executable, so nothing else sees the counting); sanitizer builds own the allocator
-// and skip it.
+// one looked leaky. Counted here the same way, by interposing the C allocator
+// (tests/unit/malloc_counter.h; this test is its own executable, so nothing else sees the
+// counting); sanitizer builds own the allocator and skip it.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -15,80 +15,19 @@
 
 #include "sim/fuzz_input.h"
 #include "tests/sim/fuzz_corpus.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define KVTWIN_COUNTS_MALLOC 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer) || \
-    __has_feature(thread_sanitizer)
-#define KVTWIN_COUNTS_MALLOC 0
-#endif
-#endif
-#ifndef KVTWIN_COUNTS_MALLOC
-#define KVTWIN_COUNTS_MALLOC 1
-#endif
-
-namespace {
-
-bool counting = false;
-int64_t mallocs = 0, frees = 0;
-
-}  // namespace
-
-#if KVTWIN_COUNTS_MALLOC
-// glibc's own entry points, which its malloc and free call too.
-extern "C" void* __libc_malloc(size_t size);
-extern "C" void* __libc_calloc(size_t n, size_t size);
-extern "C" void* __libc_realloc(void* p, size_t size);
-extern "C" void* __libc_memalign(size_t alignment, size_t size);
-extern "C" void __libc_free(void* p);
-
-extern "C" void* malloc(size_t size) {
-  if (counting) ++mallocs;
-  return __libc_malloc(size);
-}
-extern "C" void* calloc(size_t n, size_t size) {
-  if (counting) ++mallocs;
-  return __libc_calloc(n, size);
-}
-extern "C" void* realloc(void* p, size_t size) {
-  // Only the two ends count: a realloc that grows or moves a block is one malloc and one
-  // free, so it leaves the balance as it was.
-  if (counting && p == nullptr) ++mallocs;
-  if (counting && p != nullptr && size == 0) ++frees;
-  return __libc_realloc(p, size);
-}
-extern "C" void* aligned_alloc(size_t alignment, size_t size) {
-  if (counting) ++mallocs;
-  return __libc_memalign(alignment, size);
-}
-extern "C" int posix_memalign(void** out, size_t alignment, size_t size) {
-  if (counting) ++mallocs;
-  *out = __libc_memalign(alignment, size);
-  return *out != nullptr || size == 0 ? 0 : 12;  // ENOMEM
-}
-extern "C" void free(void* p) {
-  if (counting && p != nullptr) ++frees;
-  __libc_free(p);
-}
-#endif
+#include "tests/unit/malloc_counter.h"
 
 namespace kvtwin::sim {
 namespace {
 
+using Counts = alloc_count::AllocCounts;
+
 // Counts one execution the way libFuzzer's MallocFreeTracer does.
-struct Counts {
-  int64_t mallocs, frees;
-};
 Counts Execute(FuzzSession& session, const Bytes& input) {
-  mallocs = frees = 0;
-  counting = true;
-  {
+  return alloc_count::CountAllocations([&] {
     const FuzzRun run = session.Run(input.data(), input.size(), /*record_trace=*/false);
     EXPECT_FALSE(run.divergence.has_value()) << *run.divergence;
-  }
-  counting = false;
-  return {mallocs, frees};
+  });
 }
 
 // Per input, run as the fuzzer would after another input: its header alone (fresh caches,

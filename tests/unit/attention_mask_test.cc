@@ -864,5 +864,63 @@ TEST(ApplyRotating, EveryPrefillMaskInPlaceMatchesTheMaterializedWindow) {
   EXPECT_GT(refused, 100);
 }
 
+// A history whose K and V rows are distinct draws, so a wrong row set or order shows in
+// the output; with `window` > 0 it is a rotating prefill's (logical order, L queries).
+struct DrawnHistory {
+  DrawnHistory(Rng& rng, int64_t rows, int64_t query_len, int64_t window)
+      : k(DType::kFloat32, rows, 3), v(DType::kFloat32, rows, 2) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < 3; ++c) k.Set(r, c, Draw(rng));
+      for (int64_t c = 0; c < 2; ++c) v.Set(r, c, Draw(rng));
+    }
+    h = {&k, &v, rows, window > 0, {rows, query_len, window, 0}};
+  }
+  static float Draw(Rng& rng) { return static_cast<float>(rng.Below(2001)) / 1000.0f - 1.0f; }
+  Tensor k, v;
+  History h;
+};
+
+// Without an additive array Sdpa resolves the rows in place, with no L x K bias (causal,
+// rectangles and the window are 0 or -inf per cell). Adding an all-zero [L x K] array to
+// the same mask sends it down the materialized path, whose bias is +0 on every visible
+// cell: the outputs must be equal bit for bit, over plain and rotating-prefill histories.
+TEST(Sdpa, WithoutAnArrayTheInPlaceRowsGiveTheMaterializedResult) {
+  Rng rng(20261128);
+  int compared = 0;
+  for (int round = 0; round < 300; ++round) {
+    const int64_t query_len = 1 + static_cast<int64_t>(rng.Below(7));
+    const int64_t window = rng.Below(3) == 0 ? 0 : 1 + static_cast<int64_t>(rng.Below(6));
+    const int64_t old_rows = window > 0 ? std::min<int64_t>(window - 1, 4)
+                                        : static_cast<int64_t>(rng.Below(6));
+    const int64_t key_len = old_rows + query_len;
+    const int64_t offset = old_rows + static_cast<int64_t>(rng.Below(4));
+    std::vector<RelaxRect> rects;
+    for (uint64_t n = rng.Below(4); n > 0; --n) {
+      const int64_t q_lo = offset + static_cast<int64_t>(rng.Below(query_len));
+      const int64_t k_lo = offset - old_rows + static_cast<int64_t>(rng.Below(key_len));
+      rects.push_back({q_lo, q_lo + 1 + static_cast<int64_t>(rng.Below(3)), k_lo,
+                       k_lo + 1 + static_cast<int64_t>(rng.Below(4))});
+    }
+    const AttentionMask mask =
+        rng.Below(4) == 0 ? AttentionMask::Zero() : Relaxed(AttentionMask::Causal(), rects);
+    const AttentionMask with_zeros =
+        AttentionMask::Intersect(mask, AttentionMask::Array(MatF::Zero(query_len, key_len)));
+    DrawnHistory hist(rng, key_len, query_len, window);
+    MatF q(query_len, 3);
+    for (int64_t i = 0; i < q.size(); ++i) q.data()[i] = DrawnHistory::Draw(rng);
+    const Result<MatF> in_place = Sdpa(q, hist.h, mask, offset, 0.7f);
+    const Result<MatF> materialized = Sdpa(q, hist.h, with_zeros, offset, 0.7f);
+    ASSERT_TRUE(in_place.ok() && materialized.ok()) << "round " << round;
+    ASSERT_EQ(in_place->rows(), materialized->rows());
+    for (int64_t i = 0; i < in_place->size(); ++i) {
+      ASSERT_EQ(in_place->data()[i], materialized->data()[i])
+          << "round " << round << " L " << query_len << " K " << key_len << " W " << window
+          << " offset " << offset << " rects " << rects.size() << " element " << i;
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 300);
+}
+
 }  // namespace
 }  // namespace kvtwin
