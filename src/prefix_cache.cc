@@ -93,7 +93,8 @@ Result<BeginReport> PrefixCache::Begin(std::span<const int32_t> inputs) {
   cached_ = prefix;
   inputs_.assign(inputs.begin(), inputs.end());
   outputs_.clear();
-  pending_.clear();
+  // Attach and Close (EndSession) drain the pending captures; no other path ends a session.
+  KV_CHECK(pending_.empty(), "a session began with pending captures");
   // Branch point: a later prompt diverging here can restore instead of re-evaluating.
   if (prefix < match.matched) pending_.push_back({match.matched, false});
 
