@@ -28,7 +28,13 @@ swapped (written with spaces, so unary minus and '++' stay), '- 1' made '+ 1' an
 reverse, and '* 2' made '/ 2': an offset counted the wrong way, a range end one past on the
 other side, a doubling halved.
 
-Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N] [--family classic|swap|arith]
+--family args writes a fourth: two adjacent arguments of one call swapped, where both are
+plain expressions (no braces, no template brackets) and differ: a (row, count) pair, a
+(dst, src) pair or a constructor's (rows, cols) passed in the wrong order, which compiles
+whenever the two have one type. Calls whose arguments commute (std::min, std::max,
+std::swap) are skipped.
+
+Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N] [--family classic|swap|arith|args]
                                    [--files GLOB ...]
   then MUTANTS_DIR=OUT_DIR MUTANTS_BASELINE=0 scripts/mutants.sh
 """
@@ -126,6 +132,12 @@ def sites(path, operators, statements):
         if not stripped or stripped.startswith(("//", "#")) or SKIP.search(line):
             continue
         code = code_part(line)
+        if operators == "args":
+            # Spans index `code`, whose literals are blanked; the line without literals
+            # to move is the line itself.
+            if code.rstrip() == line.rstrip():
+                found += [(n, name, a, b, r) for name, a, b, r in arg_sites(code)]
+            continue
         for name, pattern, repl in operators:
             for m in re.finditer(pattern, code):
                 found.append((n, name, m.start(1), m.end(1), repl))
@@ -135,6 +147,71 @@ def sites(path, operators, statements):
                 prev.endswith((";", "{", "}"))):
             found.append((n, "delete-statement", 0, len(line), None))
     return lines, found
+
+
+PARAMETER = re.compile(r"^(const\s+)?[\w:]+(<[^()]*>)?\s*[&*]*\s+[&*]*\w+$")
+KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype",
+            "static_cast", "reinterpret_cast", "const_cast", "catch", "defined"}
+COMMUTING = re.compile(r"(std::)?(min|max|swap)$")
+CALL_OPEN = re.compile(r"([A-Za-z_][\w:]*)\s*\(")
+
+
+def top_level_args(code, open_at):
+    """The arguments of the call whose '(' is at open_at, as (start, end) spans of `code`
+    with their surrounding spaces trimmed, or None if the call does not close on this line."""
+    depth, start, spans = 0, open_at + 1, []
+    for i in range(open_at, len(code)):
+        c = code[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                spans.append((start, i))
+                break
+        elif c == "," and depth == 1:
+            spans.append((start, i))
+            start = i + 1
+    else:
+        return None
+    trimmed = []
+    for a, b in spans:
+        while a < b and code[a] == " ":
+            a += 1
+        while b > a and code[b - 1] == " ":
+            b -= 1
+        trimmed.append((a, b))
+    return trimmed
+
+
+def plain(text):
+    """An argument the swap can move as it is: no braces, lambdas or template brackets."""
+    if not text or any(c in text for c in "{}[]\"'"):
+        return False
+    # '<' and '>' only as binary operators (written between spaces), never as brackets.
+    return not re.search(r"[^ ]<|<[^ =]|[^ -]>|>[^ =]", text)
+
+
+def arg_sites(code):
+    """(name, start, end, replacement) for every adjacent pair of plain, different
+    arguments of a call on this line."""
+    found = []
+    for m in CALL_OPEN.finditer(code):
+        name = m.group(1)
+        if name in KEYWORDS or COMMUTING.search(name):
+            continue
+        spans = top_level_args(code, m.end() - 1)
+        if spans is None or len(spans) < 2:
+            continue
+        # A parameter list (a definition), not a call: swapping it changes a signature.
+        if any(PARAMETER.match(code[a:b]) for a, b in spans):
+            continue
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            x, y = code[a0:a1], code[b0:b1]
+            if x == y or not plain(x) or not plain(y):
+                continue
+            found.append((f"swap-args-{len(found) + 1}", a0, b1, y + code[a1:b0] + x))
+    return found
 
 
 def patch_text(rel, lines, site):
@@ -161,7 +238,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--files", nargs="*", default=["src/*.cc", "src/core/*.cc"])
-    ap.add_argument("--family", choices=["classic", "swap", "arith"], default="classic")
+    ap.add_argument("--family", choices=["classic", "swap", "arith", "args"], default="classic")
     args = ap.parse_args()
     if os.path.exists(args.out_dir) and os.listdir(args.out_dir):
         sys.exit(f"operator-mutants: {args.out_dir} is not empty")
@@ -171,7 +248,7 @@ def main():
     every = []
     for path in paths:
         classic = args.family == "classic"
-        operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH}[args.family]
+        operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH, "args": "args"}[args.family]
         lines, found = sites(path, operators, statements=classic)
         if args.family == "arith":  # '-' between strings does not compile: not a bug
             found = [f for f in found if '"' not in lines[f[0]] and "to_string" not in lines[f[0]]]
