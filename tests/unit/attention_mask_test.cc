@@ -890,8 +890,8 @@ TEST(Sdpa, WithoutAnArrayTheInPlaceRowsGiveTheMaterializedResult) {
   for (int round = 0; round < 300; ++round) {
     const int64_t query_len = 1 + static_cast<int64_t>(rng.Below(7));
     const int64_t window = rng.Below(3) == 0 ? 0 : 1 + static_cast<int64_t>(rng.Below(6));
-    const int64_t old_rows = window > 0 ? std::min<int64_t>(window - 1, 4)
-                                        : static_cast<int64_t>(rng.Below(6));
+    const int64_t old_rows =
+        window > 0 ? std::min<int64_t>(window - 1, 4) : static_cast<int64_t>(rng.Below(6));
     const int64_t key_len = old_rows + query_len;
     const int64_t offset = old_rows + static_cast<int64_t>(rng.Below(4));
     std::vector<RelaxRect> rects;

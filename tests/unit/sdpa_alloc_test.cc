@@ -29,9 +29,9 @@ TEST(SdpaAllocations, ArrayFreeMasksAllocateNothingOnceTheScratchHasGrown) {
       {{kOffset, kOffset + 2, kOffset + 2, kOffset + 5}, {kOffset + 4, kOffset + 6, 0, kOffset}});
   ASSERT_TRUE(relaxed.ok());
   const std::vector<Case> cases = {
-      {"causal", AttentionMask::Causal(), 0},      {"relaxed", *relaxed, 0},
-      {"zero", AttentionMask::Zero(), 0},          {"rotating causal", AttentionMask::Causal(), 4},
-      {"rotating relaxed", *relaxed, 4},           {"rotating zero", AttentionMask::Zero(), 4},
+      {"causal", AttentionMask::Causal(), 0}, {"relaxed", *relaxed, 0},
+      {"zero", AttentionMask::Zero(), 0},     {"rotating causal", AttentionMask::Causal(), 4},
+      {"rotating relaxed", *relaxed, 4},      {"rotating zero", AttentionMask::Zero(), 4},
   };
   Tensor k(DType::kFloat32, kKeys, 2), v(DType::kFloat32, kKeys, 3);
   for (int64_t r = 0; r < kKeys; ++r) {
@@ -45,9 +45,8 @@ TEST(SdpaAllocations, ArrayFreeMasksAllocateNothingOnceTheScratchHasGrown) {
     SdpaScratch scratch;
     MatF out;
     ASSERT_TRUE(SdpaInto(q, h, c.mask, kOffset, 1.0f, scratch, out).ok()) << c.name;
-    const alloc_count::AllocCounts counts = alloc_count::CountAllocations([&] {
-      EXPECT_TRUE(SdpaInto(q, h, c.mask, kOffset, 1.0f, scratch, out).ok()) << c.name;
-    });
+    const alloc_count::AllocCounts counts = alloc_count::CountAllocations(
+        [&] { EXPECT_TRUE(SdpaInto(q, h, c.mask, kOffset, 1.0f, scratch, out).ok()) << c.name; });
     EXPECT_EQ(counts.mallocs, 0) << c.name;
   }
   // The counter itself: a mask with an array is materialized, so this call must count.
