@@ -413,7 +413,14 @@ Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const Attent
                                     int64_t offset) {
   KV_CHECK(applier.query_len >= 1 && applier.key_len >= 0, "malformed rotating applier");
   if (applier.query_len > 1) {
-    // Prefill: the buffer is in logical order, so the window is an ordinary array mask.
+    // Prefill: the buffer is in logical order, so the window is an ordinary array mask. A
+    // caller's array that does not broadcast to [L x K] is refused here, as the dispatch
+    // refuses it without an applier; Intersect would abort on it whenever the window hides
+    // a key.
+    const std::optional<MatF>& array = logical.array();
+    if (array.has_value() && !BroadcastsTo(*array, applier.query_len, applier.key_len)) {
+      return DoesNotBroadcast(*array, applier.query_len, applier.key_len);
+    }
     return AttentionMask::Intersect(
         logical, SlidingWindowMask(offset, applier.query_len, applier.key_len, applier.window));
   }

@@ -54,8 +54,8 @@ class AttentionMask {
 AttentionMask SlidingWindowMask(int64_t offset, int64_t query_len, int64_t key_len, int64_t window);
 
 // The rotating applier (spec §2.5): decode/View (query_len 1) rotates a materialized mask
-// into ring order; prefill intersects with the sliding window. Error: an array mask whose
-// K width is neither 1 nor key_len.
+// into ring order; prefill intersects with the sliding window. Errors: a decode's array mask
+// whose K width is neither 1 nor key_len, or a prefill's that does not broadcast to [L x K].
 Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const AttentionMask& logical,
                                     int64_t offset);
 

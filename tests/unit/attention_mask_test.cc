@@ -606,11 +606,34 @@ RC_GTEST_PROP(AttentionMask, IntersectOfRelaxedMasksMatchesTheCellByCellIntersec
   RC_ASSERT(*rows == want_rows);
 }
 
-TEST(VisibleRows, ArrayThatDoesNotBroadcastIsAnError) {
-  const PlainHistory hist(4);
-  const auto rows = VisibleRows(hist.h, AttentionMask::Array(MatF::Zero(3, 4)), 0, 2);
+// The refusal names the array's shape and the [L x K] it failed to reach, in that order, on
+// every path of the dispatch: in place, materialized and SDPA, over a plain history and a
+// rotating prefill's (whose window is resolved in place), for a pure array and a causal one.
+TEST(VisibleRows, ArrayThatDoesNotBroadcastIsAnErrorNamingBothShapes) {
+  PlainHistory plain(4);
+  PlainHistory rotating(4);
+  rotating.h.has_applier = true;
+  rotating.h.applier = {4, 2, 3, 0};  // K 4, L 2, W 3: a prefill in logical order
+  const AttentionMask pure = AttentionMask::Array(MatF::Zero(3, 4));
+  const AttentionMask causal = AttentionMask::Intersect(AttentionMask::Causal(), pure);
+  const std::string want = "mask array [3 x 4] does not broadcast to [2 x 4]";
+  VisibleSet set;
+  SdpaScratch scratch;
+  MatF out;
+  for (const History* h : {&plain.h, &rotating.h}) {
+    for (const AttentionMask* mask : {&pure, &causal}) {
+      const Status statuses[] = {VisibleRowsInto(*h, *mask, 2, 2, set),
+                                 MaterializedVisibleRowsInto(*h, *mask, 2, 2, set),
+                                 SdpaInto(MatF::Ones(2, 2), *h, *mask, 2, 1.0f, scratch, out)};
+      for (const Status& s : statuses) {
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+        EXPECT_EQ(s.message(), want) << (h->has_applier ? "rotating" : "plain");
+      }
+    }
+  }
+  const auto rows = VisibleRows(plain.h, pure, 0, 2);
   ASSERT_FALSE(rows.ok());
-  EXPECT_EQ(rows.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rows.status().message(), want);
 }
 
 TEST(Sdpa, MatchesAHandComputedSoftmaxWithAdditiveBias) {
