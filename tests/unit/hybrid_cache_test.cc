@@ -239,6 +239,26 @@ TEST(HybridCacheSlots, ZeroingWithNothingNewIsANoOp) {
   EXPECT_EQ(read[1], Flat(TaggedF({5, 6}, 1)));
 }
 
+// SlotRow is [1 x d_conv * hidden] in the cache's dtype whether or not the layer's buffer
+// exists yet: before, the zeros it stands for; after, the stored row. A flattened compare
+// (as Row does) cannot tell [1 x C] from [C x 1], so the shape is held here.
+TEST(HybridCacheSlots, SlotRowIsOneRowOfTheLayerWidthBeforeAndAfterTheBufferExists) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    HybridCache cache = Make(4, dtype);
+    ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{1, 0}}).ok());
+    ASSERT_FALSE(cache.layer_allocated(1));
+    for (int pass = 0; pass < 2; ++pass) {
+      const Tensor row = cache.SlotRow(1, 0);
+      EXPECT_EQ(row.rows(), 1) << "pass " << pass;
+      EXPECT_EQ(row.cols(), kCols) << "pass " << pass;
+      EXPECT_EQ(row.dtype(), dtype) << "pass " << pass;
+      EXPECT_EQ(Flat(row), Zeros()) << "pass " << pass;
+      ASSERT_TRUE(cache.ConvState(1).ok());  // allocates layer 1's buffer, zeroed
+      ASSERT_TRUE(cache.layer_allocated(1));
+    }
+  }
+}
+
 TEST(HybridCacheSlots, RecycledSlotIsReturnedZeroed) {
   HybridCache cache = Make(4);
   Forward(cache, {{1, 0}}, {9});
