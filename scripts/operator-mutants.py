@@ -133,8 +133,8 @@ def sites(path, operators, statements):
             continue
         code = code_part(line)
         if operators == "args":
-            # Spans index `code`, whose literals are blanked; the line without literals
-            # to move is the line itself.
+            # Lines with a string or char literal are skipped: the spans index `code`,
+            # where literals are blanked, so a swap there would move blanks.
             if code.rstrip() == line.rstrip():
                 found += [(n, name, a, b, r) for name, a, b, r in arg_sites(code)]
             continue
