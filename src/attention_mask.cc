@@ -47,9 +47,13 @@ bool BroadcastsTo(const MatF& m, int64_t rows, int64_t cols) {
   return (m.rows() == rows || m.rows() == 1) && (m.cols() == cols || m.cols() == 1);
 }
 
-Status DoesNotBroadcast(const MatF& m, int64_t rows, int64_t cols) {
-  return InvalidArgument("mask array [" + std::to_string(m.rows()) + " x " +
-                         std::to_string(m.cols()) + "] does not broadcast to [" +
+// The one refusal of a caller's mask array that does not broadcast to [rows x cols], shared
+// by every path of the dispatch so that none can take such an array to Intersect's abort.
+Status CheckBroadcasts(const AttentionMask& mask, int64_t rows, int64_t cols) {
+  const std::optional<MatF>& m = mask.array();
+  if (!m.has_value() || BroadcastsTo(*m, rows, cols)) return Status::Ok();
+  return InvalidArgument("mask array [" + std::to_string(m->rows()) + " x " +
+                         std::to_string(m->cols()) + "] does not broadcast to [" +
                          std::to_string(rows) + " x " + std::to_string(cols) + "]");
 }
 
@@ -272,9 +276,7 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
     // abort on it instead).
     if (!want_bias && history.applier.query_len > 1 && history.applier.query_len == query_len &&
         history.applier.window > 0) {
-      if (logical.array().has_value() && !BroadcastsTo(*logical.array(), query_len, key_len)) {
-        return DoesNotBroadcast(*logical.array(), query_len, key_len);
-      }
+      if (Status s = CheckBroadcasts(logical, query_len, key_len); !s.ok()) return s;
       FiniteCellsOf(logical, offset, query_len, key_len, history.applier.window, out);
       return std::optional<MatF>();
     }
@@ -291,9 +293,7 @@ Result<std::optional<MatF>> Resolve(const History& history, const AttentionMask&
     BottomRightCausalRows(query_len, key_len, out);
     return std::optional<MatF>();
   }
-  if (mask.array().has_value() && !BroadcastsTo(*mask.array(), query_len, key_len)) {
-    return DoesNotBroadcast(*mask.array(), query_len, key_len);
-  }
+  if (Status s = CheckBroadcasts(mask, query_len, key_len); !s.ok()) return s;
   if (!want_bias) {
     FiniteCellsOf(mask, offset, query_len, key_len, /*window=*/0, out);
     return std::optional<MatF>();
@@ -417,9 +417,8 @@ Result<AttentionMask> ApplyRotating(const RotatingApplier& applier, const Attent
     // caller's array that does not broadcast to [L x K] is refused here, as the dispatch
     // refuses it without an applier; Intersect would abort on it whenever the window hides
     // a key.
-    const std::optional<MatF>& array = logical.array();
-    if (array.has_value() && !BroadcastsTo(*array, applier.query_len, applier.key_len)) {
-      return DoesNotBroadcast(*array, applier.query_len, applier.key_len);
+    if (Status s = CheckBroadcasts(logical, applier.query_len, applier.key_len); !s.ok()) {
+      return s;
     }
     return AttentionMask::Intersect(
         logical, SlidingWindowMask(offset, applier.query_len, applier.key_len, applier.window));
