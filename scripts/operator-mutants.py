@@ -132,11 +132,11 @@ def sites(path, operators, statements):
         if not stripped or stripped.startswith(("//", "#")) or SKIP.search(line):
             continue
         code = code_part(line)
-        if operators == "args":
+        if callable(operators):  # a finder of its own (the args family)
             # Lines with a string or char literal are skipped: the spans index `code`,
             # where literals are blanked, so a swap there would move blanks.
             if code.rstrip() == line.rstrip():
-                found += [(n, name, a, b, r) for name, a, b, r in arg_sites(code)]
+                found += [(n, name, a, b, r) for name, a, b, r in operators(code)]
             continue
         for name, pattern, repl in operators:
             for m in re.finditer(pattern, code):
@@ -248,7 +248,7 @@ def main():
     every = []
     for path in paths:
         classic = args.family == "classic"
-        operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH, "args": "args"}[args.family]
+        operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH, "args": arg_sites}[args.family]
         lines, found = sites(path, operators, statements=classic)
         if args.family == "arith":  # '-' between strings does not compile: not a bug
             found = [f for f in found if '"' not in lines[f[0]] and "to_string" not in lines[f[0]]]
