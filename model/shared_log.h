@@ -80,6 +80,10 @@ class SharedLog {
   // (a KV merge of two edges sliced from one log), the view just widens.
   void Concat(const SharedLog& next) {
     if (next.empty()) return;
+    if (empty()) {  // restoring a path's first node: share it rather than copy it
+      *this = next;
+      return;
+    }
     if (buf_ && next.buf_ == buf_ && next.off_ == off_ + n_) {
       n_ += next.n_;
       return;

@@ -110,6 +110,17 @@ TEST(SharedLog, CopiesAndSlicesShareTheBuffer) {
   left.Concat(log.Slice(20, 35));
   EXPECT_EQ(left.data(), log.data() + 10);
   EXPECT_EQ(left.ToVector(), log.Slice(10, 35).ToVector());
+  // A restore of a path's first node: concatenated onto an empty log, it is shared too, and
+  // the restored log's later appends leave the original's tokens alone.
+  SharedLog restored;
+  restored.Concat(log.Slice(0, 30));
+  EXPECT_EQ(restored.data(), log.data());
+  restored.Append(Tokens(900, 5));
+  EXPECT_EQ(log.ToVector(), Tokens(1, 100));
+  TokenLog want = Tokens(1, 30);
+  const TokenLog tail = Tokens(900, 5);
+  want.insert(want.end(), tail.begin(), tail.end());
+  EXPECT_EQ(restored.ToVector(), want);
 }
 
 TEST(SharedLog, AnotherHoldersTokensNeverMove) {
