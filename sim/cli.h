@@ -112,6 +112,9 @@ struct ImportFlags {
 };
 
 int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps);
+// The fuzz targets' seed corpora under `corpus_dir` (NAME/ per target), each entry in a fresh
+// session; counts them into `entries`. 0 pass, 1 divergence (reported), 2 unreadable entry.
+int RunBundledCorpora(const std::string& corpus_dir, uint64_t& entries);
 int Sweep(const sim::RunOptions& options, const SweepFlags& flags);
 int Requests(sim::RequestOptions options, const RequestsFlags& flags);
 int Replay(const ReplayFlags& flags);

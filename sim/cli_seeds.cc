@@ -232,10 +232,15 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   if (!RunBundledMultiSeq(root_seed, 4 * seeds_per_config, multiseq_runs)) return 1;
   uint64_t trace_files = 0, trace_events = 0;
   if (!RunBundledTraces(trace_files, trace_events)) return 1;
+  uint64_t corpus_entries = 0;
+  if (const int code = RunBundledCorpora(KVTWIN_FUZZ_CORPUS_DIR, corpus_entries); code != 0) {
+    return code;
+  }
   fmt::print(
       "PASS: {} runs, {} steps, {} request runs, {} requests, {} multi-sequence runs, {} traces, "
-      "{} trace events, no divergence\n",
-      runs, total_steps, request_runs, requests, multiseq_runs, trace_files, trace_events);
+      "{} trace events, {} fuzz corpus entries, no divergence\n",
+      runs, total_steps, request_runs, requests, multiseq_runs, trace_files, trace_events,
+      corpus_entries);
   return 0;
 }
 

@@ -56,5 +56,8 @@ fi
 out=$("$kvtwin" run --seeds-per-config 1 --steps 50 2>&1)
 head -1 <<<"$out" | grep -q '^kvtwin run: root seed 1$' || { echo "FAIL: run does not print the seed first"; fail=1; }
 tail -1 <<<"$out" | grep -q '^PASS: ' || { echo "FAIL: run has no verdict line"; fail=1; }
+# The corpus stage runs every target's seed corpus, so its count is never zero.
+grep -qE '^  fuzz corpora +[1-9][0-9]* entries \(kv [1-9].*trace_reader [1-9][0-9]*\): pass$' <<<"$out" ||
+  { echo "FAIL: run did not replay the fuzz corpora"; fail=1; }
 [ $fail -eq 0 ] && echo "cli: ok"
 exit $fail
