@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that kvtwin's build, tests, fuzzers and benchmarks need,
 # and only those that are missing, so a repeat run costs one dpkg query. graphviz (`dot`)
-# renders the trie DOT export in a test; gnuplot-nox draws the `make bench` plots.
+# renders the trie DOT export in a test; gnuplot-nox draws the `make bench` plots; patch
+# plants the mutant catalogue (`make mutants`, and a lint test that every patch applies).
 set -euo pipefail
 pkgs=(cmake ninja-build make g++ clang libclang-rt-14-dev
       libeigen3-dev librapidcheck-dev nlohmann-json3-dev libgtest-dev libgmock-dev
       libbenchmark-dev libcli11-dev libfmt-dev libxxhash-dev pkg-config graphviz
-      clang-format gnuplot-nox)
+      clang-format gnuplot-nox patch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
