@@ -13,6 +13,8 @@ namespace {
 using sim::RunOptions;
 using sim::RunResult;
 
+constexpr int64_t kWideWindow = 300;
+
 sim::CaseReport SeedCase(const RunResult& r) {
   sim::CaseReport c;
   c.name = fmt::format("seed {}", r.seed);
@@ -219,6 +221,14 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
                  steps);
     }
   }
+  // A window wider than the ring's 256-slot growth step: the ring grows by the step before
+  // it holds W rows, and a decode at offset 256 or more grows it again, branches no window
+  // of at most 256 reaches (real sliding windows are 512-4096 tokens).
+  RunOptions wide{"rotating", 3, kWideWindow, "f32", steps, false};
+  for (int64_t i = 0; i < seeds_per_config; ++i) {
+    if (!RunOne(wide, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
+  }
+  fmt::print("  rotating  W={} {} seeds x {} steps: pass\n", kWideWindow, seeds_per_config, steps);
   RunOptions swarm;
   swarm.swarm = true;
   swarm.steps = steps;
