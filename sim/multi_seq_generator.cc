@@ -263,6 +263,23 @@ MsOp MultiSeqGenerator::Probe(const MultiSeqDriver& driver, const SeqState& s) {
 }
 
 MsOp MultiSeqGenerator::Reserve(const MultiSeqDriver& driver, const std::vector<SeqState>& active) {
+  // A worst-case batch (one sequence's prompt chunk, as a server reserves its ubatch) of
+  // exactly the cache's cells, one fewer or one more: the refusal's boundary, which beam
+  // steps never reach (their batches hold one token per sequence). Only a cache with no
+  // more cells than max_batch has one (unbounded memory, few sequences).
+  const int64_t cells = driver.model().kv().config().cells;
+  if (cells <= driver.config().max_batch + 1 && rng_.Chance(1, 3)) {
+    const int64_t len = std::clamp<int64_t>(cells - 1 + static_cast<int64_t>(rng_.Below(3)), 1,
+                                            driver.config().max_batch);
+    const SeqState& s = PickOf(active);
+    if (s.next + len - 1 <= kMaxPosition) {
+      std::vector<MsBatchToken> batch;
+      for (int64_t p = s.next; p < s.next + len; ++p) batch.push_back({s.seq, p, Token()});
+      MsOp op = MsOp::Forward(std::move(batch), {});
+      op.reserve = true;
+      return op;
+    }
+  }
   MsOp op = Step(driver, active, rng_.Chance(1, 4) ? -1 : 1);
   if (op.kind != MsOpKind::kForward) return op;
   op.reserve = true;
