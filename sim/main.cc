@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
 
   uint64_t root_seed = 1;
   int64_t seeds_per_config = 8, run_steps = 1500;
-  CLI::App* run =
-      app.add_subcommand("run", "replay the bundled workloads, traces and fuzz corpora; print the verdict");
+  CLI::App* run = app.add_subcommand(
+      "run", "replay the bundled workloads, traces and fuzz corpora; print the verdict");
   run->add_option("--seed", root_seed, "root seed");
   run->add_option("--seeds-per-config", seeds_per_config, "seeds per preset and dtype")
       ->check(CLI::Range(1, 100000));
