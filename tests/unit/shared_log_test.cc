@@ -33,6 +33,11 @@ TokenLog Tokens(int32_t first, int32_t count) {
   return out;
 }
 
+TokenLog Joined(TokenLog head, const TokenLog& tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
+}
+
 RC_GTEST_PROP(SharedLog, EveryHolderReadsLikeAPlainVector, ()) {
   constexpr int kLogs = 4;
   std::vector<SharedLog> logs(kLogs);
@@ -117,10 +122,7 @@ TEST(SharedLog, CopiesAndSlicesShareTheBuffer) {
   EXPECT_EQ(restored.data(), log.data());
   restored.Append(Tokens(900, 5));
   EXPECT_EQ(log.ToVector(), Tokens(1, 100));
-  TokenLog want = Tokens(1, 30);
-  const TokenLog tail = Tokens(900, 5);
-  want.insert(want.end(), tail.begin(), tail.end());
-  EXPECT_EQ(restored.ToVector(), want);
+  EXPECT_EQ(restored.ToVector(), Joined(Tokens(1, 30), Tokens(900, 5)));
 }
 
 TEST(SharedLog, AnotherHoldersTokensNeverMove) {
@@ -141,10 +143,7 @@ TEST(SharedLog, ATruncatedHolderDoesNotOverwriteALongerOne) {
   a.Truncate(5);
   a.Append(Tokens(500, 3));
   EXPECT_EQ(b.ToVector(), Tokens(1, 10));
-  TokenLog want = Tokens(1, 5);
-  const TokenLog tail = Tokens(500, 3);
-  want.insert(want.end(), tail.begin(), tail.end());
-  EXPECT_EQ(a.ToVector(), want);
+  EXPECT_EQ(a.ToVector(), Joined(Tokens(1, 5), Tokens(500, 3)));
 }
 
 }  // namespace
