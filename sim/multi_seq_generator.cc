@@ -265,8 +265,8 @@ MsOp MultiSeqGenerator::Probe(const MultiSeqDriver& driver, const SeqState& s) {
 MsOp MultiSeqGenerator::Reserve(const MultiSeqDriver& driver, const std::vector<SeqState>& active) {
   // A worst-case batch (one sequence's prompt chunk, as a server reserves its ubatch) of
   // exactly the cache's cells, one fewer or one more: the refusal's boundary, which beam
-  // steps never reach (their batches hold one token per sequence). Only a cache with no
-  // more cells than max_batch has one (unbounded memory, few sequences).
+  // steps never reach (their batches hold one token per sequence). Only a cache of at most
+  // max_batch + 1 cells has such a batch within max_batch (unbounded memory, few sequences).
   const int64_t cells = driver.model().kv().config().cells;
   if (cells <= driver.config().max_batch + 1 && rng_.Chance(1, 3)) {
     const int64_t len = std::clamp<int64_t>(cells - 1 + static_cast<int64_t>(rng_.Below(3)), 1,
