@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ bool ParseSeeds(const std::string& text, SeedRange& out);
 bool ParseU64(const std::string& text, uint64_t& out);
 // Prints "kvtwin: <message>" to stderr; returns 2.
 int Usage(const std::string& message);
+// A file's bytes, or nullopt with `error` set to "PATH: cannot open" / "PATH: cannot read".
+std::optional<std::string> ReadWhole(const std::string& path, std::string& error);
 // Writes through a temporary name and a rename: a reader never sees half a file.
 bool WriteWhole(const std::string& path, const std::string& text);
 // A KV_CHECK abort (exit 134) prints "reproduce: <command>" first.

@@ -1,4 +1,4 @@
-// Helpers shared by the kvtwin commands: parsing, whole-file writes, abort and interrupt
+// Helpers shared by the kvtwin commands: parsing, whole-file reads and writes, abort and interrupt
 // handling, progress and machine reports.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include "sim/cli.h"
 
@@ -50,6 +51,20 @@ bool ParseSeeds(const std::string& text, SeedRange& out) {
 int Usage(const std::string& message) {
   std::fprintf(stderr, "kvtwin: %s\n", message.c_str());
   return 2;
+}
+
+std::optional<std::string> ReadWhole(const std::string& path, std::string& error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    error = path + ": cannot open";
+    return std::nullopt;
+  }
+  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) {
+    error = path + ": cannot read";
+    return std::nullopt;
+  }
+  return bytes;
 }
 
 bool WriteWhole(const std::string& path, const std::string& text) {

@@ -12,8 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,10 +33,10 @@ int RunBundledCorpora(const std::string& corpus_dir, uint64_t& entries) {
     }
     std::sort(paths.begin(), paths.end());
     for (const fs::path& p : paths) {
-      std::ifstream in(p, std::ios::binary);
-      if (!in) return Usage(p.string() + ": cannot open");
-      const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-      if (in.bad()) return Usage(p.string() + ": cannot read");
+      std::string error;
+      const std::optional<std::string> read = ReadWhole(p.string(), error);
+      if (!read) return Usage(error);
+      const std::string& bytes = *read;
       const std::string reproduce =
           fmt::format("kvtwin replay --fuzz-input {} --target {}", p.string(), name);
       ArmAbortReproduce(reproduce);

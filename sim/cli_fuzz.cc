@@ -5,9 +5,6 @@
 // text: it is checked against the reader's properties and reported, nothing is written.
 #include <fmt/format.h>
 
-#include <fstream>
-#include <iterator>
-
 #include "sim/cli.h"
 #include "sim/fuzz_input.h"
 
@@ -44,10 +41,10 @@ int ReplayFuzzInput(const ReplayFlags& flags) {
         fmt::format("--target: expected one of {}, got '{}'", TargetList(), flags.fuzz_target));
   }
   if (!flags.files.empty()) return Usage("replay: --fuzz-input takes no trace files");
-  std::ifstream in(flags.fuzz_input, std::ios::binary);
-  if (!in) return Usage(flags.fuzz_input + ": cannot open");
-  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad()) return Usage(flags.fuzz_input + ": cannot read");
+  std::string error;
+  const std::optional<std::string> read = ReadWhole(flags.fuzz_input, error);
+  if (!read) return Usage(error);
+  const std::string& bytes = *read;
   const sim::FuzzRun run =
       sim::RunFuzzInput(*target, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   if (*target == sim::FuzzTarget::kTraceReader)
