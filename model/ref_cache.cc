@@ -47,7 +47,7 @@ RefCache RefCache::Rotating(int64_t window) {
 
 RefCache RefCache::Recurrent() { return RefCache(RefKind::kRecurrent, 0); }
 
-void RefCache::Write(std::span<const Token> tokens) {
+void RefCache::Write(std::span<const Token> tokens, const RefCache* leader) {
   KV_CHECK(!tokens.empty(), "a forward writes at least one token");
   const int64_t start = Offset();
   // Rotating (§2.2 Update step 1): the start boundary is cloned before the write, because
@@ -58,7 +58,11 @@ void RefCache::Write(std::span<const Token> tokens) {
     OfferCapture(start, Snapshot(0));
   }
   if (kind_ == RefKind::kKv) GrowKv(start, static_cast<int64_t>(tokens.size()));
-  log_.Append(tokens);
+  if (leader != nullptr) {
+    log_.AppendLike(tokens, leader->log_);
+  } else {
+    log_.Append(tokens);
+  }
   has_state_ = true;
   const bool batched = tokens.size() > 1;
   // KV (§2.1) captures every scheduled offset in [start, end], the start included (a zero

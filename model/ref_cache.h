@@ -52,7 +52,13 @@ class RefCache {
 
   // Appends the tokens of one forward (recurrent: only the real, unpadded tokens) and runs
   // the capture rules of the kind. REQUIRES: !tokens.empty().
-  void Write(std::span<const Token> tokens);
+  void Write(std::span<const Token> tokens) { Write(tokens, nullptr); }
+  // The same, where `leader` is another layer that has just written these tokens and whose
+  // log held what this one holds before it did (LogSameAs): this log then takes the
+  // leader's rather than a copy of its own (SharedLog::AppendLike). Memory only.
+  void Write(std::span<const Token> tokens, const RefCache* leader);
+  // Whether this log certainly holds the tokens `other`'s does (SharedLog::SameTokensAs).
+  bool LogSameAs(const RefCache& other) const { return log_.SameTokensAs(other.log_); }
   RefSnap Snapshot(int64_t from) const;
   // Same outcome classes as the production cache: FailedPrecondition when a schedule is
   // active, InvalidArgument for an offset behind the cache or unsorted/duplicate offsets.

@@ -334,8 +334,22 @@ void RefPrefixCache::SchedulePrefillSnapshots(const std::vector<int64_t>& reques
 void RefPrefixCache::Forward(const TokenLog& tokens) {
   KV_CHECK(open_, "Forward without an open session");
   KV_CHECK(!tokens.empty(), "a forward writes at least one token");
-  for (auto& c : caches_) {
-    if (c) c->Write(tokens);
+  // Every layer writes the same tokens, so a layer whose log holds what an earlier layer's
+  // holds takes that layer's log after the write instead of copying its own: one buffer per
+  // conversation turn for the whole stack. Transparent: the tokens are equal either way.
+  leader_.assign(caches_.size(), -1);
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    for (size_t j = 0; caches_[i] && j < i; ++j) {
+      if (caches_[j] && leader_[j] < 0 && caches_[i]->LogSameAs(*caches_[j])) {
+        leader_[i] = static_cast<int64_t>(j);
+        break;
+      }
+    }
+  }
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    if (!caches_[i]) continue;
+    const int64_t l = leader_[i];
+    caches_[i]->Write(tokens, l < 0 ? nullptr : &*caches_[static_cast<size_t>(l)]);
   }
 }
 

@@ -92,6 +92,9 @@ class RefPrefixCache {
   TokenLog inputs_;
   TokenLog outputs_;
   std::vector<Pending> pending_;
+  // Forward's scratch: per cache, the index of the earlier cache whose log it takes after
+  // the write, or -1 when it appends its own.
+  std::vector<int64_t> leader_;
 };
 
 }  // namespace kvtwin::model

@@ -200,6 +200,33 @@ TEST(RefPrefixCache, ContinuationResumesExactlyAndCompactsIntoOneNode) {
   EXPECT_EQ(pc.root().children[0]->snaps[0]->tokens, Toks(Cat(Range(1, 5), {10, 11, 20, 21})));
 }
 
+// Memory, not semantics: every layer writes the same tokens, so the stack's logs share one
+// buffer, after a fresh start, a continuation and a switch back to a conversation that the
+// KV layers restore edge by edge from the trie (SharedLog::AppendAs and Concat).
+TEST(RefPrefixCache, TheLayersOfAStackShareOneLogBuffer) {
+  RefPrefixCache pc({RefCache::Kv(), RefCache::Rotating(3), RefCache::Recurrent(), RefCache::Kv()});
+  const auto expect_one_buffer = [&](const char* when) {
+    for (size_t i = 1; i < pc.caches().size(); ++i) {
+      EXPECT_EQ(pc.caches()[i]->log().data(), pc.caches()[0]->log().data())
+          << when << ", layer " << i;
+      EXPECT_EQ(LogOf(pc, i), LogOf(pc, 0)) << when << ", layer " << i;
+    }
+  };
+  const Request a{Range(1, 9), {50, 51}, {4}};
+  Serve(pc, a);
+  expect_one_buffer("fresh start");
+  const Request a2{Cat(Range(1, 9), Range(60, 66)), {70, 71}, {12}};
+  Serve(pc, a2);
+  expect_one_buffer("continuation");
+  Serve(pc, {Range(200, 210), {220, 221}, {}});
+  expect_one_buffer("another conversation");
+  const Request a3{Cat(Cat(Range(1, 9), Range(60, 66)), Range(80, 84)), {90, 91}, {}};
+  const RefBeginReport rep = Open(pc, a3);
+  EXPECT_GT(rep.cached, 9);
+  Finish(pc, a3, rep);
+  expect_one_buffer("switch back");
+}
+
 TEST(RefPrefixCache, ExactlyMatchedPromptHoldsBackItsLastToken) {
   const Request same{Range(1, 5), {20, 21}, {}};
   RefPrefixCache kv({RefCache::Kv()});
