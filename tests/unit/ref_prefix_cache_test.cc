@@ -202,7 +202,7 @@ TEST(RefPrefixCache, ContinuationResumesExactlyAndCompactsIntoOneNode) {
 
 // Memory, not semantics: every layer writes the same tokens, so the stack's logs share one
 // buffer, after a fresh start, a continuation and a switch back to a conversation that the
-// KV layers restore edge by edge from the trie (SharedLog::AppendAs and Concat).
+// KV layers restore edge by edge from the trie (SharedLog::SameTokensAs, AppendLike, Concat).
 TEST(RefPrefixCache, TheLayersOfAStackShareOneLogBuffer) {
   RefPrefixCache pc({RefCache::Kv(), RefCache::Rotating(3), RefCache::Recurrent(), RefCache::Kv()});
   const auto expect_one_buffer = [&](const char* when) {

@@ -8,7 +8,8 @@
 // unrelated logs, concat across a copy of a prefix, one forward through two logs, clear)
 // and compares all of them after every step; fixed cases pin the sharing itself (O(1)
 // copies, widening concat, no reallocation of a shared buffer, a restore across copies
-// that shares the newest, twin logs that share one buffer) and where it must not happen.
+// that shares the newest, the logs of one forward sharing one buffer) and where it must
+// not happen.
 #include "model/shared_log.h"
 
 #include <gtest/gtest.h>
