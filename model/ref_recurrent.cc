@@ -18,6 +18,18 @@ namespace {
 // change a result, because the memo only caches S_P.
 constexpr size_t kMemoEntriesMax = size_t{1} << 16;
 
+// A fold memoizes the state after token p only at checkpoints: every kCheckpointStride-th
+// position and the last kCheckpointStride tokens of the fold (where the next check, a
+// speculative commit or a short rewind looks). At real context lengths memoizing every
+// token filled the memo within a few requests (clearing it, so a restore re-folded from 0)
+// and cost a map insert and a state copy per token; now a miss re-folds at most
+// kCheckpointStride tokens past a checkpoint. Which states are memoized never changes S_P.
+constexpr int64_t kCheckpointStride = 32;
+
+bool IsCheckpoint(int64_t p, int64_t fold_end) {
+  return (p + 1) % kCheckpointStride == 0 || fold_end - p <= kCheckpointStride;
+}
+
 constexpr double kRmsEps = 1e-6;
 
 // log(1 + e^x) without overflow for large x (naive exp(x) is inf beyond ~709, which would
@@ -174,7 +186,7 @@ const MatD& RefGdnFolder::StateAfter(std::span<const Token> log, int64_t length)
   for (int64_t p = folded; p < length; ++p) {
     inputs_(p, at(p), token_);
     RefGdnStep(state_, token_, params_);
-    Memoize(at(p).h);
+    if (IsCheckpoint(p, length)) Memoize(at(p).h);
   }
   result_ = state_;
   return result_;
@@ -204,7 +216,7 @@ void RefGdnFolder::ReadOuts(std::span<const Token> log, int64_t from, int64_t to
     const Token& token = log[static_cast<size_t>(p)];
     inputs_(p, token, token_);
     RefGdnStep(state_, token_, params_);
-    Memoize(token.h);
+    if (IsCheckpoint(p, to)) Memoize(token.h);
     RefGdnReadOut(state_, token_, params_, read_out_);
     y.row(p - from) = read_out_.transpose();
   }

@@ -69,8 +69,9 @@ class RefGdnFolder {
   const MatD& StateAfter(std::span<const Token> log, int64_t length);
   // The read-outs of tokens [from, to) of `log`: row p - from of `y` ([(to - from) x Hv*Dv])
   // is RefGdnReadOut over S_{p+1} with token p's inputs. Folds from the longest memoized
-  // prefix and memoizes every state it reaches, as StateAfter does, so a StateAfter(log, to)
-  // that follows is a lookup. REQUIRES: 0 <= from <= to <= |log|.
+  // prefix and memoizes the states it reaches at checkpoints (every 32nd position and the
+  // fold's last 32), as StateAfter does, so a StateAfter(log, to) that follows is a lookup.
+  // REQUIRES: 0 <= from <= to <= |log|.
   void ReadOuts(std::span<const Token> log, int64_t from, int64_t to, MatD& y);
 
  private:

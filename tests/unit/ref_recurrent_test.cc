@@ -230,6 +230,26 @@ TEST(RefGdnFolder, ResultsStayExactWhenTheMemoOverflows) {
   EXPECT_TRUE(folder.StateAfter(log, n - 5) == FoldWithoutMemo(params, log, n - 5));
 }
 
+// A fold memoizes checkpoints (every 32nd position, the fold's last 32), not every token: a
+// query inside a long fold re-folds at most 32 tokens, and a fold three times the memo's
+// capacity no longer overflows it (memoizing every token cleared the memo twice on the
+// way, so a later query near the start re-folded from 0).
+TEST(RefGdnFolder, ALongFoldKeepsCheckpointsWithinTheMemo) {
+  const RefGdnParams params = Params(kScalar, 0.3, 0.7);
+  const int32_t n = 3 << 16;
+  const TokenLog log = Extend({}, IdRange(0, n));
+  int64_t calls = 0;
+  RefGdnFolder folder = MakeFolder(params, &calls);
+  static_cast<void>(folder.StateAfter(log, n));
+  EXPECT_EQ(calls, n);
+  for (const int64_t length : {int64_t{100}, int64_t{5000}, int64_t{n / 2 + 7}, int64_t{n - 3}}) {
+    const int64_t before = calls;
+    EXPECT_TRUE(folder.StateAfter(log, length) == FoldWithoutMemo(params, log, length))
+        << "at " << length;
+    EXPECT_LE(calls - before, 32) << "at " << length;
+  }
+}
+
 // ---- Read-out and conv output ----
 
 // Dk = 2, q = (3, 4): mean(q^2) = 12.5, so q^ = q / sqrt(12.5) / Dk (the (1/sqrt(Dk))^2 of
