@@ -220,14 +220,25 @@ TEST(RefGdnFolder, StateDependsOnTheWholePrefixNotTheLastToken) {
   EXPECT_FALSE(state_a == state_b);
 }
 
+// A fold of 40 tokens memoizes 33 states (position 31 and the last 32), so 2,100 distinct
+// logs overflow the 65,536-entry memo, which is then cleared: the first log's state must be
+// folded again (the clear happened) and still be exact.
 TEST(RefGdnFolder, ResultsStayExactWhenTheMemoOverflows) {
   const RefGdnParams params = Params(kScalar, 0.3, 0.7);
-  const int32_t n = (1 << 16) + 1000;
-  const TokenLog log = Extend({}, IdRange(0, n));
-  RefGdnFolder folder = MakeFolder(params);
-  EXPECT_TRUE(folder.StateAfter(log, n) == FoldWithoutMemo(params, log, n));
-  EXPECT_TRUE(folder.StateAfter(log, 10) == FoldWithoutMemo(params, log, 10));
-  EXPECT_TRUE(folder.StateAfter(log, n - 5) == FoldWithoutMemo(params, log, n - 5));
+  constexpr int32_t kLogs = 2100, kLength = 40;
+  std::vector<TokenLog> logs;
+  for (int32_t i = 0; i < kLogs; ++i)
+    logs.push_back(Extend({}, IdRange(i * 100, i * 100 + kLength)));
+  int64_t calls = 0;
+  RefGdnFolder folder = MakeFolder(params, &calls);
+  for (const TokenLog& log : logs) static_cast<void>(folder.StateAfter(log, kLength));
+  const int64_t before = calls;
+  EXPECT_TRUE(folder.StateAfter(logs.front(), kLength) ==
+              FoldWithoutMemo(params, logs.front(), kLength));
+  EXPECT_GT(calls, before) << "the memo was never cleared";
+  EXPECT_TRUE(folder.StateAfter(logs.back(), 10) == FoldWithoutMemo(params, logs.back(), 10));
+  EXPECT_TRUE(folder.StateAfter(logs.back(), kLength - 5) ==
+              FoldWithoutMemo(params, logs.back(), kLength - 5));
 }
 
 // A fold memoizes checkpoints (every 32nd position, the fold's last 32), not every token: a
