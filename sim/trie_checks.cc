@@ -336,58 +336,122 @@ class StructureWalk {
 
 // CheckTrieSoundness's memoized walk, one node at a time. REQUIRES: the structure checks of
 // every node visited so far passed, so the walk is pre-order along parent links and every
-// node starts where its parent ends: the log of the path walked so far, cut back to a
-// node's start, is its parent's key path, and its own edge extends it. Each edge is hashed
-// once per check, where a PathLog per node rehashed every path from the root (quadratic
-// along a long conversation with a capture every few tokens).
+// node starts where its parent ends. The walk keeps the provenance hash at the end of each
+// node down the current branch (`ends`); a node's end hash extends its parent's over its
+// edge, through the memo's EdgeEnd for a long edge. The key path as tokens (`path`, valid
+// for its first `valid_` positions on the current branch) is extended only where an edge is
+// short and the path already reaches its start, and otherwise built for a node the memo
+// does not vouch for (Materialize), so a check of an unchanged trie hashes each short edge
+// once and each long one with one XXH3 call; a PathLog per node rehashed every path from the
+// root (quadratic along a long conversation with a capture every few tokens).
 class SoundnessWalk {
  public:
   SoundnessWalk(const PrefixTrie& trie, std::span<LayerOracle* const> oracles, uint64_t hash_seed,
                 SoundnessMemo& memo)
       : trie_(trie), oracles_(oracles), seed_(hash_seed), memo_(memo) {
     memo_.next.clear();
+    ++memo_.checks;
+    memo_.edges_met = 0;
     memo_.path.clear();
+    memo_.ends.assign(1, {0, seed_});
   }
 
   void Visit(const TrieNode* n) {
     if (found_) return;
-    model::TokenLog& path = memo_.path;
     if (!n->is_root()) {
-      KV_CHECK(n->start_offset() <= static_cast<int64_t>(path.size()),
+      std::vector<std::pair<int64_t, uint64_t>>& ends = memo_.ends;
+      while (ends.back().first > n->start_offset()) ends.pop_back();
+      KV_CHECK(ends.back().first == n->start_offset(),
                "pre-order reached a node before its parent");
-      path.resize(static_cast<size_t>(n->start_offset()));
-      uint64_t h = end_hash();
-      for (const TrieKey k : n->edge()) {
-        const int32_t t = KeyToken(k);
-        h = NextHash(h, t);
-        path.push_back({t, h});
-      }
+      valid_ = std::min(valid_, n->start_offset());
+      ends.emplace_back(n->end_offset(), EndHash(*n, ends.back().second));
     }
     if (!n->HasSnapshots()) return;
     const uint64_t key = NodeFingerprint(*n, end_hash(), memo_.bytes);
     if (!std::binary_search(memo_.verified.begin(), memo_.verified.end(), key)) {
       // One shared copy per node checked, which each layer's reference slices.
-      found_ = CheckNodeSnapshots(trie_, *n, oracles_, model::SharedLog(path));
+      found_ = CheckNodeSnapshots(trie_, *n, oracles_, model::SharedLog(Materialize(*n)));
     }
     if (!found_) memo_.next.push_back(key);
   }
   // The provenance hash at the end of the node visited last (hash_seed at the root).
-  uint64_t end_hash() const { return memo_.path.empty() ? seed_ : memo_.path.back().h; }
+  uint64_t end_hash() const { return memo_.ends.back().second; }
 
-  // The verdict; on a pass the memo keeps exactly this trie's fingerprints.
+  // The verdict; on a pass the memo keeps exactly this trie's fingerprints. End hashes of
+  // edges this check did not meet are dropped once they outnumber the ones it met.
   Check Finish() {
     if (!found_) {
       std::sort(memo_.next.begin(), memo_.next.end());
       std::swap(memo_.verified, memo_.next);
     }
+    if (memo_.edge_ends.size() > 2 * memo_.edges_met + 1024) {
+      std::erase_if(memo_.edge_ends,
+                    [this](const auto& entry) { return entry.second.check != memo_.checks; });
+    }
     return found_;
   }
 
  private:
+  // The provenance hash at n's end, given the one at its start.
+  uint64_t EndHash(const TrieNode& n, uint64_t start_hash) {
+    const std::vector<TrieKey>& edge = n.edge();
+    if (edge.size() < SoundnessMemo::kMemoEdgeKeys) {
+      // Short: hash it key by key, extending the token path when it reaches this edge.
+      const bool extend = valid_ == n.start_offset();
+      if (extend) memo_.path.resize(static_cast<size_t>(valid_));
+      uint64_t h = start_hash;
+      for (const TrieKey k : edge) {
+        const int32_t t = KeyToken(k);
+        h = NextHash(h, t);
+        if (extend) memo_.path.push_back({t, h});
+      }
+      if (extend) valid_ = n.end_offset();
+      return h;
+    }
+    const uint64_t digest =
+        XXH3_64bits_withSeed(edge.data(), edge.size() * sizeof(TrieKey), start_hash);
+    SoundnessMemo::EdgeEnd& e = memo_.edge_ends[&n];
+    if (e.check == 0 || e.digest != digest) {
+      uint64_t h = start_hash;
+      for (const TrieKey k : edge) h = NextHash(h, KeyToken(k));
+      e.digest = digest;
+      e.end_hash = h;
+    }
+    e.check = memo_.checks;
+    ++memo_.edges_met;
+    return e.end_hash;
+  }
+
+  // The key path of n, [0, end), as tokens with their provenance hashes: `path` extended
+  // from its valid prefix over the edges of n and of the ancestors that prefix stops in.
+  const model::TokenLog& Materialize(const TrieNode& n) {
+    model::TokenLog& path = memo_.path;
+    std::vector<const TrieNode*>& chain = memo_.chain;
+    chain.clear();
+    for (const TrieNode* m = &n; !m->is_root() && m->end_offset() > valid_; m = m->parent()) {
+      chain.push_back(m);
+    }
+    path.resize(static_cast<size_t>(valid_));
+    uint64_t h = valid_ == 0 ? seed_ : path.back().h;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const TrieNode& m = **it;
+      for (int64_t p = std::max(valid_, m.start_offset()); p < m.end_offset(); ++p) {
+        const int32_t t = KeyToken(m.edge()[static_cast<size_t>(p - m.start_offset())]);
+        h = NextHash(h, t);
+        path.push_back({t, h});
+      }
+    }
+    valid_ = n.end_offset();
+    // The memo's end hashes and the chain must agree: a failure is a bug of this walk.
+    KV_CHECK(h == end_hash(), "a memoized end hash differs from the key path's");
+    return path;
+  }
+
   const PrefixTrie& trie_;
   std::span<LayerOracle* const> oracles_;
   uint64_t seed_;
   SoundnessMemo& memo_;
+  int64_t valid_ = 0;  // memo_.path holds the current branch's key path up to here
   Check found_;
 };
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -82,11 +83,28 @@ Check CheckTrieStructure(const PrefixTrie& trie, std::span<TrieNode* const> acti
 // the node's key path (its provenance hash at the end), range, layer, kind and the
 // snapshot's contents. A snapshot verified once in the same place with the same contents is
 // not recomputed; the memo keeps only the entries of the trie it last checked.
+// The memo also keeps, for each edge of at least kMemoEdgeKeys keys, the provenance hash at
+// its end, keyed by the node and checked against a digest of (hash at its start, its keys):
+// the walk then hashes a long edge's keys once per check with one fast XXH3 call instead of
+// once per key through the provenance chain, and builds a key path token by token only
+// for a node it re-verifies. An end hash is a pure function of what the digest covers, so a
+// node rewritten in place, or a new node at a freed node's address, misses.
 struct SoundnessMemo {
+  static constexpr size_t kMemoEdgeKeys = 64;
+  struct EdgeEnd {
+    uint64_t digest = 0;  // XXH3 of the edge's keys seeded with the hash at its start
+    uint64_t end_hash = 0;
+    uint64_t check = 0;  // the check that last met the node (older entries are pruned)
+  };
   std::vector<uint64_t> verified;  // sorted fingerprints
   std::vector<uint64_t> next;      // scratch: this check's fingerprints
-  std::string bytes;               // scratch: one node's fingerprinted bytes
-  model::TokenLog path;            // scratch: the key path of the node being checked
+  std::unordered_map<const TrieNode*, EdgeEnd> edge_ends;
+  uint64_t checks = 0;   // memoized checks started
+  size_t edges_met = 0;  // long edges the current check met
+  std::string bytes;     // scratch: one node's fingerprinted bytes
+  model::TokenLog path;  // scratch: the key path of the node being checked
+  std::vector<std::pair<int64_t, uint64_t>> ends;  // scratch: (end, hash) down the walk
+  std::vector<const TrieNode*> chain;              // scratch: nodes a key path is built over
 };
 Check CheckTrieSoundness(const PrefixTrie& trie, std::span<LayerOracle* const> oracles,
                          uint64_t hash_seed, SoundnessMemo* memo = nullptr);

@@ -339,6 +339,42 @@ TEST(TrieSoundness, TheMemoStillSeesARotatingSnapshotUnderAnotherCursor) {
       << c->what;
 }
 
+// An edge of at least kMemoEdgeKeys keys has its end hash memoized under a digest of its
+// keys: keys rewritten in place under unchanged snapshots (a node's edge edited behind the
+// trie's back) change the digest, so the node and the child below it are verified again and
+// the node is reported, on the very next memoized check.
+TEST(TrieSoundness, TheMemoStillSeesALongEdgeRewrittenInPlace) {
+  Rig rig;
+  const auto n = static_cast<int32_t>(SoundnessMemo::kMemoEdgeKeys) + 6;
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < n + 4; ++i) tokens.push_back(1 + i % 6);
+  const model::TokenLog log = rig.Log(tokens);
+  rig.Write(log, 0, n);
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  TrieNode* node = trie.AppendChild(trie.root(), Keys({tokens.begin(), tokens.begin() + n}), n);
+  trie.SetSnapshots(node, rig.SnapshotAll());
+  rig.Write(log, n, n + 4);
+  TrieNode* child = trie.AppendChild(node, Keys({tokens.begin() + n, tokens.end()}), n + 4);
+  std::vector<SnapshotPtr> set = rig.SnapshotAll();
+  set[0] = rig.caches[0]->Snapshot(n);  // a KV snapshot spans its edge
+  trie.SetSnapshots(child, std::move(set));
+  SoundnessMemo memo;
+  for (int round = 0; round < 2; ++round) {  // the second round is all memo hits
+    const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed(), &memo);
+    ASSERT_FALSE(c.has_value()) << c->what << "\n" << c->expected << "\n" << c->actual;
+  }
+  ASSERT_EQ(memo.edge_ends.size(), 1u) << "the long edge's end hash is memoized";
+  ASSERT_EQ(memo.verified.size(), 2u);
+  // The bug under test: one key of the long edge changed in place.
+  auto& keys = const_cast<std::vector<TrieKey>&>(node->edge());
+  keys[static_cast<size_t>(n - 10)] = 9;
+  const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed(), &memo);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(c->what.find("node [0," + std::to_string(n) + ")"), std::string::npos) << c->what;
+  EXPECT_NE(c->what.find("(logical position " + std::to_string(n - 10) + ")"), std::string::npos)
+      << c->what;
+}
+
 // AuditTrie is CheckTrieStructure then CheckTrieSoundness in one walk: the same verdict as
 // the pair in that order, so a structure failure found only at the end of the walk (here
 // the active path) still wins over a soundness failure found on the way; on a pass it
