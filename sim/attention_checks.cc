@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -38,6 +39,22 @@ bool AddPositions(const RowRange& r, const std::vector<int64_t>& row_positions,
     out.push_back(model::PositionRange{p, p + 1});
   }
   return true;
+}
+
+// Sorts `ranges` by start and returns the first position two of them hold, if any.
+std::optional<int64_t> FirstRepeatedPosition(std::vector<model::PositionRange>& ranges) {
+  const auto by_first = [](const model::PositionRange& a, const model::PositionRange& b) {
+    return a.first < b.first;
+  };
+  if (!std::is_sorted(ranges.begin(), ranges.end(), by_first)) {
+    std::sort(ranges.begin(), ranges.end(), by_first);
+  }
+  int64_t covered = std::numeric_limits<int64_t>::min();  // the end of the ranges so far
+  for (const model::PositionRange& r : ranges) {
+    if (r.first < covered) return r.first;
+    covered = std::max(covered, r.end);
+  }
+  return std::nullopt;
 }
 
 // "0..4,7,9..12": positions, runs written first..last.
@@ -117,6 +134,51 @@ void CutRelaxSides(const model::RefRect& rect, const model::RefRect& wider, int6
   }
 }
 
+// A kRelax rectangle as the production side states it, chosen from the op and the forward
+// alone: whole (one time in three, and whenever its keys are fewer than 3), or as
+// overlapping pieces whose union is exactly its cells: its key range cut into n = 2 or 8
+// windows, each overlapping the next, plus a copy of the second window's first key, nested
+// in the first two. Why: spec §2.5 relaxes the union of the rectangles, and the in-place
+// dispatch sorts a query's open ranges and skips what earlier ones covered; one rectangle,
+// or the disjoint pieces of kRelaxBlock, never puts a range inside another, and 8 windows
+// open more ranges per query than the dispatch keeps on its stack.
+void RelaxPieces(const model::RefRect& r, int64_t start, std::vector<RelaxRect>& out) {
+  const int64_t width = r.k_hi - r.k_lo;
+  const int64_t pick = (r.q_lo + r.k_hi + start) % 3;
+  if (pick == 0 || width < 3) {
+    out.push_back(RelaxRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi});
+    return;
+  }
+  const int64_t n = pick == 1 ? 2 : 8;
+  const auto bound = [&](int64_t i) { return r.k_lo + i * width / (n + 1); };
+  for (int64_t i = 0; i < n; ++i) {
+    if (bound(i) < bound(i + 2)) out.push_back(RelaxRect{r.q_lo, r.q_hi, bound(i), bound(i + 2)});
+  }
+  out.push_back(RelaxRect{r.q_lo, r.q_hi, bound(1), bound(1) + 1});
+}
+
+// A blocked rectangle as the production side states it, chosen from the op and the forward
+// alone: one array (one time in three), or the arrays of the whole block and of its
+// top-left quarter, intersected in either order; their blocked cells are the block's. Why:
+// only here do two arrays meet, which spec §2.5 adds cell by cell, broadcasting a side of
+// one row or column; the whole block's array is often narrower ([1 x K] or [L x 1]) than
+// the quarter's, so either side of that broadcast is exercised.
+size_t BlockPieces(const model::RefRect& b, int64_t start, std::array<model::RefRect, 2>& out) {
+  const model::RefRect quarter{b.q_lo, b.q_lo + (b.q_hi - b.q_lo + 1) / 2, b.k_lo,
+                               b.k_lo + (b.k_hi - b.k_lo + 1) / 2};
+  switch ((b.q_lo + b.k_hi + start) % 3) {
+    case 1:
+      out = {b, quarter};
+      return 2;
+    case 2:
+      out = {quarter, b};
+      return 2;
+    default:
+      out[0] = b;
+      return 1;
+  }
+}
+
 // Masks up to this many cells are also resolved through the materialized L x K array, the
 // form an attention kernel consumes; larger ones only in place (building the array per
 // forward is what the in-place resolution exists to avoid).
@@ -154,7 +216,8 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
   rect_side.clear();
   wider_side.clear();
   if (write.mask == MaskForm::kRelax) {
-    rect_side.push_back(RelaxRect{rect.q_lo, rect.q_hi, rect.k_lo, rect.k_hi});
+    // The reference states the rectangle whole; production gets it whole or in pieces.
+    RelaxPieces(rect, start, rect_side);
     logical = relax(logical, rect_side);
     ref_mask.rects.push_back(rect);
   }
@@ -175,9 +238,12 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
       write.mask == MaskForm::kArray) {
     // On a zero mask (kArray) the intersection is the array alone: a pure array mask.
     const model::RefRect block = HasBlockRect(write.mask) ? ref_rect(write.block) : rect;
-    logical = AttentionMask::Intersect(
-        logical, AttentionMask::Array(BlockArray(block, start, query_len, key_len)));
-    ref_mask.blocks.push_back(block);
+    std::array<model::RefRect, 2> pieces;
+    for (size_t i = 0, n = BlockPieces(block, start, pieces); i < n; ++i) {
+      logical = AttentionMask::Intersect(
+          logical, AttentionMask::Array(BlockArray(pieces[i], start, query_len, key_len)));
+    }
+    ref_mask.blocks.push_back(block);  // the reference states the block whole
   }
 }
 
@@ -291,6 +357,12 @@ Check LayerOracle::CompareVisible(const VisibleSet& seen_rows,
                         fmt::format("within [0, {})", row_positions.size()),
                         fmt::format("[{}, {})", r.lo, r.hi)};
       }
+    }
+    // Each key is attended once: a row returned twice would weigh twice in the softmax,
+    // yet the canonical form below merges the repeat away.
+    if (std::optional<int64_t> twice = FirstRepeatedPosition(seen)) {
+      return Mismatch{fmt::format("positions attended by the query at {}", start + q), "each once",
+                      fmt::format("{} twice", *twice)};
     }
     model::CanonicalizeRanges(seen);
     model::ExpectedVisibleRangesInto(kind, spec_.window, start, query_len, start + q, mask, want);
