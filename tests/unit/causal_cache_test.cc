@@ -548,8 +548,15 @@ TEST_P(CausalCacheTest, MalformedCallsAreInvalidWithoutChanges) {
   EXPECT_EQ(cache.Put(two, three).code(), StatusCode::kInvalidArgument);
   const Tensor narrow(DType::kFloat32, 2, kCols - 1);
   EXPECT_EQ(cache.Put(narrow, narrow).code(), StatusCode::kInvalidArgument);
+  // The cache's dtype is f32: rows in another dtype are refused on either side.
+  const Tensor bf16(DType::kBFloat16, 2, kCols);
+  EXPECT_EQ(cache.Put(bf16, two).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Put(two, bf16).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.k().At(0, 0), 0.0f);  // nothing written
   EXPECT_EQ(cache.Remove(0, 3, 2).code(), StatusCode::kInvalidArgument);
+  // A negative begin, finite or not (the guard-family operator mutants found no test of it).
+  EXPECT_EQ(cache.Remove(0, -1, 2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Remove(0, -1, kUnbounded).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.CopyPrefix(0, 1, 2).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(cache.Put(two, two).ok());
   EXPECT_EQ(cache.k().At(1, 1), 1002.0f);

@@ -141,6 +141,25 @@ TEST(Tensor, NewTensorsAndGrownRowsAreZero) {
   }
 }
 
+// AppendRows of an empty tail appends nothing, whatever dtype and width the tail was built
+// with (a default-built Tensor is [0 x 0] f32); a non-empty tail onto [0 x 0] becomes it.
+// No caller passes an empty tail of another shape today, so only this test holds the
+// contract (the guard-family operator mutants found it untested).
+TEST(Tensor, AppendRowsOfAnEmptyTailOfAnyShapeAppendsNothing) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const Tensor before = Numbered(dtype, 3, 5);
+    for (const Tensor& tail : {Tensor(), Tensor(DType::kBFloat16, 0, 2), Tensor(dtype, 0, 5)}) {
+      Tensor t = before;
+      t.AppendRows(tail);
+      EXPECT_TRUE(t.Equals(before)) << DTypeName(dtype);
+      EXPECT_EQ(t.dtype(), dtype);
+    }
+    Tensor empty;
+    empty.AppendRows(before);
+    EXPECT_TRUE(empty.Equals(before)) << DTypeName(dtype);
+  }
+}
+
 // RowsToFloatInto writes rows [0, count) of the buffer as RowsToFloat would return them, in
 // both dtypes, growing the buffer when it is short or of another width and never shrinking
 // it (rows past count stay as they were).
