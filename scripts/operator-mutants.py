@@ -34,7 +34,13 @@ plain expressions (no braces, no template brackets) and differ: a (row, count) p
 whenever the two have one type. Calls whose arguments commute (std::min, std::max,
 std::swap) are skipped.
 
-Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N] [--family classic|swap|arith|args]
+--family guard writes a fifth: conditions that check too little. One operand of a '&&' or
+'||' dropped (with its operator), where both operands lie on the line, and the condition of
+an 'if' that closes on its line made 'false': the missing conjunct, the guard or early exit
+that was never written. A guard the runs seldom reach is where a gap would hide.
+
+Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N]
+                                   [--family classic|swap|arith|args|guard]
                                    [--files GLOB ...]
   then MUTANTS_DIR=OUT_DIR MUTANTS_BASELINE=0 scripts/mutants.sh
 """
@@ -214,6 +220,76 @@ def arg_sites(code):
     return found
 
 
+BOOL_OP = re.compile(r" (&&|\|\|)(?= |$)")
+ASSIGNMENT = re.compile(r"(?<![=!<>])=(?!=)")
+
+
+def operand_start(code, op_at):
+    """Where the left operand of the binary operator at op_at (its leading space) starts, or
+    None when it begins on an earlier line."""
+    depth, i = 0, op_at - 1
+    while i >= 0:
+        c = code[i]
+        if c in ")]":
+            depth += 1
+        elif c in "([":
+            if depth == 0:
+                return i + 1
+            depth -= 1
+        elif depth == 0 and (c in ",;?" or BOOL_OP.match(code, i - 2) or
+                             ASSIGNMENT.match(code, i) or code.startswith("return ", i)):
+            return i + (len("return ") if code.startswith("return ", i) else 1)
+        i -= 1
+    return None
+
+
+def operand_end(code, after):
+    """Where the right operand starting at `after` ends, or None when it runs on."""
+    depth, j = 0, after
+    while j < len(code):
+        c = code[j]
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            if depth == 0:
+                return j
+            depth -= 1
+        elif depth == 0 and (c in ",;?" or BOOL_OP.match(code, j) or code.startswith(" : ", j)):
+            return j
+        j += 1
+    return None
+
+
+def guard_sites(code):
+    """(name, start, end, replacement): each '&&'/'||' operand dropped, each one-line 'if'
+    condition made false."""
+    found = []
+    for m in BOOL_OP.finditer(code):
+        start, end = operand_start(code, m.start()), operand_end(code, m.end())
+        if start is None or end is None:
+            continue
+        left, right = code[start:m.start()].strip(), code[m.end():end].strip()
+        if not left or not right:
+            continue
+        a = start + len(code[start:m.start()]) - len(code[start:m.start()].lstrip())
+        found.append((f"drop-left-of-{m.group(1)}", a, m.end() + 1, ""))
+        found.append((f"drop-right-of-{m.group(1)}", m.start(), end, ""))
+    for m in re.finditer(r"\bif \(", code):
+        if code[:m.start()].rstrip().endswith("constexpr"):
+            continue
+        spans = top_level_args(code, m.end() - 1)
+        if spans is not None and len(spans) == 1 and code[spans[0][0]:spans[0][1]] != "false":
+            found.append(("if-never", spans[0][0], spans[0][1], "false"))
+    # In a chain of three operands, dropping the middle one is both the right operand of the
+    # first operator and the left one of the second: keep one mutant per resulting line.
+    seen, unique = set(), []
+    for name, a, b, r in found:
+        if code[:a] + r + code[b:] not in seen:
+            seen.add(code[:a] + r + code[b:])
+            unique.append((name, a, b, r))
+    return unique
+
+
 def patch_text(rel, lines, site):
     n, name, start, end, repl = site
     old = lines[n]
@@ -238,7 +314,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--files", nargs="*", default=["src/*.cc", "src/core/*.cc"])
-    ap.add_argument("--family", choices=["classic", "swap", "arith", "args"], default="classic")
+    ap.add_argument("--family", choices=["classic", "swap", "arith", "args", "guard"], default="classic")
     args = ap.parse_args()
     if os.path.exists(args.out_dir) and os.listdir(args.out_dir):
         sys.exit(f"operator-mutants: {args.out_dir} is not empty")
@@ -248,7 +324,8 @@ def main():
     every = []
     for path in paths:
         classic = args.family == "classic"
-        operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH, "args": arg_sites}[args.family]
+        operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH, "args": arg_sites,
+                     "guard": guard_sites}[args.family]
         lines, found = sites(path, operators, statements=classic)
         if args.family == "arith":  # '-' between strings does not compile: not a bug
             found = [f for f in found if '"' not in lines[f[0]] and "to_string" not in lines[f[0]]]
