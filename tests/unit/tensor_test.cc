@@ -160,6 +160,16 @@ TEST(Tensor, AppendRowsOfAnEmptyTailOfAnyShapeAppendsNothing) {
   }
 }
 
+// Equals is false for tensors that differ only in dtype, rows or columns, even when their
+// bytes agree as far as the smaller one reaches (all zeros here).
+TEST(Tensor, EqualsComparesTheShapeAndTheDtypeBeforeTheBytes) {
+  const Tensor t(DType::kFloat32, 2, 3);
+  EXPECT_TRUE(t.Equals(Tensor(DType::kFloat32, 2, 3)));
+  EXPECT_FALSE(t.Equals(Tensor(DType::kFloat32, 2, 4)));
+  EXPECT_FALSE(t.Equals(Tensor(DType::kFloat32, 3, 3)));
+  EXPECT_FALSE(t.Equals(Tensor(DType::kBFloat16, 2, 6)));  // as many bytes, another dtype
+}
+
 // RowsToFloatInto writes rows [0, count) of the buffer as RowsToFloat would return them, in
 // both dtypes, growing the buffer when it is short or of another width and never shrinking
 // it (rows past count stay as they were).
