@@ -137,11 +137,12 @@ void CutRelaxSides(const model::RefRect& rect, const model::RefRect& wider, int6
 // A kRelax rectangle as the production side states it, chosen from the op and the forward
 // alone: whole (one time in three, and whenever its keys are fewer than 3), or as
 // overlapping pieces whose union is exactly its cells: its key range cut into n = 2 or 8
-// windows, each overlapping the next, plus a copy of the second window's first key, nested
-// in the first two. Why: spec §2.5 relaxes the union of the rectangles, and the in-place
-// dispatch sorts a query's open ranges and skips what earlier ones covered; one rectangle,
-// or the disjoint pieces of kRelaxBlock, never puts a range inside another, and 8 windows
-// open more ranges per query than the dispatch keeps on its stack.
+// windows, each overlapping the next, plus a one-key piece at the second window's start,
+// nested in the first two windows (or equal to one of them when the keys are few). Why:
+// spec §2.5 relaxes the union of the rectangles, and the in-place dispatch sorts a query's
+// open ranges and skips what earlier ones covered; one rectangle, or the disjoint pieces of
+// kRelaxBlock, never puts a range inside another, and 8 windows open more ranges per query
+// than the dispatch keeps on its stack.
 void RelaxPieces(const model::RefRect& r, int64_t start, std::vector<RelaxRect>& out) {
   const int64_t width = r.k_hi - r.k_lo;
   const int64_t pick = (r.q_lo + r.k_hi + start) % 3;
