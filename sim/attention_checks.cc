@@ -216,6 +216,16 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
   std::vector<RelaxRect>& wider_side = relax_wider_side_;
   rect_side.clear();
   wider_side.clear();
+  if (write.mask == MaskForm::kCausal && (start + query_len) % 5 == 0) {
+    // One plain causal forward in five is stated as a relaxation intersected with plain
+    // causal, which blocks every cell the relaxation reopens (spec §2.5): still pure causal.
+    // Only here does a causal side without rectangles meet a relaxed one.
+    rect_side.push_back(RelaxRect{start, start + query_len, start + 1, start + query_len + 1});
+    const AttentionMask decoy = relax(AttentionMask::Causal(), rect_side);
+    logical = (start / 5) % 2 == 0 ? AttentionMask::Intersect(decoy, AttentionMask::Causal())
+                                   : AttentionMask::Intersect(AttentionMask::Causal(), decoy);
+    rect_side.clear();
+  }
   if (write.mask == MaskForm::kRelax) {
     // The reference states the rectangle whole; production gets it whole or in pieces.
     RelaxPieces(rect, start, rect_side);
@@ -241,8 +251,12 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
     const model::RefRect block = HasBlockRect(write.mask) ? ref_rect(write.block) : rect;
     std::array<model::RefRect, 2> pieces;
     for (size_t i = 0, n = BlockPieces(block, start, pieces); i < n; ++i) {
-      logical = AttentionMask::Intersect(
-          logical, AttentionMask::Array(BlockArray(pieces[i], start, query_len, key_len)));
+      AttentionMask array = AttentionMask::Array(BlockArray(pieces[i], start, query_len, key_len));
+      // Either order: spec §2.5's intersection is symmetric, and only the array first sends
+      // a relaxed second side through Intersect's "other side not causal" case.
+      logical = (block.k_lo + query_len + static_cast<int64_t>(i)) % 2 == 0
+                    ? AttentionMask::Intersect(logical, array)
+                    : AttentionMask::Intersect(array, logical);
     }
     ref_mask.blocks.push_back(block);  // the reference states the block whole
   }
