@@ -29,8 +29,10 @@ def main():
     ap.add_argument("--conversations", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
-    if args.conversations < 1:
-        sys.exit("make-conversation-trace: --conversations must be >= 1")
+    if args.conversations < 1:  # bad input: one line, exit 2, nothing written
+        print(f"make-conversation-trace: --conversations must be >= 1, got {args.conversations}",
+              file=sys.stderr)
+        sys.exit(2)
     rng = random.Random(args.seed)
     next_id = 0
     system_prompts = []

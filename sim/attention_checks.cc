@@ -217,9 +217,10 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
   rect_side.clear();
   wider_side.clear();
   if (write.mask == MaskForm::kCausal && (start + query_len) % 5 == 0) {
-    // One plain causal forward in five is stated as a relaxation intersected with plain
-    // causal, which blocks every cell the relaxation reopens (spec §2.5): still pure causal.
-    // Only here does a causal side without rectangles meet a relaxed one.
+    // One plain causal forward in five (views, checked as their last token's decode,
+    // included) is stated as a relaxation intersected with plain causal, which blocks every
+    // cell the relaxation reopens (spec §2.5): still pure causal. Only here does a causal
+    // side without rectangles meet a relaxed one.
     rect_side.push_back(RelaxRect{start, start + query_len, start + 1, start + query_len + 1});
     const AttentionMask decoy = relax(AttentionMask::Causal(), rect_side);
     logical = (start / 5) % 2 == 0 ? AttentionMask::Intersect(decoy, AttentionMask::Causal())
