@@ -441,10 +441,16 @@ TEST(ApplyRotating, PrefillIntersectsWithTheWindowInLogicalOrder) {
 
 TEST(VisibleRows, PureCausalIsBottomRightAligned) {
   // K = 5 rows, L = 3 queries: query i sees rows j <= i + 2, whatever the offset says.
+  // Offset 0 puts more keys in the history than positions before the queries (K > offset +
+  // L), where the kernel's alignment and the mask's absolute positions (AsArray: query i
+  // sees only keys 0..i) part: spec §2.5 gives pure causal the kernel's.
   const PlainHistory hist(5);
-  const auto rows = VisibleRows(hist.h, AttentionMask::Causal(), 100, 3);
-  ASSERT_TRUE(rows.ok());
-  EXPECT_EQ(*rows, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {0, 1, 2, 3}, {0, 1, 2, 3, 4}}));
+  for (const int64_t offset : {int64_t{100}, int64_t{0}}) {
+    const auto rows = VisibleRows(hist.h, AttentionMask::Causal(), offset, 3);
+    ASSERT_TRUE(rows.ok());
+    EXPECT_EQ(*rows, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {0, 1, 2, 3}, {0, 1, 2, 3, 4}}))
+        << "offset " << offset;
+  }
 }
 
 TEST(VisibleRows, SingleCausalQueryAndZeroMaskSeeEveryRow) {
