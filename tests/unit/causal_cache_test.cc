@@ -546,8 +546,11 @@ TEST_P(CausalCacheTest, MalformedCallsAreInvalidWithoutChanges) {
   const Tensor two = RowsOf({1, 2}, TokenRow);
   EXPECT_EQ(cache.Put(three, three).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.Put(two, three).code(), StatusCode::kInvalidArgument);
+  // A width other than the cache's on either side (the guard family found only both tried).
   const Tensor narrow(DType::kFloat32, 2, kCols - 1);
   EXPECT_EQ(cache.Put(narrow, narrow).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Put(narrow, two).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Put(two, narrow).code(), StatusCode::kInvalidArgument);
   // The cache's dtype is f32: rows in another dtype are refused on either side.
   const Tensor bf16(DType::kBFloat16, 2, kCols);
   EXPECT_EQ(cache.Put(bf16, two).code(), StatusCode::kInvalidArgument);
