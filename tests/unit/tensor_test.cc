@@ -160,6 +160,15 @@ TEST(Tensor, AppendRowsOfAnEmptyTailOfAnyShapeAppendsNothing) {
   }
 }
 
+// Zero-width rows still count (spec §2.5's MLA variant stores a zero-width V): only a
+// default-built tensor, with neither rows nor columns, takes the tail's shape instead.
+TEST(Tensor, AppendRowsKeepsTheRowsOfAZeroWidthTensor) {
+  Tensor t(DType::kBFloat16, 3, 0);
+  t.AppendRows(Tensor(DType::kBFloat16, 2, 0));
+  EXPECT_EQ(t.rows(), 5);
+  EXPECT_EQ(t.cols(), 0);
+}
+
 // Equals is false for tensors that differ only in dtype, rows or columns, even when their
 // bytes agree as far as the smaller one reaches (all zeros here).
 TEST(Tensor, EqualsComparesTheShapeAndTheDtypeBeforeTheBytes) {
