@@ -39,8 +39,14 @@ std::swap) are skipped.
 an 'if' that closes on its line made 'false': the missing conjunct, the guard or early exit
 that was never written. A guard the runs seldom reach is where a gap would hide.
 
+--family order writes a sixth: two adjacent one-line statements of one block swapped where
+one writes a name the other reads or writes: a counter updated after the erase that needed
+its old value, a cursor restored before the copy that reads it, a state cleared before it
+is handed on. Independent neighbours are not sites (their swap changes nothing), nor pairs
+where one declares a name the other uses (their swap does not compile).
+
 Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N]
-                                   [--family classic|swap|arith|args|guard]
+                                   [--family classic|swap|arith|args|guard|order]
                                    [--files GLOB ...]
   then MUTANTS_DIR=OUT_DIR MUTANTS_BASELINE=0 scripts/mutants.sh
 """
@@ -290,11 +296,94 @@ def guard_sites(code):
     return unique
 
 
+IDENT = re.compile(r"[A-Za-z_]\w*")
+WRITE_OP = re.compile(r"(?<![=!<>])(=|\+=|-=|\*=|/=|\|=|&=)(?!=)|\+\+|--")
+MUTATOR = re.compile(r"^\s*([A-Za-z_][\w\[\]().>-]*?)(?:\.|->)\w+\(")
+NOT_NAMES = {"const", "auto", "static_cast", "std", "int64_t", "size_t", "nullptr", "true",
+             "false", "this", "return"}
+
+
+def written_names(code):
+    """The names a one-line statement writes: its assignment's left side (the last name
+    there, so `a.b[i] = x` writes b), an incremented name, or the object of a member call
+    that starts it (`v.clear()`, `p->Reset()`), and the names std::swap exchanges."""
+    out = set()
+    m = WRITE_OP.search(code)
+    if m:
+        # Subscripts and call arguments on the left are read, not written.
+        left = IDENT.findall(re.sub(r"\[[^\]]*\]|\([^)]*\)", "", code[:m.start()])
+                             if m.group(1) else code)
+        if m.group(1) and DECLARATION.match(code):  # `const T x = ...` declares x
+            left = left[-1:]
+        out |= {n for n in left[-1:] if n not in NOT_NAMES}
+    m = MUTATOR.match(code)
+    if m and not code.lstrip().startswith(("if ", "for ")):
+        out |= set(IDENT.findall(m.group(1))[-1:]) - NOT_NAMES
+    if "std::swap(" in code:
+        out |= set(IDENT.findall(code.split("std::swap(", 1)[1])) - NOT_NAMES
+    return out
+
+
+def declared_names(code):
+    """The names a declaration line introduces (structured bindings too)."""
+    m = re.match(r"^\s*(const\s+)?auto\s*&?\s*\[([^\]]*)\]", code)
+    if m:
+        return set(IDENT.findall(m.group(2)))
+    if not DECLARATION.match(code):
+        return set()
+    m = re.match(r"^[^=({;]*?(\w+)\s*[=({;]", code.strip())
+    return {m.group(1)} if m else set()
+
+
+def order_pairs(lines):
+    """(line index, name) of each statement that swaps with the next one (see --family
+    order): same block and indentation, each one whole line, dependent through a name.
+    A one-line `if` or `for` counts as a statement: a guard read before the write it needs
+    is the same slip."""
+    found = []
+
+    def plain_statement(n):
+        line = lines[n]
+        code = code_part(line)
+        stripped = code.strip()
+        return (stripped.endswith(";") and not SKIP.search(line) and
+                (STATEMENT.match(code) or DECLARATION.match(code) or
+                 re.match(r"\s*(if|for) \(", code)) and
+                not stripped.startswith(("return", "case", "default", "break", "continue",
+                                         "while", "}", "else", "do ")) and
+                stripped.count("(") == stripped.count(")"))
+
+    for n in range(1, len(lines) - 1):
+        a, b = lines[n], lines[n + 1]
+        indent = len(a) - len(a.lstrip())
+        if indent != len(b) - len(b.lstrip()) or a.strip() == b.strip():
+            continue
+        if not lines[n - 1].rstrip().endswith((";", "{", "}")):
+            continue  # a continued statement or a braceless if's body
+        if not (plain_statement(n) and plain_statement(n + 1)):
+            continue
+        ca, cb = code_part(a), code_part(b)
+        names_a, names_b = set(IDENT.findall(ca)), set(IDENT.findall(cb))
+        if (declared_names(ca) & names_b) or (declared_names(cb) & names_a):
+            continue  # the swap would use a name before its declaration
+        wa, wb = written_names(ca), written_names(cb)
+        if (wa & names_b) or (wb & names_a):
+            found.append((n, "swap-with-next", 0, 0, "swap-next"))
+    return found
+
+
 def patch_text(rel, lines, site):
     n, name, start, end, repl = site
     old = lines[n]
-    new = None if repl is None else old[:start] + repl + old[end:]
     mutated = list(lines)
+    if repl == "swap-next":
+        mutated[n], mutated[n + 1] = lines[n + 1], lines[n]
+        diff = difflib.unified_diff([l + "\n" for l in lines], [l + "\n" for l in mutated],
+                                    f"a/{rel}", f"b/{rel}", n=3)
+        desc = (f"Description: operator mutant {name} at {rel}:{n + 1}: `{old.strip()}` <-> "
+                f"`{lines[n + 1].strip()}`\n")
+        return desc + "\n" + f"diff -u a/{rel} b/{rel}\n" + "".join(diff)
+    new = None if repl is None else old[:start] + repl + old[end:]
     if new is None:
         mutated[n] = old[: len(old) - len(old.lstrip())] + "// (deleted) " + old.strip()
         shown = "deleted"
@@ -314,7 +403,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--files", nargs="*", default=["src/*.cc", "src/core/*.cc"])
-    ap.add_argument("--family", choices=["classic", "swap", "arith", "args", "guard"], default="classic")
+    ap.add_argument("--family", choices=["classic", "swap", "arith", "args", "guard", "order"],
+                    default="classic")
     args = ap.parse_args()
     if os.path.exists(args.out_dir) and os.listdir(args.out_dir):
         sys.exit(f"operator-mutants: {args.out_dir} is not empty")
@@ -325,7 +415,11 @@ def main():
     for path in paths:
         classic = args.family == "classic"
         operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH, "args": arg_sites,
-                     "guard": guard_sites}[args.family]
+                     "guard": guard_sites, "order": None}[args.family]
+        if args.family == "order":
+            lines = open(path).read().split("\n")
+            every += [(os.path.relpath(path, ROOT), lines, s) for s in order_pairs(lines)]
+            continue
         lines, found = sites(path, operators, statements=classic)
         if args.family == "arith":  # '-' between strings does not compile: not a bug
             found = [f for f in found if '"' not in lines[f[0]] and "to_string" not in lines[f[0]]]
