@@ -451,5 +451,27 @@ TEST(RecurrentCacheDeathTest, PutWithTheWrongNumberOfStatesAborts) {
   EXPECT_DEATH(cache.Put(1, {}, {}), "non-empty");
 }
 
+// Each dimension of a state is checked on its own (the guard-family operator mutants found
+// a conv state of the wrong width accepted, no test having tried one).
+TEST(RecurrentCacheDeathTest, PutOfAStateWithAnotherShapeAborts) {
+  const RecurrentDims d = Dims();
+  RecurrentCache cache = CacheAt(1, 0.0f);
+  const auto conv = [](int64_t rows, int64_t cols) {
+    return Tensor::FromFloat(DType::kFloat32, MatF::Constant(rows, cols, 1.0f));
+  };
+  EXPECT_DEATH(cache.Put(1, {conv(d.conv_tail, d.conv_dim() + 1)}, {DeltaFilled(1.0f)}),
+               "does not match");
+  EXPECT_DEATH(cache.Put(1, {conv(d.conv_tail + 1, d.conv_dim())}, {DeltaFilled(1.0f)}),
+               "does not match");
+  EXPECT_DEATH(cache.Put(1, {ConvFilled(DType::kBFloat16, 1.0f)}, {DeltaFilled(1.0f)}),
+               "does not match");
+  EXPECT_DEATH(cache.Put(1, {ConvFilled(DType::kFloat32, 1.0f)},
+                         {MatF::Constant(d.delta_rows() + 1, d.head_k_dim, 1.0f)}),
+               "does not match");
+  EXPECT_DEATH(cache.Put(1, {ConvFilled(DType::kFloat32, 1.0f)},
+                         {MatF::Constant(d.delta_rows(), d.head_k_dim + 1, 1.0f)}),
+               "does not match");
+}
+
 }  // namespace
 }  // namespace kvtwin
