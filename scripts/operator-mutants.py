@@ -40,7 +40,7 @@ an 'if' that closes on its line made 'false': the missing conjunct, the guard or
 that was never written. A guard the runs seldom reach is where a gap would hide.
 
 --family order writes a sixth: two adjacent one-line statements of one block swapped where
-one writes a name the other reads or writes: a counter updated after the erase that needed
+one writes a member path the other reads or writes: a counter updated after the erase that needed
 its old value, a cursor restored before the copy that reads it, a state cleared before it
 is handed on. Independent neighbours are not sites (their swap changes nothing), nor pairs
 where one declares a name the other uses (their swap does not compile).
@@ -298,30 +298,81 @@ def guard_sites(code):
 
 IDENT = re.compile(r"[A-Za-z_]\w*")
 WRITE_OP = re.compile(r"(?<![=!<>])(=|\+=|-=|\*=|/=|\|=|&=)(?!=)|\+\+|--")
-MUTATOR = re.compile(r"^\s*([A-Za-z_][\w\[\]().>-]*?)(?:\.|->)\w+\(")
+PATH = re.compile(r"[A-Za-z_]\w*(?:(?:\.|->)[A-Za-z_]\w*)*")
 NOT_NAMES = {"const", "auto", "static_cast", "std", "int64_t", "size_t", "nullptr", "true",
              "false", "this", "return"}
 
 
-def written_names(code):
-    """The names a one-line statement writes: its assignment's left side (the last name
-    there, so `a.b[i] = x` writes b), an incremented name, or the object of a member call
-    that starts it (`v.clear()`, `p->Reset()`), and the names std::swap exchanges."""
+def bare(code):
+    """`code` without call arguments and subscripts (innermost first), so `a.b(x)[i].c`
+    reads as the member path `a.b.c`."""
+    while True:
+        stripped = re.sub(r"\([^()]*\)|\[[^\[\]]*\]", "", code)
+        if stripped == code:
+            return code
+        code = stripped
+
+
+def written_paths(code):
+    """The member paths a one-line statement writes: its assignment's left side (`a.b[i] =
+    x` writes a.b), an incremented path, the object of a call chain that makes the whole
+    statement (`v.clear()` writes v, `out.row(q).head(n).setZero()` writes out.row.head),
+    what std::swap exchanges, and for a one-line `if` or `for`, what its body writes."""
+    m = re.match(r"\s*(if|for) \(", code)
+    if m:
+        spans = top_level_args(code, m.end() - 1)
+        return written_paths(code[spans[-1][1] + 1:]) if spans else set()
     out = set()
     m = WRITE_OP.search(code)
-    if m:
-        # Subscripts and call arguments on the left are read, not written.
-        left = IDENT.findall(re.sub(r"\[[^\]]*\]|\([^)]*\)", "", code[:m.start()])
-                             if m.group(1) else code)
-        if m.group(1) and DECLARATION.match(code):  # `const T x = ...` declares x
-            left = left[-1:]
-        out |= {n for n in left[-1:] if n not in NOT_NAMES}
-    m = MUTATOR.match(code)
-    if m and not code.lstrip().startswith(("if ", "for ")):
-        out |= set(IDENT.findall(m.group(1))[-1:]) - NOT_NAMES
+    if m and m.group(1):
+        out |= set(PATH.findall(bare(code[:m.start()]))[-1:])
+    elif m:  # ++ or --: the path next to it
+        out |= set(PATH.findall(bare(code))[:1])
+    chain = re.fullmatch(r"\s*(" + PATH.pattern + r")\s*;\s*", bare(code))
+    if chain and re.search(r"(\.|->)\w+$", chain.group(1)):
+        out.add(re.sub(r"(\.|->)\w+$", "", chain.group(1)))
     if "std::swap(" in code:
-        out |= set(IDENT.findall(code.split("std::swap(", 1)[1])) - NOT_NAMES
+        out |= set(PATH.findall(code.split("std::swap(", 1)[1]))
+    return {p for p in out if re.split(r"\.|->", p)[0] not in NOT_NAMES}
+
+
+def named_paths(code):
+    """Every member path `code` names, call chains whole (`a.b(x).c()` names a.b.c, and x
+    inside it), at every depth of parentheses and brackets."""
+    out = set(PATH.findall(bare(code)))
+    depth, opened = 0, None
+    for i, c in enumerate(code):
+        if c in "([":
+            depth += 1
+            if depth == 1:
+                opened = i
+        elif c in ")]":
+            depth -= 1
+            if depth == 0 and opened is not None:
+                out |= named_paths(code[opened + 1:i])
     return out
+
+
+def touches(written, code):
+    """Whether `code` reads or writes one of the `written` paths: it names the path, a
+    member of it, or an object the path is a member of. A plain call of a member function
+    (`Append(k, v);`) may read or write any data member (a name ending in '_')."""
+    named = named_paths(code)
+    if re.fullmatch(r"\s*[A-Z]\w*\s*;\s*", bare(code)):
+        named |= {w for w in written if re.split(r"\.|->", w)[0].endswith("_")}
+    for w in written:
+        for p in named:
+            short, long = sorted((w, p), key=len)
+            if long == short or long.startswith((short + ".", short + "->")):
+                return True
+    return False
+
+
+def member_call_writes(code, other):
+    """The data members of `other` that a plain member-function call `code` may write."""
+    if not re.fullmatch(r"\s*[A-Z]\w*\s*;\s*", bare(code)):
+        return set()
+    return {p for p in named_paths(other) if re.split(r"\.|->", p)[0].endswith("_")}
 
 
 def declared_names(code):
@@ -366,8 +417,9 @@ def order_pairs(lines):
         names_a, names_b = set(IDENT.findall(ca)), set(IDENT.findall(cb))
         if (declared_names(ca) & names_b) or (declared_names(cb) & names_a):
             continue  # the swap would use a name before its declaration
-        wa, wb = written_names(ca), written_names(cb)
-        if (wa & names_b) or (wb & names_a):
+        wa = written_paths(ca) | member_call_writes(ca, cb)
+        wb = written_paths(cb) | member_call_writes(cb, ca)
+        if touches(wa, cb) or touches(wb, ca):
             found.append((n, "swap-with-next", 0, 0, "swap-next"))
     return found
 
