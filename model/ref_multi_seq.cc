@@ -7,6 +7,7 @@
 #include "model/ref_multi_seq.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -214,6 +215,17 @@ void RefMultiSeqCache::VisibleInto(const MsBatch& batch, size_t i, bool causal_d
                                    std::vector<MsEntry>& out) const {
   KV_CHECK(last_batch_.has_value() && *last_batch_ == batch,
            "Visible answers for the batch of the last operation, a successful StartForward");
+  VisibleOverInto(batch, i, causal_disabled, current_, out);
+}
+
+void RefMultiSeqCache::ReserveVisibleInto(const MsBatch& batch, size_t i,
+                                          std::vector<MsEntry>& out) const {
+  VisibleOverInto(batch, i, /*causal_disabled=*/false,
+                  MsSpan{0, std::numeric_limits<int64_t>::max()}, out);
+}
+
+void RefMultiSeqCache::VisibleOverInto(const MsBatch& batch, size_t i, bool causal_disabled,
+                                       MsSpan range, std::vector<MsEntry>& out) const {
   KV_CHECK(i < batch.size(), "batch index out of range");
   const int64_t p = batch[i].pos;
   const int64_t chunk_start = config_.chunk == kUnbounded ? 0 : p - p % config_.chunk;
@@ -221,7 +233,7 @@ void RefMultiSeqCache::VisibleInto(const MsBatch& batch, size_t i, bool causal_d
   out.clear();
   // The mask's columns are the current range; a cell outside it is not in the view at all.
   for (const MsEntry& e : Of(batch[i].seq).entries) {
-    if (!e.retained || e.index < current_.first || e.index >= current_.second) continue;
+    if (!e.retained || e.index < range.first || e.index >= range.second) continue;
     if (!causal_disabled && e.pos > p) continue;
     if (e.pos < chunk_start || e.pos < window_start) continue;
     out.push_back(e);

@@ -180,6 +180,9 @@ class RefMultiSeqCache {
   void VisibleInto(const MsBatch& batch, size_t i, bool causal_disabled,
                    std::vector<MsEntry>& out) const;
   std::vector<int64_t> VisiblePositions(const MsBatch& batch, size_t i, bool causal_disabled) const;
+  // What batch token i of a reserve pass sees (§5.2: no metadata change, the whole cache as
+  // the current range): the same mask conditions over every cell as they are now. Any batch.
+  void ReserveVisibleInto(const MsBatch& batch, size_t i, std::vector<MsEntry>& out) const;
 
   // The cells holding `seq` (exact), ascending by position then write order.
   std::vector<MsEntry> Retained(SeqId seq) const;
@@ -214,6 +217,9 @@ class RefMultiSeqCache {
   };
   static void Sort(std::vector<MsEntry>& entries);
   const Seq& Of(SeqId seq) const;  // an empty one when unknown
+  // The §2.8 mask of batch token i over the cells of `range`.
+  void VisibleOverInto(const MsBatch& batch, size_t i, bool causal_disabled, MsSpan range,
+                       std::vector<MsEntry>& out) const;
   // Whether a sequence other than `seq` holds a retained entry in cell `index`.
   bool SharedWithOther(SeqId seq, int64_t index) const;
   // occupied[i] != 0: a retained entry names cell i; indices >= size() are free (nothing is

@@ -196,6 +196,8 @@ class MultiSeqDriver {
   // Where StartForward placed the batch and the current range it derived.
   Check CheckPlacement() const;
   Check CheckVisible(const model::MsBatch& batch, const std::vector<int64_t>& causal_off);
+  // A reserve pass's mask: every batch token's row over the whole cache.
+  Check CheckReserveMask(const model::MsBatch& batch, const CausalCache::View& view);
   // One row of the view (view_row >= 0) or of the cache (view_row < 0, "stored") against
   // the model's content of cell `index`: row k_row of `k` and row v_row of `v`, compared in
   // place.

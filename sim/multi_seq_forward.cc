@@ -162,6 +162,9 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
                     fmt::format("[0, {})", cache_->kv().num_cells()),
                     fmt::format("[{}, {})", view.range_begin, view.range_end)};
   }
+  // The worst-case graph's mask: one row per batch token over the whole cache, by the
+  // forward's conditions on the cells as they stand (nothing was placed).
+  if (Check c = CheckReserveMask(Tokens(op), view)) return c;
   // A worst-case pass builds the whole graph, so its conv layers read their state too. The
   // pass maps nothing, so those reads must not unshare (copy-on-write) or move anything:
   // every slot, refcount, free-list entry and conv row stays what the model holds.
@@ -179,6 +182,34 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   if (config_.num_conv_layers > 0) {
     if (Check c = CheckSlots(/*current=*/false)) return c;
     if (Check c = CheckConv()) return c;
+  }
+  return std::nullopt;
+}
+
+Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch, const CausalCache::View& view) {
+  const int64_t cells = cache_->kv().num_cells();
+  if (view.visible.size() != batch.size()) {
+    return Mismatch{"mask rows of a reserve pass", std::to_string(batch.size()),
+                    std::to_string(view.visible.size())};
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (static_cast<int64_t>(view.visible[i].size()) != cells) {
+      return Mismatch{fmt::format("mask columns of reserve batch token {}", i),
+                      std::to_string(cells), std::to_string(view.visible[i].size())};
+    }
+    std::vector<int64_t>&got = got_, &want = want_;
+    got.clear();
+    want.clear();
+    for (int64_t j = 0; j < cells; ++j) {
+      if (view.visible[i][static_cast<size_t>(j)]) got.push_back(j);
+    }
+    model_.kv().ReserveVisibleInto(batch, i, entries_);
+    for (const model::MsEntry& e : entries_) want.push_back(e.index);
+    if (got != want) {
+      return Mismatch{fmt::format("cells visible to reserve batch token {} (s{} pos {})", i,
+                                  Raw(batch[i].seq), batch[i].pos),
+                      fmt::format("{}", want), fmt::format("{}", got)};
+    }
   }
   return std::nullopt;
 }
