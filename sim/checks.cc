@@ -110,11 +110,13 @@ Status RotatingWindowSlotsInto(int64_t offset, int64_t idx, int64_t rows, int64_
                                std::vector<int64_t>& slots) {
   slots.clear();
   if (offset <= window) {  // R1: slot i holds position i
-    if (idx != offset || rows < offset) {
+    // Spec §4.1: Dim <= W too. Growth stops at the window (min(step, W - offset)), and a
+    // batched write leaves at most offset rows, so more than W rows is an overgrown buffer.
+    if (idx != offset || rows < offset || rows > window) {
       return FailedPrecondition(
-          fmt::format("linear regime needs idx == offset <= rows; "
-                      "offset {} idx {} rows {}",
-                      offset, idx, rows));
+          fmt::format("linear regime needs idx == offset <= rows <= W; "
+                      "offset {} idx {} rows {} W {}",
+                      offset, idx, rows, window));
     }
     for (int64_t i = 0; i < offset; ++i) slots.push_back(i);
   } else if (rows == window) {  // R2: logical j at (idx + j) mod W

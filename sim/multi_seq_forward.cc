@@ -62,6 +62,23 @@ Check SetCausalLists(CausalCache& kv, const MsOp& op, bool empty_too, MsCoverage
   return std::nullopt;
 }
 
+// The mask's shape (spec §2.8, [range x batch]): a row per batch token, each with a column
+// per cell of the current range.
+Check CheckMaskShape(const CausalCache::View& view, size_t tokens, int64_t columns,
+                     const char* pass) {
+  if (view.visible.size() != tokens) {
+    return Mismatch{fmt::format("mask rows of {}", pass), std::to_string(tokens),
+                    std::to_string(view.visible.size())};
+  }
+  for (size_t i = 0; i < tokens; ++i) {
+    if (static_cast<int64_t>(view.visible[i].size()) != columns) {
+      return Mismatch{fmt::format("mask columns of batch token {} of {}", i, pass),
+                      std::to_string(columns), std::to_string(view.visible[i].size())};
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 float UnroundedConvValue(DType dtype, float exact, uint32_t variant) {
@@ -188,15 +205,8 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
 
 Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch, const CausalCache::View& view) {
   const int64_t cells = cache_->kv().num_cells();
-  if (view.visible.size() != batch.size()) {
-    return Mismatch{"mask rows of a reserve pass", std::to_string(batch.size()),
-                    std::to_string(view.visible.size())};
-  }
+  if (Check c = CheckMaskShape(view, batch.size(), cells, "a reserve pass")) return c;
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (static_cast<int64_t>(view.visible[i].size()) != cells) {
-      return Mismatch{fmt::format("mask columns of reserve batch token {}", i),
-                      std::to_string(cells), std::to_string(view.visible[i].size())};
-    }
     std::vector<int64_t>&got = got_, &want = want_;
     got.clear();
     want.clear();
@@ -397,6 +407,7 @@ Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
       return c;
     }
   }
+  if (Check c = CheckMaskShape(view, batch.size(), len, "the forward")) return c;
   for (size_t i = 0; i < batch.size(); ++i) {
     const bool off = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) !=
                      causal_off.end();
