@@ -68,26 +68,50 @@ std::string FormatRanges(const std::vector<model::PositionRange>& ranges) {
   return out;
 }
 
-// The additive array of a blocked rectangle [q_lo, q_hi) x [k_lo, k_hi) over the forward's
-// history of `key_len` keys, its columns oldest first from max(0, start + L - K) (spec §2.5
-// AsArray): -inf on the block's cells, 0 elsewhere. In the narrowest shape that says it, so
-// the dispatch's broadcasts are exercised too: [1 x K] when the block spans every query of
-// the forward, [L x 1] when it spans every key, else [L x K].
-MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, int64_t key_len) {
+// The finite additive value of a biased block array at (query position q, key position k).
+// Spec §2.5's arrays are additive: a finite value other than 0 leaves its cell open and
+// biases its score, and two arrays add cell by cell. With only 0 and -inf, adding, taking
+// the minimum and dropping the array's finite part all give the same cells and scores.
+// Multiples of 1/4 in [-0.75, 0.75]: exact in float.
+double BlockBias(int64_t q, int64_t k) {
+  return 0.25 * static_cast<double>((3 * q + 5 * k) % 7 - 3);
+}
+
+// Whether a blocked rectangle spans every query of the forward, and every key of its
+// history of `key_len` keys (columns oldest first from max(0, start + L - K), spec §2.5
+// AsArray).
+struct BlockSpan {
+  bool every_query = false, every_key = false;
+};
+BlockSpan SpanOf(const model::RefRect& block, int64_t start, int64_t query_len, int64_t key_len) {
   const int64_t oldest = std::max<int64_t>(0, start + query_len - key_len);
-  const bool every_query = block.q_lo <= start && start + query_len <= block.q_hi;
-  const bool every_key = block.k_lo <= oldest && oldest + key_len <= block.k_hi;
+  return {block.q_lo <= start && start + query_len <= block.q_hi,
+          block.k_lo <= oldest && oldest + key_len <= block.k_hi};
+}
+
+// The additive array of a blocked rectangle [q_lo, q_hi) x [k_lo, k_hi) over the forward's
+// history: -inf on the block's cells, 0 elsewhere, or BlockBias when `biased` (a full
+// [L x K] array only). In the narrowest shape that says it, so the dispatch's broadcasts
+// are exercised too: [1 x K] when the block spans every query of the forward, [L x 1] when
+// it spans every key, else [L x K].
+MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, int64_t key_len,
+                bool biased) {
+  const int64_t oldest = std::max<int64_t>(0, start + query_len - key_len);
+  const auto [every_query, every_key] = SpanOf(block, start, query_len, key_len);
   const bool key_broadcast = every_key && !every_query;
   const int64_t rows = every_query ? 1 : query_len;
   const int64_t cols = key_broadcast ? 1 : key_len;
+  KV_CHECK(!biased || (rows == query_len && cols == key_len), "a broadcast array biased");
   MatF a = MatF::Zero(rows, cols);
   for (int64_t q = 0; q < rows; ++q) {
     const int64_t p = start + q;
-    if (!every_query && (p < block.q_lo || p >= block.q_hi)) continue;
+    const bool blocked_query = every_query || (block.q_lo <= p && p < block.q_hi);
     for (int64_t k = 0; k < cols; ++k) {
       const int64_t pk = oldest + k;
-      if (key_broadcast || (block.k_lo <= pk && pk < block.k_hi)) {
+      if (blocked_query && (key_broadcast || (block.k_lo <= pk && pk < block.k_hi))) {
         a(q, k) = -std::numeric_limits<float>::infinity();
+      } else if (biased) {
+        a(q, k) = static_cast<float>(BlockBias(p, pk));
       }
     }
   }
@@ -203,6 +227,7 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
   ref_mask.causal = causal;
   ref_mask.rects.clear();
   ref_mask.blocks.clear();
+  block_bias_ = false;
   const auto ref_rect = [](const MaskRect& r) {
     return model::RefRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi};
   };
@@ -250,9 +275,19 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
       write.mask == MaskForm::kArray) {
     // On a zero mask (kArray) the intersection is the array alone: a pure array mask.
     const model::RefRect block = HasBlockRect(write.mask) ? ref_rect(write.block) : rect;
+    // Every other forward whose whole-block array is [L x K] biases the cells it leaves
+    // open (BlockBias), chosen from the op and the forward alone; a quarter never does.
+    const BlockSpan span = SpanOf(block, start, query_len, key_len);
+    block_bias_ = !span.every_query && !span.every_key && (block.k_hi + start) % 2 == 0;
     std::array<model::RefRect, 2> pieces;
+    bool bias_left = block_bias_;  // one array carries it (a small quarter can equal the block)
     for (size_t i = 0, n = BlockPieces(block, start, pieces); i < n; ++i) {
-      AttentionMask array = AttentionMask::Array(BlockArray(pieces[i], start, query_len, key_len));
+      const model::RefRect& r = pieces[i];
+      const bool biased = bias_left && r.q_lo == block.q_lo && r.q_hi == block.q_hi &&
+                          r.k_lo == block.k_lo && r.k_hi == block.k_hi;
+      bias_left &= !biased;
+      AttentionMask array =
+          AttentionMask::Array(BlockArray(pieces[i], start, query_len, key_len, biased));
       // Either order: spec §2.5's intersection is symmetric, and only the array first sends
       // a relaxed second side through Intersect's "other side not causal" case.
       logical = (block.k_lo + query_len + static_cast<int64_t>(i)) % 2 == 0
@@ -329,7 +364,8 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
         const float* k = ref_k_.row(p - held.first).data();
         double dot = 0;
         for (int64_t c = 0; c < k_cols_; ++c) dot += double{q(i, c)} * double{k[c]};
-        weights.push_back(double{scale} * dot);
+        // A biased block array adds its finite value to every cell it leaves open.
+        weights.push_back(double{scale} * dot + (block_bias_ ? BlockBias(start + i, p) : 0.0));
         max_score = std::max(max_score, weights.back());
       }
     }

@@ -252,8 +252,9 @@ class LayerOracle {
   std::vector<int64_t> identity_, window_slots_, row_positions_;
   std::vector<model::PositionRange> seen_ranges_, want_ranges_;
   VisibleSet visible_, materialized_;
-  AttentionMask logical_;                                      // BuildMasks' production mask
-  model::RefMask ref_mask_;                                    // and the reference's
+  AttentionMask logical_;    // BuildMasks' production mask
+  model::RefMask ref_mask_;  // and the reference's
+  bool block_bias_ = false;  // the block's array adds BlockBias to the cells it leaves open
   std::vector<RelaxRect> relax_rect_side_, relax_wider_side_;  // its relaxations' pieces
   MatF query_;                                                 // CheckAttention's queries,
   std::vector<double> weights_;                                // one query's scores
