@@ -369,6 +369,7 @@ TEST(CausalCacheInit, RefusesMoreCellsThanTheBound) {
   const std::string beyond = "sizes beyond 16777216";
   EXPECT_NE(refusal(InitConfig(1, kBound + 1, 8, kUnbounded)).find(beyond), std::string::npos);
   EXPECT_NE(refusal(InitConfig(1, 16, kBound + 1, kUnbounded)).find(beyond), std::string::npos);
+  EXPECT_NE(refusal(InitConfig(kBound + 1, 1, 8, kUnbounded)).find(beyond), std::string::npos);
   // 2^12 sequences of 2^13 cells: each size fits, their product does not.
   EXPECT_NE(refusal(InitConfig(1 << 12, 1 << 13, 8, kUnbounded)).find("33554432 cells exceed"),
             std::string::npos);
@@ -537,6 +538,7 @@ TEST_P(CausalCacheTest, MalformedCallsAreInvalidWithoutChanges) {
   EXPECT_EQ(cache.StartForward(Batch({0, 0, 0}, {0, 1, 2})).code(),
             StatusCode::kInvalidArgument);  // larger than max_batch
   EXPECT_EQ(cache.StartForward(Batch({1}, {0})).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.StartForward(Batch({-1}, {0})).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.StartForward(Batch({0}, {-1})).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.StartForward({}).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(cache.ranges().empty());
@@ -546,6 +548,7 @@ TEST_P(CausalCacheTest, MalformedCallsAreInvalidWithoutChanges) {
   const Tensor two = RowsOf({1, 2}, TokenRow);
   EXPECT_EQ(cache.Put(three, three).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.Put(two, three).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Put(three, two).code(), StatusCode::kInvalidArgument);
   // A width other than the cache's on either side (the guard family found only both tried).
   const Tensor narrow(DType::kFloat32, 2, kCols - 1);
   EXPECT_EQ(cache.Put(narrow, narrow).code(), StatusCode::kInvalidArgument);
@@ -561,6 +564,10 @@ TEST_P(CausalCacheTest, MalformedCallsAreInvalidWithoutChanges) {
   EXPECT_EQ(cache.Remove(0, -1, 2).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.Remove(0, -1, kUnbounded).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.CopyPrefix(0, 1, 2).code(), StatusCode::kInvalidArgument);
+  // Negative sequence ids, as source, destination or the edited sequence.
+  EXPECT_EQ(cache.CopyPrefix(-1, 0, 2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.CopyPrefix(0, -1, 2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Remove(-1, 0, 2).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(cache.Put(two, two).ok());
   EXPECT_EQ(cache.k().At(1, 1), 1002.0f);
 }
