@@ -196,6 +196,8 @@ class MultiSeqDriver {
   // Where StartForward placed the batch and the current range it derived.
   Check CheckPlacement() const;
   Check CheckVisible(const model::MsBatch& batch, const std::vector<int64_t>& causal_off);
+  // Every row of a view (Get) against the model's cells of its range, in cell order.
+  Check CheckViewRows(const CausalCache::View& view);
   // A reserve pass's mask: every batch token's row over the whole cache.
   Check CheckReserveMask(const model::MsBatch& batch, const CausalCache::View& view);
   // One row of the view (view_row >= 0) or of the cache (view_row < 0, "stored") against

@@ -179,8 +179,9 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
                     fmt::format("[0, {})", cache_->kv().num_cells()),
                     fmt::format("[{}, {})", view.range_begin, view.range_end)};
   }
-  // The worst-case graph's mask: one row per batch token over the whole cache, by the
-  // forward's conditions on the cells as they stand (nothing was placed).
+  // The worst-case graph reads the whole cache: every row as it stands (nothing was placed)
+  // and a mask row per batch token over all of them, by the forward's conditions.
+  if (Check c = CheckViewRows(view)) return c;
   if (Check c = CheckReserveMask(Tokens(op), view)) return c;
   // A worst-case pass builds the whole graph, so its conv layers read their state too. The
   // pass maps nothing, so those reads must not unshare (copy-on-write) or move anything:
@@ -199,6 +200,25 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   if (config_.num_conv_layers > 0) {
     if (Check c = CheckSlots(/*current=*/false)) return c;
     if (Check c = CheckConv()) return c;
+  }
+  return std::nullopt;
+}
+
+Check MultiSeqDriver::CheckViewRows(const CausalCache::View& view) {
+  // The view is the range in cell order: row j is cell begin + j, free cells included.
+  const int64_t len = view.range_end - view.range_begin;
+  if (view.k.rows() != len || view.v.rows() != len) {
+    return Mismatch{"K/V rows of the view (Get)", fmt::format("{} each", len),
+                    fmt::format("{} K, {} V", view.k.rows(), view.v.rows())};
+  }
+  model_.kv().CellsInto(cells_);
+  const std::vector<model::MsCell>& cells = cells_;
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t index = view.range_begin + j;
+    if (Check c =
+            CheckRow(j, index, cells[static_cast<size_t>(index)].rows, view.k, j, view.v, j)) {
+      return c;
+    }
   }
   return std::nullopt;
 }
@@ -397,16 +417,7 @@ Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
         fmt::format("[{}, {})", range.first, range.second),
         fmt::format("[{}, {}) with {} K rows", view.range_begin, view.range_end, view.k.rows())};
   }
-  // The view is the range in cell order: row j is cell begin + j, free cells included.
-  model_.kv().CellsInto(cells_);
-  const std::vector<model::MsCell>& cells = cells_;
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t index = range.first + j;
-    if (Check c =
-            CheckRow(j, index, cells[static_cast<size_t>(index)].rows, view.k, j, view.v, j)) {
-      return c;
-    }
-  }
+  if (Check c = CheckViewRows(view)) return c;
   if (Check c = CheckMaskShape(view, batch.size(), len, "the forward")) return c;
   for (size_t i = 0; i < batch.size(); ++i) {
     const bool off = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) !=
