@@ -218,10 +218,9 @@ void RefMultiSeqCache::VisibleInto(const MsBatch& batch, size_t i, bool causal_d
   VisibleOverInto(batch, i, causal_disabled, current_, out);
 }
 
-void RefMultiSeqCache::ReserveVisibleInto(const MsBatch& batch, size_t i,
+void RefMultiSeqCache::ReserveVisibleInto(const MsBatch& batch, size_t i, bool causal_disabled,
                                           std::vector<MsEntry>& out) const {
-  VisibleOverInto(batch, i, /*causal_disabled=*/false,
-                  MsSpan{0, std::numeric_limits<int64_t>::max()}, out);
+  VisibleOverInto(batch, i, causal_disabled, MsSpan{0, std::numeric_limits<int64_t>::max()}, out);
 }
 
 void RefMultiSeqCache::VisibleOverInto(const MsBatch& batch, size_t i, bool causal_disabled,

@@ -181,8 +181,10 @@ class RefMultiSeqCache {
                    std::vector<MsEntry>& out) const;
   std::vector<int64_t> VisiblePositions(const MsBatch& batch, size_t i, bool causal_disabled) const;
   // What batch token i of a reserve pass sees (§5.2: no metadata change, the whole cache as
-  // the current range): the same mask conditions over every cell as they are now. Any batch.
-  void ReserveVisibleInto(const MsBatch& batch, size_t i, std::vector<MsEntry>& out) const;
+  // the current range): the same mask conditions over every cell as they are now, causal
+  // unless SetCausal disabled it for i. Any batch.
+  void ReserveVisibleInto(const MsBatch& batch, size_t i, bool causal_disabled,
+                          std::vector<MsEntry>& out) const;
 
   // The cells holding `seq` (exact), ascending by position then write order.
   std::vector<MsEntry> Retained(SeqId seq) const;

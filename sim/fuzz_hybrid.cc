@@ -243,8 +243,7 @@ MsOp Decoder::Forward(const std::array<uint8_t, kRecordBytes>& f) const {
   if (count >= 6) off.push_back(f[kCausalA] % size);
   if (count == 7) off.push_back(f[kCausalB] % size);
   const bool reserve = f[kReserve] % 8 == 0;
-  // A reserve pass ignores SetCausal; leave it out so the recorded event says what ran.
-  return MsOp::Forward(std::move(batch), reserve ? std::vector<int64_t>{} : off, reserve);
+  return MsOp::Forward(std::move(batch), off, reserve);
 }
 
 MsOp Decoder::Remove(const std::array<uint8_t, kRecordBytes>& f) const {

@@ -199,7 +199,8 @@ class MultiSeqDriver {
   // Every row of a view (Get) against the model's cells of its range, in cell order.
   Check CheckViewRows(const CausalCache::View& view);
   // A reserve pass's mask: every batch token's row over the whole cache.
-  Check CheckReserveMask(const model::MsBatch& batch, const CausalCache::View& view);
+  Check CheckReserveMask(const model::MsBatch& batch, const std::vector<int64_t>& causal_off,
+                         const CausalCache::View& view);
   // One row of the view (view_row >= 0) or of the cache (view_row < 0, "stored") against
   // the model's content of cell `index`: row k_row of `k` and row v_row of `v`, compared in
   // place.

@@ -159,6 +159,9 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   if (Check c = CheckForwardDescriptors(op, actual.ok())) return c;
   if (!actual.ok()) return std::nullopt;
   ++coverage_.reserves;
+  // The worst-case graph is the model's forward, so its SetCausal calls run too (spec §2.8:
+  // each rebuilds the mask, over the whole cache here).
+  if (Check c = SetCausalLists(cache_->mutable_kv(), op, false, coverage_)) return c;
   // Locations 0..n-1, the whole cache as range, fake slots 0..num_seqs-1.
   const auto n = static_cast<int64_t>(kv.size());
   std::vector<int64_t> locations(static_cast<size_t>(n));
@@ -182,7 +185,7 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   // The worst-case graph reads the whole cache: every row as it stands (nothing was placed)
   // and a mask row per batch token over all of them, by the forward's conditions.
   if (Check c = CheckViewRows(view)) return c;
-  if (Check c = CheckReserveMask(Tokens(op), view)) return c;
+  if (Check c = CheckReserveMask(Tokens(op), op.causal_off, view)) return c;
   // A worst-case pass builds the whole graph, so its conv layers read their state too. The
   // pass maps nothing, so those reads must not unshare (copy-on-write) or move anything:
   // every slot, refcount, free-list entry and conv row stays what the model holds.
@@ -223,7 +226,9 @@ Check MultiSeqDriver::CheckViewRows(const CausalCache::View& view) {
   return std::nullopt;
 }
 
-Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch, const CausalCache::View& view) {
+Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch,
+                                       const std::vector<int64_t>& causal_off,
+                                       const CausalCache::View& view) {
   const int64_t cells = cache_->kv().num_cells();
   if (Check c = CheckMaskShape(view, batch.size(), cells, "a reserve pass")) return c;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -233,7 +238,9 @@ Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch, const Causal
     for (int64_t j = 0; j < cells; ++j) {
       if (view.visible[i][static_cast<size_t>(j)]) got.push_back(j);
     }
-    model_.kv().ReserveVisibleInto(batch, i, entries_);
+    const bool off = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) !=
+                     causal_off.end();
+    model_.kv().ReserveVisibleInto(batch, i, off, entries_);
     for (const model::MsEntry& e : entries_) want.push_back(e.index);
     if (got != want) {
       return Mismatch{fmt::format("cells visible to reserve batch token {} (s{} pos {})", i,

@@ -282,8 +282,27 @@ MsOp MultiSeqGenerator::Reserve(const MultiSeqDriver& driver, const std::vector<
   }
   MsOp op = Step(driver, active, rng_.Chance(1, 4) ? -1 : 1);
   if (op.kind != MsOpKind::kForward) return op;
-  op.reserve = true;
-  op.causal_off.clear();
+  op.reserve = true;  // its SetCausal list, if it drew one, runs on the reserve pass
+  if (rng_.Chance(1, 2)) {
+    // As a runner builds its worst-case graph: each sequence's run from position 0, below
+    // what the cache holds of it, so the causal condition (or a SetCausal list lifting it)
+    // shapes the mask over the cells the sequence already has.
+    std::vector<std::pair<int32_t, int64_t>> first;  // (sequence, its lowest batch position)
+    for (const MsBatchToken& t : op.batch) {
+      auto it = std::find_if(first.begin(), first.end(),
+                             [&t](const auto& f) { return f.first == t.seq; });
+      if (it == first.end()) {
+        first.emplace_back(t.seq, t.pos);
+      } else {
+        it->second = std::min(it->second, t.pos);
+      }
+    }
+    for (MsBatchToken& t : op.batch) {
+      t.pos -= std::find_if(first.begin(), first.end(), [&t](const auto& f) {
+                 return f.first == t.seq;
+               })->second;
+    }
+  }
   return op;
 }
 
