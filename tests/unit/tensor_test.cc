@@ -258,5 +258,17 @@ TEST(TensorViewDeathTest, ShapesAndRangesAreChecked) {
   EXPECT_EQ(TensorView(DType::kFloat32, nullptr, 0, 3).rows(), 0);  // no elements, no storage
 }
 
+// Only a default-built tensor takes the first tail's shape: an empty tensor that has one
+// (a shaped buffer with its rows dropped) keeps it, so a tail of another width or dtype is a
+// caller bug, as on any other append.
+TEST(TensorDeathTest, AppendRowsToAShapedEmptyTensorKeepsItsShape) {
+  Tensor t(DType::kFloat32, 0, 3);
+  t.AppendRows(Numbered(DType::kFloat32, 3, 3));
+  EXPECT_TRUE(t.Equals(Numbered(DType::kFloat32, 3, 3)));
+  EXPECT_DEATH(Tensor(DType::kFloat32, 0, 3).AppendRows(Numbered(DType::kFloat32, 3, 5)),
+               "column counts");
+  EXPECT_DEATH(Tensor(DType::kFloat32, 0, 3).AppendRows(Numbered(DType::kBFloat16, 3, 3)), "");
+}
+
 }  // namespace
 }  // namespace kvtwin
