@@ -540,6 +540,9 @@ TEST_P(CausalCacheTest, MalformedCallsAreInvalidWithoutChanges) {
   EXPECT_EQ(cache.StartForward(Batch({1}, {0})).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.StartForward(Batch({-1}, {0})).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.StartForward(Batch({0}, {-1})).code(), StatusCode::kInvalidArgument);
+  // A refused StartForward starts no forward (the order family found the batch kept).
+  const Tensor one = RowsOf({1}, TokenRow);
+  EXPECT_EQ(cache.Put(one, one).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(cache.StartForward({}).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(cache.ranges().empty());
   EXPECT_TRUE(cache.cells()[0].seqs.empty());
