@@ -344,6 +344,7 @@ void PrefixCache::EndSession() {
 }
 
 void PrefixCache::EnforceEvictionPolicy() {
+  if (policy_hook_) policy_hook_();
   if (trie_.paged_out_bytes() <= options_.max_paged_out_bytes) return;
   // Read once for the whole pass (spec); eviction never changes the active path anyway.
   // Membership only: pointer order never reaches the choice, which follows the walk.

@@ -97,6 +97,13 @@ class PrefixCache {
   // with ended = true after the last. It must not change the manager. Empty = none.
   using EvictionHook = std::function<void(bool ended)>;
   void set_eviction_hook(EvictionHook hook) { eviction_hook_ = std::move(hook); }
+  // Observer of every eviction-policy point (spec §3.4: the end of a switch, of an attach
+  // that had captures pending, a page-out that installed, and each EnforceEvictionPolicy
+  // call), called before the counter is compared with the budget, whether or not a pass
+  // follows: a checker replaying the policy on a reference trie pairs its own points with
+  // these. It must not change the manager. Empty = none.
+  using PolicyHook = std::function<void()>;
+  void set_policy_hook(PolicyHook hook) { policy_hook_ = std::move(hook); }
   // Pending capture offsets of the open session (ascending) and whether each is a user
   // point; for checkers.
   struct Pending {
@@ -137,6 +144,7 @@ class PrefixCache {
   std::vector<int32_t> outputs_;
   std::vector<Pending> pending_;
   EvictionHook eviction_hook_;
+  PolicyHook policy_hook_;
 };
 
 }  // namespace kvtwin
