@@ -1,10 +1,13 @@
 // The reference prefix-sharing manager: spec §3.2 (trie primitives) and §3.4 (session
 // lifecycle) transcribed step by step over RefCache and RefNode, at λ = 0 without media
-// (key = token id) and with an unlimited budget (no eviction, every `bytes` entry 0).
+// (key = token id). Eviction is the pass of ref_eviction.cc, over the sizes the caller's
+// Charge supplies at each of the spec's policy points.
 //
 // Decisions the spec leaves to the C++ side (§8 quirk 1, §3.4 switchToPath step 5): when
 // the align step's rewind fails, every cache is freed and the active path is reset to
-// [root], so the prefix is 0 and the landing tick goes to the root. A node's `snaps` stays
+// [root], so the prefix is 0 and the landing tick goes to the root. A KV capture that
+// begins after its node's start (eviction removed the edge's head after Begin) is replaced
+// by a slice of the live cache over the whole edge (AttachCaptured). A node's `snaps` stays
 // empty until something is installed on it, so "never held a snapshot" is visible.
 #include "model/ref_prefix_cache.h"
 
@@ -13,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "model/ref_eviction.h"
 #include "src/core/check.h"
 
 namespace kvtwin::model {
@@ -185,6 +189,14 @@ void AttachCaptured(RefNode* node, std::vector<RefSnap> row, const Caches& cache
   for (size_t i = 0; i < caches.size(); ++i) {
     if (!caches[i] || !row[i] || next[i]) continue;
     next[i] = caches[i]->Split(std::move(row[i]), node->start()).second;
+    if (next[i] && next[i]->kind == RefKind::kKv && next[i]->from > node->start()) {
+      // The capture began after the node's start: the edge's head was evicted between
+      // Begin and this attach, and the node now starts below the prefix the captures
+      // began at. The literal clip would leave a KV slot short of its edge, against the
+      // placement convention (spec §3.1: a KV slot covers exactly the node's edge); the
+      // live cache holds every stored key below its offset, so the edge is sliced from it.
+      next[i] = caches[i]->Split(caches[i]->Snapshot(node->start()), node->end).first;
+    }
     installed = installed || next[i].has_value();
   }
   if (installed) {
@@ -195,13 +207,15 @@ void AttachCaptured(RefNode* node, std::vector<RefSnap> row, const Caches& cache
 }
 
 // pageOut (§3.4): only a node without any snapshot takes one from the live caches.
-void PageOut(RefNode* node, const Caches& caches) {
-  if (node->HasSnapshots()) return;
+// Returns whether it installed (the caller then runs the eviction policy, as pageOut does).
+bool PageOut(RefNode* node, const Caches& caches) {
+  if (node->HasSnapshots()) return false;
   node->snaps.assign(caches.size(), std::nullopt);
   for (size_t i = 0; i < caches.size(); ++i) {
     if (caches[i]) node->snaps[i] = caches[i]->Snapshot(node->start());
   }
   node->bytes.assign(caches.size(), 0);
+  return true;
 }
 
 // switchToPath steps 1-2: rewind every cache to min(common ancestor end, matched); a
@@ -296,6 +310,7 @@ RefBeginReport RefPrefixCache::Begin(const TokenLog& inputs) {
     m = FindBestMatch(root_.get(), SliceKeys(keys, 0, total - 1));
   }
   const bool free_all = SwitchToPath(caches_, active_path_, root_.get(), m.path, m.matched, clock_);
+  EnforceEvictionPolicy();  // switchToPath step 7
   const int64_t prefix = MinOffset(caches_);
   // Branch point: lets a later prompt that diverges here restore this far.
   if (prefix < m.matched) pending_.push_back({m.matched, false});
@@ -395,6 +410,7 @@ void RefPrefixCache::AttachPrefillSnapshots() {
     AttachCaptured(f, std::move(rows[i]), caches_, clock_);
     CompactPath(active_path_, caches_);
   }
+  EnforceEvictionPolicy();
 }
 
 void RefPrefixCache::Close() {
@@ -409,7 +425,7 @@ void RefPrefixCache::Close() {
     KV_CHECK(f->end <= offset, "the active path ends beyond the caches");
     if (offset > f->end) {
       RefNode* n = AdvancePath(active_path_, f, SliceKeys(stored, f->end, offset), offset, caches_);
-      PageOut(n, caches_);
+      if (PageOut(n, caches_)) EnforceEvictionPolicy();
       CompactPath(active_path_, caches_);
     }
     active_path_.back()->last_used = ++clock_;
@@ -418,6 +434,16 @@ void RefPrefixCache::Close() {
   scheduled_ = false;
   inputs_.clear();
   outputs_.clear();
+}
+
+void RefPrefixCache::EnforceEvictionPolicy() {
+  if (!charge_) return;
+  const std::optional<int64_t> budget = charge_(*root_);
+  if (!budget) return;
+  // The active path as the pass begins: it never changes during a pass (its nodes are
+  // never victims, and a victim off the path has no descendant on it).
+  const std::vector<const RefNode*> active(active_path_.begin(), active_path_.end());
+  RefEvictionPass(*root_, active, *budget);
 }
 
 }  // namespace kvtwin::model

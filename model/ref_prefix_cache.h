@@ -1,8 +1,8 @@
 // RefPrefixCache: the naive reference of the prefix-sharing manager (spec §3.1–§3.4, v1:
-// λ = 0, no media) at an unlimited budget, where the policy has no latitude: given the
-// same requests, the production manager must end every session call with exactly this
-// trie (edges, offsets, child order, user flags, LRU order, which slots hold a snapshot and
-// over which range) and report exactly this Begin outcome.
+// λ = 0, no media), where the policy has no latitude: given the same requests (and, under
+// a byte budget, the same snapshot sizes), the production manager must end every session
+// call with exactly this trie (edges, offsets, child order, user flags, LRU order, which slots hold
+// a snapshot and over which range) and report exactly this Begin outcome.
 //
 // It runs the spec's algorithms literally over model::RefCache (one per manager cache,
 // nullopt = stateless hole) and RefNode, and is written from the spec, never from src/.
@@ -15,8 +15,14 @@
 //
 // Time: a logical clock starting at 0; the root is created at 0; every "now" of the spec
 // (the switch landing node, each attachCapturedSnapshots, the close frontier) takes a
-// fresh tick (++clock). No eviction ever runs here (the budget is unlimited); the
-// eviction pass is model/ref_eviction.h.
+// fresh tick (++clock).
+//
+// Eviction runs at the spec's points (the end of Begin's switch, the end of an attach that
+// had offsets pending, inside a pageOut that installed) through the pass of
+// model/ref_eviction.h. Snapshot sizes are not modeled here: a lazy KV snapshot is 0 bytes
+// until a later write to its issuer materializes it, so sizes are an input of the policy,
+// supplied at each point by the caller's Charge. Without one the budget is unlimited and
+// no point evicts.
 //
 // Misuse (a second Begin, an empty prompt, calls without an open session, a second
 // Schedule) aborts via KV_CHECK: the caller replays a production run that succeeded.
@@ -24,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -48,6 +55,11 @@ struct RefBeginReport {
 
 class RefPrefixCache {
  public:
+  // Called at each eviction-policy point: sets every node's `bytes` (the charged size of
+  // each slot) and returns the budget, or returns nullopt when the sizes are known to be
+  // within the budget (no pass, nothing charged).
+  using Charge = std::function<std::optional<int64_t>(RefNode& root)>;
+
   // REQUIRES: at least one non-null cache; none holds an active capture schedule.
   explicit RefPrefixCache(std::vector<std::optional<RefCache>> caches);
 
@@ -69,6 +81,12 @@ class RefPrefixCache {
   void AddOutputs(const TokenLog& tokens);
   // spec §3.4 close: attach, frontier advance, pageOut, compactPath, frontier tick.
   void Close();
+  // The eviction policy, run now (a driver's pass between sessions after lowering the
+  // budget, as production's EnforceEvictionPolicy). Empty charge = never evicts.
+  void EnforceEvictionPolicy();
+  void set_charge(Charge charge) { charge_ = std::move(charge); }
+  // For a driver that ages the production trie's nodes (a coarse clock) to age these alike.
+  RefNode& mutable_root() { return *root_; }
 
   bool session_open() const { return open_; }
   const RefNode& root() const { return *root_; }
@@ -92,6 +110,7 @@ class RefPrefixCache {
   TokenLog inputs_;
   TokenLog outputs_;
   std::vector<Pending> pending_;
+  Charge charge_;
   // Forward's scratch: per cache, the index of the earlier cache whose log it takes after
   // the write, or -1 when it appends its own.
   std::vector<int64_t> leader_;

@@ -2,7 +2,8 @@
 // since the simulator trusts it as the oracle for the production manager: the worked trace
 // of cache-semantics.md §3.7 step by step, and the λ = 0 scenarios of §6.10 that need no
 // media and no eviction (continuation, divergence, hold-back, user points, cancelled
-// prefills, branch switches, whole-state layers landing on node ends).
+// prefills, branch switches, whole-state layers landing on node ends), and where the
+// eviction policy runs under a caller's Charge (spec §3.4 "Eviction").
 // Method: requests are served as §6.10 simulates them (begin, schedule, prefill
 // inputs[prefix : len-1], attach, decode seed + all sampled tokens but the last, close);
 // expectations (Begin reports, live cache logs, pending captures, the rendered trie with
@@ -363,6 +364,61 @@ TEST(RefPrefixCache, BeginNamesTheMatchedPathByChildPositions) {
   EXPECT_EQ(positions(true, Ids{165, 1, 7}), (std::vector<size_t>{65, 1}));
   EXPECT_EQ(positions(true, Ids{165, 1, 2}), (std::vector<size_t>{65, 0}));
   EXPECT_EQ(positions(true, Ids{165}), std::vector<size_t>{65});
+}
+
+// Eviction (spec §3.4) under a Charge of 10 bytes per present slot: the count of the
+// policy points the session reaches, and the trie each leaves.
+RefPrefixCache::Charge TenBytesPerSlot(int64_t budget, int64_t& points) {
+  return [budget, &points](RefNode& root) -> std::optional<int64_t> {
+    ++points;
+    ForEachRefNode(root, [](RefNode& n) {
+      n.bytes.assign(n.snaps.size(), 0);
+      for (size_t i = 0; i < n.snaps.size(); ++i) n.bytes[i] = n.snaps[i] ? 10 : 0;
+    });
+    return budget;
+  };
+}
+
+TEST(RefPrefixCacheEviction, RunsAtTheSwitchAndThePageOutOverTheChargedSizes) {
+  RefPrefixCache pc = KvRecurrent();
+  int64_t points = 0;
+  pc.set_charge(TenBytesPerSlot(30, points));
+  Serve(pc, kA);  // nothing pending: the attach returns before its point
+  EXPECT_EQ(points, 2);
+  // Begin: 20 B, within 30. The page-out of D's frontier: 40 B, and A is the only node
+  // off the active path.
+  Serve(pc, {{50, 51, 52, 53}, {60, 61}, {}});
+  EXPECT_EQ(points, 4);
+  EXPECT_EQ(Render(pc),
+            Trie({"[0,0) keys t0", "  [0,5) keys 50 51 52 53 60 t1 | kv[0,5) | rec@5"}));
+}
+
+TEST(RefPrefixCacheEviction, AnAttachWithOffsetsPendingIsAPoint) {
+  RefPrefixCache pc({RefCache::Kv()});
+  int64_t points = 0;
+  pc.set_charge(TenBytesPerSlot(int64_t{1} << 40, points));
+  Serve(pc, {Range(1, 8), {20, 21}, {4}});
+  EXPECT_EQ(points, 3);  // Begin, the attach of 4, the page-out at 9
+}
+
+// The switch trims A off the active path (the caches align at 5 inside its edge), so its
+// pass evicts A; the capture at 8 began at 5, but the attach's node starts at 0. The slot
+// is the live cache's slice of the whole edge (the placement convention of spec §3.1), as
+// production's documented decision; the literal clip would install kv[5,8).
+TEST(RefPrefixCacheEviction, AKvCaptureWhoseEdgeHeadWasEvictedIsSlicedFromTheLiveCache) {
+  RefPrefixCache pc({RefCache::Kv()});
+  int64_t points = 0;
+  pc.set_charge(TenBytesPerSlot(5, points));
+  Serve(pc, kA);
+  const Request e{{1, 2, 3, 4, 5, 70, 71, 72, 73}, {80}, {8}};
+  const RefBeginReport rep = Open(pc, e);
+  EXPECT_EQ(Report(rep), "total=9 matched=5 cached=5 left=4");
+  EXPECT_TRUE(pc.root().children.empty());
+  EXPECT_EQ(PendingText(pc), "8u");
+  Finish(pc, e, rep);
+  EXPECT_EQ(Render(pc), Trie({"[0,0) keys t0", "  [0,8) keys 1 2 3 4 5 70 71 72 user t1 | kv[0,8)",
+                              "    [8,9) keys 73 t2 | kv[8,9)"}));
+  EXPECT_EQ(pc.root().children[0]->snaps[0]->tokens, Slice(Toks(e.prompt), 0, 8));
 }
 
 TEST(RefPrefixCacheDeathTest, MisuseAborts) {
