@@ -8,12 +8,6 @@
 
 namespace kvtwin::sim {
 
-EvictionReference::EvictionReference(PrefixCache& manager) : manager_(manager) {
-  manager_.set_eviction_hook([this](bool ended) { OnPass(ended); });
-}
-
-EvictionReference::~EvictionReference() { manager_.set_eviction_hook(nullptr); }
-
 Check EvictionReference::TakeMismatch() { return std::exchange(mismatch_, std::nullopt); }
 
 std::string EvictionReference::Victims() const {

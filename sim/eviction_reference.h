@@ -6,8 +6,8 @@
 // order, same slots. Sizes are the production's own, an input of the policy; their sum is
 // checked against the counter by CheckTrieStructure.
 //
-// It installs itself as the manager's eviction hook; the first disagreement is kept until
-// TakeMismatch. The manager must outlive it, and it must outlive the hook's use.
+// Its owner forwards the manager's eviction hook to OnPass; the first disagreement is kept
+// until TakeMismatch. The manager must outlive it.
 // Single-threaded.
 #pragma once
 
@@ -27,10 +27,12 @@ namespace kvtwin::sim {
 
 class EvictionReference {
  public:
-  explicit EvictionReference(PrefixCache& manager);
-  ~EvictionReference();
+  explicit EvictionReference(PrefixCache& manager) : manager_(manager) {}
   EvictionReference(const EvictionReference&) = delete;
   EvictionReference& operator=(const EvictionReference&) = delete;
+
+  // The manager's eviction hook (PrefixCache::set_eviction_hook).
+  void OnPass(bool ended);
 
   // Disabled, passes go unchecked (the driver's amortized audits); enabled by default.
   void set_enabled(bool enabled) { enabled_ = enabled; }
@@ -40,7 +42,6 @@ class EvictionReference {
   int64_t evictions() const { return evictions_; }
 
  private:
-  void OnPass(bool ended);
   std::string Victims() const;  // "remove [5,9), merge [0,5) into its child" or "none"
 
   PrefixCache& manager_;

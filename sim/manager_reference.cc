@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "sim/trie_mirror.h"
+#include "src/core/check.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -23,14 +24,175 @@ std::string RenderPending(const PendingList& pending) {
   return s.empty() ? "none" : s;
 }
 
+constexpr const char* kPoints =
+    "eviction-policy points (spec §3.4: the end of a switch, of an attach with offsets pending, "
+    "a page-out that installs)";
+
 }  // namespace
 
 ManagerReference::ManagerReference(std::vector<std::optional<model::RefCache>> caches)
-    : ref_(std::move(caches)) {}
+    : ref_(std::move(caches)) {
+  ref_.set_charge([this](model::RefNode& root) { return Charge(root); });
+}
+
+void ManagerReference::OnProductionPoint(const PrefixCache& pc) {
+  points_.push_back({pc.trie().paged_out_bytes(), 0, false});
+}
+
+void ManagerReference::OnProductionPass(const PrefixCache& pc) {
+  if (points_.empty() || points_.back().pass) {
+    if (!mismatch_) {
+      mismatch_ = Mismatch{"an eviction pass", "one per policy point, after it",
+                           "a pass with no policy point of its own"};
+    }
+    return;
+  }
+  Point& p = points_.back();
+  p.pass = true;
+  p.first = nodes_.size();
+  pc.trie().Walk([&](TrieNode* n) {
+    nodes_.push_back({n->start_offset(), n->end_offset(), static_cast<int64_t>(n->last_used()),
+                      n->num_children(), sizes_.size(), n->snapshots().size()});
+    for (const SnapshotPtr& s : n->snapshots()) sizes_.push_back(s ? s->SizeBytes() : -1);
+  });
+  p.first_on_path = path_.size();
+  p.on_path = pc.active_path().size();
+  for (const TrieNode* n : pc.active_path()) path_.emplace_back(n->start_offset(), n->end_offset());
+}
+
+void ManagerReference::StartCall() {
+  points_.clear();
+  nodes_.clear();
+  sizes_.clear();
+  path_.clear();
+  next_ = 0;
+}
 
 const model::RefBeginReport& ManagerReference::Begin(const model::TokenLog& inputs) {
+  in_begin_ = true;
   begun_ = ref_.Begin(inputs);
+  in_begin_ = false;
   return begun_;
+}
+
+Check ManagerReference::AfterBegin() {
+  KV_CHECK(deferred_, "the reference Begin reached no eviction-policy point");
+  deferred_ = false;
+  ref_.EnforceEvictionPolicy();
+  return FinishCall("Begin");
+}
+
+Check ManagerReference::FinishCall(const char* call) {
+  if (!mismatch_ && next_ != points_.size()) {
+    mismatch_ = Mismatch{kPoints, std::to_string(next_), std::to_string(points_.size())};
+  }
+  StartCall();
+  Check c = std::exchange(mismatch_, std::nullopt);
+  if (c) c->what = fmt::format("{}: {}", call, c->what);
+  return c;
+}
+
+std::optional<int64_t> ManagerReference::Charge(model::RefNode& root) {
+  if (in_begin_) {
+    KV_CHECK(!deferred_, "two eviction-policy points in one reference Begin");
+    deferred_ = true;
+    return std::nullopt;
+  }
+  const size_t k = next_++;
+  if (mismatch_) return std::nullopt;  // the call already diverged
+  if (k >= points_.size()) {
+    mismatch_ =
+        Mismatch{kPoints, fmt::format("at least {}", k + 1), std::to_string(points_.size())};
+    return std::nullopt;
+  }
+  const Point& p = points_[k];
+  // Strictly over, as the spec compares; the decision is the reference's, from the counter.
+  if (p.pass != (p.counter > budget_)) {
+    mismatch_ =
+        Mismatch{fmt::format("eviction pass at policy point #{} (paged-out bytes {}, budget {})",
+                             k + 1, p.counter, budget_),
+                 p.pass ? "none" : "a pass", p.pass ? "a pass" : "none"};
+    return std::nullopt;
+  }
+  if (!p.pass) return std::nullopt;
+  if (Check c = ChargeFrom(p, k, root)) {
+    mismatch_ = std::move(c);
+    return std::nullopt;
+  }
+  return budget_;
+}
+
+Check ManagerReference::ChargeFrom(const Point& p, size_t k, model::RefNode& root) {
+  size_t end = nodes_.size();  // up to the next pass's record
+  for (size_t j = k + 1; j < points_.size(); ++j) {
+    if (points_[j].pass) {
+      end = points_[j].first;
+      break;
+    }
+  }
+  size_t i = p.first;
+  int64_t total = 0;
+  Check c;
+  // The protected set: the active path's ranges (the tries' shapes are compared next).
+  const std::vector<model::RefNode*>& want_path = ref_.active_path();
+  for (size_t d = 0; !c && d < std::max(want_path.size(), p.on_path); ++d) {
+    const auto range = [](int64_t start, int64_t stop) {
+      return fmt::format("[{},{})", start, stop);
+    };
+    const std::string want =
+        d < want_path.size() ? range(want_path[d]->start(), want_path[d]->end) : "none";
+    const std::string got =
+        d < p.on_path ? range(path_[p.first_on_path + d].first, path_[p.first_on_path + d].second)
+                      : "none";
+    if (want != got) c = Mismatch{fmt::format("active path entry {}", d), want, got};
+  }
+  // Pre-order on both sides; the walk stops filling at the first difference. The ages
+  // decide the victims, so they are compared here, at every pass, not only at audits.
+  model::ForEachRefNode(root, [&](model::RefNode& n) {
+    if (c) return;
+    const auto describe = [](int64_t start, int64_t stop, size_t children, int64_t age) {
+      return fmt::format("[{},{}) with {} children, age {}", start, stop, children, age);
+    };
+    const std::string want = describe(n.start(), n.end, n.children.size(), n.last_used);
+    if (i == end) {
+      c = Mismatch{"", want, "no further node"};
+      return;
+    }
+    const NodeSizes& got = nodes_[i];
+    if (got.start != n.start() || got.end != n.end || got.children != n.children.size() ||
+        got.last_used != n.last_used) {
+      c = Mismatch{fmt::format("node #{} in pre-order", i - p.first), want,
+                   describe(got.start, got.end, got.children, got.last_used)};
+      return;
+    }
+    n.bytes.assign(n.snaps.size(), 0);
+    for (size_t j = 0; j < std::max(n.snaps.size(), got.slots); ++j) {
+      const int64_t size = j < got.slots ? sizes_[got.first_slot + j] : -1;
+      const bool has = j < n.snaps.size() && n.snaps[j].has_value();
+      if (has != (size >= 0)) {
+        c = Mismatch{fmt::format("node #{} [{},{}) slot {}", i - p.first, n.start(), n.end, j),
+                     has ? "a snapshot" : "empty", has ? "empty" : "a snapshot"};
+        return;
+      }
+      if (has) {
+        n.bytes[j] = size;
+        total += size;
+      }
+    }
+    ++i;
+  });
+  if (!c && i != end) {
+    c = Mismatch{"", "no further node", fmt::format("{} more", end - i)};
+  }
+  if (!c && total != p.counter) {
+    c = Mismatch{"paged-out bytes against the snapshot sizes", std::to_string(total),
+                 std::to_string(p.counter)};
+  }
+  if (c) {
+    c->what = fmt::format("trie when the eviction pass of policy point #{} begins{}{}", k + 1,
+                          c->what.empty() ? "" : ", ", c->what);
+  }
+  return c;
 }
 
 Check ManagerReference::CheckBegin(const PrefixCache& pc, const BeginReport& got) const {
@@ -74,7 +236,10 @@ Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) cons
   const std::string got_text =
       model::RenderRefTrie(*got.root, /*with_bytes=*/false, /*raw_ticks=*/true);
   if (want_text != got_text) {
-    return Mismatch{fmt::format("trie after {} at an unlimited budget, {}", after,
+    const std::string budget = budget_ == std::numeric_limits<int64_t>::max()
+                                   ? "at an unlimited budget"
+                                   : fmt::format("under a budget of {} B", budget_);
+    return Mismatch{fmt::format("trie after {} {}, {}", after, budget,
                                 model::FirstDifference(want_text, got_text)),
                     "the reference manager's trie", "a different trie (the line above)"};
   }

@@ -1,16 +1,27 @@
 // ManagerReference: the reference manager (model/ref_prefix_cache.h) run in lock step with
-// a production PrefixCache at an unlimited budget, where the policy has no latitude. The
-// request driver makes the same session calls and forwards on both; after each session
-// call the production trie (mirrored, sim/trie_mirror.h) must render exactly as the
-// reference trie (edges, offsets, child order, user flags, LRU order, slot kinds and
-// ranges), the active paths must name the same ranges, and Begin must report the same
-// outcome. Snapshot contents are judged separately (CheckTrieSoundness).
+// a production PrefixCache, where the policy has no latitude. The request driver makes the
+// same session calls and forwards on both; after each session call the production trie
+// (mirrored, sim/trie_mirror.h) must render exactly as the reference trie (edges, offsets,
+// child order, user flags, LRU order, slot kinds and ranges), the active paths must name
+// the same ranges, and Begin must report the same outcome. Snapshot contents are judged
+// separately (CheckTrieSoundness).
+//
+// Under a byte budget the reference runs the eviction policy at its own points (spec §3.4)
+// with its own active path and ages, over the sizes production's trie had at the same
+// point: production's hooks record the counter at each of its policy points and, when a
+// pass begins, every slot's size in pre-order. The reference pairs its k-th point of a call
+// with production's k-th: the count must agree, a pass must begin exactly where the counter
+// is over the budget, and when one does the two tries must have the same shape and the
+// sizes must sum to the counter. Sizes are production's because the reference does not
+// model laziness (a lazy KV snapshot is 0 bytes until a later write materializes it).
 // Single-threaded.
 #pragma once
 
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/ref_prefix_cache.h"
@@ -23,11 +34,29 @@ class ManagerReference {
  public:
   // `caches`: one empty reference cache per manager cache (nullopt for a stateless hole).
   explicit ManagerReference(std::vector<std::optional<model::RefCache>> caches);
+  ManagerReference(const ManagerReference&) = delete;  // the charge points into it
+  ManagerReference& operator=(const ManagerReference&) = delete;
+
+  // The budget production compares with; set wherever the driver sets production's.
+  void set_budget(int64_t bytes) { budget_ = bytes; }
+  // Production's hooks: PrefixCache::set_policy_hook, and the begin of a pass
+  // (set_eviction_hook with ended = false).
+  void OnProductionPoint(const PrefixCache& pc);
+  void OnProductionPass(const PrefixCache& pc);
+  // Before each production session call: forgets points nothing paired (a refused call's).
+  void StartCall();
 
   model::RefPrefixCache& manager() { return ref_; }
   // Runs the reference Begin on `inputs`, before production's (the reference does not read
-  // production), and keeps its report: its matched child positions guide ExpectBegin.
+  // production), and keeps its report: its matched child positions guide ExpectBegin. Its
+  // eviction-policy point, the last thing the switch does (spec §3.4 step 7), waits for
+  // AfterBegin: production's sizes at that point exist only once production's Begin ran.
   const model::RefBeginReport& Begin(const model::TokenLog& inputs);
+  // After production's Begin: Begin's policy point, then FinishCall("Begin").
+  Check AfterBegin();
+  // After the reference made the session call production made: every point of the call
+  // paired. Reports the first disagreement of the call's points, prefixed by `call`.
+  Check FinishCall(const char* call);
   // After production's Begin reported `got`: compares it with the kept report and the
   // pending branch point (CheckTrie does the rest).
   Check CheckBegin(const PrefixCache& pc, const BeginReport& got) const;
@@ -37,10 +66,37 @@ class ManagerReference {
   Check CheckTrie(const PrefixCache& pc, const char* after) const;
 
  private:
+  // A policy point of production's current call.
+  struct Point {
+    int64_t counter = 0;                    // paged-out bytes when it was reached
+    size_t first = 0;                       // the pass's first entry in nodes_, if `pass`
+    size_t first_on_path = 0, on_path = 0;  // its active path in path_, if `pass`
+    bool pass = false;                      // a pass began at it
+  };
+  // A production node when a pass began, in pre-order; its slots are sizes_[first_slot, +slots)
+  // with -1 for an empty slot.
+  struct NodeSizes {
+    int64_t start = 0, end = 0, last_used = 0;
+    size_t children = 0, first_slot = 0, slots = 0;
+  };
+
   bool SamePath(const PrefixTrie& trie, std::span<TrieNode* const> got) const;
+  // The reference's Charge (model::RefPrefixCache::Charge).
+  std::optional<int64_t> Charge(model::RefNode& root);
+  // Sets every reference node's sizes from `p`'s record, or reports how the shapes differ.
+  Check ChargeFrom(const Point& p, size_t k, model::RefNode& root);
 
   model::RefPrefixCache ref_;
   model::RefBeginReport begun_;  // the last Begin's report
+  int64_t budget_ = std::numeric_limits<int64_t>::max();
+  std::vector<Point> points_;  // production's points in the current call
+  std::vector<NodeSizes> nodes_;
+  std::vector<int64_t> sizes_;
+  std::vector<std::pair<int64_t, int64_t>> path_;  // [start, end) of each active-path node
+  size_t next_ = 0;                                // the reference's next point in the call
+  Check mismatch_;                                 // the call's first disagreement
+  bool in_begin_ = false;  // the reference Begin is running: its point waits
+  bool deferred_ = false;  // Begin's point is waiting for AfterBegin
 };
 
 }  // namespace kvtwin::sim

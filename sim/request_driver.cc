@@ -97,20 +97,24 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
                                                           &manager_calls_));
   }
   manager_ = std::make_unique<PrefixCache>(ManagerCaches());
+  reference_ = std::make_unique<ManagerReference>(Shadows());
   // 0 = unlimited: the counter can never exceed the largest int64.
-  manager_->set_max_paged_out_bytes(
-      options_.budget_bytes > 0 ? options_.budget_bytes : std::numeric_limits<int64_t>::max());
-  if (options_.budget_bytes > 0) {
-    eviction_ref_ = std::make_unique<EvictionReference>(*manager_);
-  } else {
-    reference_ = std::make_unique<ManagerReference>(Shadows());
-  }
+  SetBudget(options_.budget_bytes > 0 ? options_.budget_bytes
+                                      : std::numeric_limits<int64_t>::max());
+  if (options_.budget_bytes > 0) eviction_ref_ = std::make_unique<EvictionReference>(*manager_);
+  manager_->set_policy_hook([this] { reference_->OnProductionPoint(*manager_); });
+  manager_->set_eviction_hook([this](bool ended) {
+    if (!ended) reference_->OnProductionPass(*manager_);
+    if (eviction_ref_) eviction_ref_->OnPass(ended);
+  });
 }
 
-// The hook points into eviction_ref_ and the manager holds raw pointers into caches_.
-RequestDriver::~RequestDriver() {
-  eviction_ref_.reset();
-  manager_.reset();
+// The manager holds raw pointers into caches_, and its hooks into the references.
+RequestDriver::~RequestDriver() { manager_.reset(); }
+
+void RequestDriver::SetBudget(int64_t bytes) {
+  manager_->set_max_paged_out_bytes(bytes);
+  reference_->set_budget(bytes);
 }
 
 std::vector<LayerCache*> RequestDriver::ManagerCaches() const {
@@ -233,6 +237,7 @@ bool RequestDriver::StartCall() {
   ++coverage_.calls;
   coverage_.audited_calls += audit_;
   if (eviction_ref_) eviction_ref_->set_enabled(audit_);
+  reference_->StartCall();
   return audit_;
 }
 

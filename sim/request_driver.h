@@ -38,11 +38,13 @@
 // per forwarded token), the new rows and every row's visibility always; each live check at a
 // session call reads every row again. Forwards that trusted rows count as unaudited until the next
 // full check passes, so a divergence after them is localized the same way (audit_every_call checks
-// every row). At an unlimited budget the reference manager (sim/manager_reference.h) runs in lock
-// step and every session call must leave exactly its trie, active path and pending offsets. Under a
-// budget every eviction pass that evicts must give exactly the reference pass's trie
-// (sim/eviction_reference.h). The first failure is returned as a RequestDivergence; the driver then
-// must not be used. Every observable is folded into a digest. Single-threaded.
+// every row). The reference manager (sim/manager_reference.h) runs in lock step at every budget:
+// every session call must leave exactly its trie, active path and pending offsets, and under a
+// budget it runs the eviction policy at its own points over production's snapshot sizes. Under a
+// budget every eviction pass that evicts must also give, right when it ends, exactly the reference
+// pass's trie with its sizes (sim/eviction_reference.h). The first failure is returned as a
+// RequestDivergence; the driver then must not be used. Every observable is folded into a digest.
+// Single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -214,6 +216,8 @@ class RequestDriver {
   void UpdateCensus();
   void CountChanges(const Census& before, const Census& after);
   void Fold(uint64_t value);
+  // The budget of the production manager and of the reference alike.
+  void SetBudget(int64_t bytes);
   // A hash of everything DumpTrie shows (structure, keys, ticks, bytes, slot kinds and
   // ranges, user flags, the active path), folded field by field with no text.
   uint64_t TrieDigest() const;
@@ -230,7 +234,7 @@ class RequestDriver {
   std::vector<ConvWeights> conv_weights_;
   std::vector<GdnParams> gdn_params_;
   std::unique_ptr<PrefixCache> manager_;
-  std::unique_ptr<ManagerReference> reference_;      // unlimited budget only
+  std::unique_ptr<ManagerReference> reference_;
   std::unique_ptr<EvictionReference> eviction_ref_;  // under a budget only
   model::TokenLog live_;            // what every cache holds: positions [0, offset)
   ForwardScratch forward_scratch_;  // every forward's input buffers

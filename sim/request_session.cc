@@ -130,13 +130,10 @@ class RequestDriver::Session {
     // Memory pressure takes effect at the manager's next eviction pass (end of the switch).
     if (d_.options_.budget_bytes > 0) {
       budget_bytes_ = std::max<int64_t>(1, d_.options_.budget_bytes * plan_.budget_pct / 100);
-      d_.manager_->set_max_paged_out_bytes(budget_bytes_);
+      d_.SetBudget(budget_bytes_);
     }
-    std::optional<std::span<const size_t>> positions;
-    if (d_.reference_) {
-      const model::TokenLog inputs(stored_.begin(), stored_.begin() + len());
-      positions = d_.reference_->Begin(inputs).matched_positions;
-    }
+    const model::TokenLog inputs(stored_.begin(), stored_.begin() + len());
+    const std::span<const size_t> positions = d_.reference_->Begin(inputs).matched_positions;
     const BeginExpectation want = ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(),
                                               plan_.inputs, d_.synth_.seed(), positions);
     // Sketched now (rendered only on a failure): a faulty eviction inside Begin may free
@@ -169,11 +166,10 @@ class RequestDriver::Session {
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
     if (Check c = CheckLive()) return c;
     if (Check c = CheckContinuation(want)) return c;
-    if (d_.reference_) {
-      if (Check c = d_.reference_->CheckBegin(pc(), report_)) return c;
-      if (audit) {
-        if (Check c = d_.reference_->CheckTrie(pc(), "Begin")) return c;
-      }
+    if (Check c = d_.reference_->AfterBegin()) return c;
+    if (Check c = d_.reference_->CheckBegin(pc(), report_)) return c;
+    if (audit) {
+      if (Check c = d_.reference_->CheckTrie(pc(), "Begin")) return c;
     }
     if (audit) d_.UpdateCensus();
     Count();
@@ -281,10 +277,9 @@ class RequestDriver::Session {
       }
       d_.Fold(pc().pending().size());
       rules_.Scheduled();
-      if (d_.reference_) {
-        d_.reference_->manager().SchedulePrefillSnapshots(requested);
-        if (Check c = d_.reference_->CheckPending(pc())) return c;
-      }
+      d_.reference_->manager().SchedulePrefillSnapshots(requested);
+      if (Check c = d_.reference_->FinishCall("SchedulePrefillSnapshots")) return c;
+      if (Check c = d_.reference_->CheckPending(pc())) return c;
       if (Check c = ProbeMisuse("after SchedulePrefillSnapshots")) return c;
     }
     cancelled_ = plan_.cancel_after_tokens >= 0;
@@ -316,11 +311,10 @@ class RequestDriver::Session {
     if (Check c = CheckAttachCalls()) return c;
     rules_.Attached();
     if (Check c = AfterEvictionPoint(audit)) return c;
-    if (d_.reference_) {
-      d_.reference_->manager().AttachPrefillSnapshots();
-      if (audit) {
-        if (Check c = d_.reference_->CheckTrie(pc(), "AttachPrefillSnapshots")) return c;
-      }
+    d_.reference_->manager().AttachPrefillSnapshots();
+    if (Check c = d_.reference_->FinishCall("AttachPrefillSnapshots")) return c;
+    if (audit) {
+      if (Check c = d_.reference_->CheckTrie(pc(), "AttachPrefillSnapshots")) return c;
     }
     if (Check c = CheckLive()) return c;
     if (audit) d_.UpdateCensus();
@@ -376,10 +370,8 @@ class RequestDriver::Session {
       const auto first = plan_.outputs.begin() + i;
       const std::vector<int32_t> tokens(first, first + sampled);
       if (Check c = StatusIsOk(d_.manager_->AddOutputs(tokens), "AddOutputs")) return c;
-      if (d_.reference_) {
-        const auto at = stored_.begin() + len() + i;
-        d_.reference_->manager().AddOutputs(model::TokenLog(at, at + sampled));
-      }
+      const auto at = stored_.begin() + len() + i;
+      d_.reference_->manager().AddOutputs(model::TokenLog(at, at + sampled));
       i += sampled;
     }
     // A step skipped over was unsorted, overlapping or past the outputs (the reader and
@@ -398,11 +390,10 @@ class RequestDriver::Session {
     phase_ = "after Close";
     rules_.Closed();
     if (Check c = AfterEvictionPoint(audit)) return c;
-    if (d_.reference_) {
-      d_.reference_->manager().Close();
-      if (audit) {
-        if (Check c = d_.reference_->CheckTrie(pc(), "Close")) return c;
-      }
+    d_.reference_->manager().Close();
+    if (Check c = d_.reference_->FinishCall("Close")) return c;
+    if (audit) {
+      if (Check c = d_.reference_->CheckTrie(pc(), "Close")) return c;
     }
     const auto offset = static_cast<int64_t>(d_.live_.size());
     const int64_t end = pc().active_path().back()->end_offset();
@@ -444,7 +435,7 @@ class RequestDriver::Session {
       for (const SnapshotPtr& s : n->snapshots()) slots.push_back(s.get());
     }
     budget_bytes_ = std::max<int64_t>(1, budget_bytes_ / 2);
-    d_.manager_->set_max_paged_out_bytes(budget_bytes_);
+    d_.SetBudget(budget_bytes_);
     const bool audit = d_.StartCall();
     // A coarse clock (a server stamping time.Now() at low resolution): every other squeeze
     // first rounds every age down to a multiple of 4, keeping the LRU order but making equal
@@ -454,10 +445,17 @@ class RequestDriver::Session {
         const auto t = static_cast<uint64_t>(n->last_used());
         n->set_last_used(Tick{t - t % 4});
       });
+      model::ForEachRefNode(d_.reference_->manager().mutable_root(),
+                            [](model::RefNode& n) { n.last_used -= n.last_used % 4; });
     }
     ++d_.steps_;
     d_.manager_->EnforceEvictionPolicy();
     if (Check c = AfterEvictionPoint(audit)) return c;
+    d_.reference_->manager().EnforceEvictionPolicy();
+    if (Check c = d_.reference_->FinishCall("EnforceEvictionPolicy")) return c;
+    if (audit) {
+      if (Check c = d_.reference_->CheckTrie(pc(), "the eviction pass between sessions")) return c;
+    }
     size_t first = 0;  // the entry's first slot in `slots`
     for (size_t i = 0; i < held.size(); ++i) {
       const auto [node, count] = held[i];
@@ -481,8 +479,7 @@ class RequestDriver::Session {
     const std::span<const model::Token> tokens(stored_.data() + pos, static_cast<size_t>(n));
     if (Check c = Forward(tokens, nullptr)) return c;
     d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.end());
-    if (d_.reference_)
-      d_.reference_->manager().Forward(model::TokenLog(tokens.begin(), tokens.end()));
+    d_.reference_->manager().Forward(model::TokenLog(tokens.begin(), tokens.end()));
     return std::nullopt;
   }
 
@@ -500,7 +497,7 @@ class RequestDriver::Session {
     if (Check c = Forward(tokens, &*s)) return c;
     s->Commit(spec.accepted + 1);
     d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.begin() + 1 + spec.accepted);
-    if (d_.reference_) d_.reference_->manager().CommitSpeculation(tokens, spec.accepted + 1);
+    d_.reference_->manager().CommitSpeculation(tokens, spec.accepted + 1);
     return std::nullopt;
   }
 
@@ -639,7 +636,7 @@ std::optional<RequestDivergence> RequestDriver::FinalAudit() {
   Fold(TrieDigest());
   if (audit_) return std::nullopt;  // the last call (or none) was audited
   Check c = CheckWholeTrie();
-  if (!c && reference_) c = reference_->CheckTrie(*manager_, "the last session call");
+  if (!c) c = reference_->CheckTrie(*manager_, "the last session call");
   if (!c) return std::nullopt;
   return RequestDivergence{steps_,
                            last_request_,
