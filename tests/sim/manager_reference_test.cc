@@ -63,26 +63,28 @@ TEST_F(Paired, EqualPointsPass) {
   EXPECT_EQ(ref_.FinishCall("EnforceEvictionPolicy"), std::nullopt);
 }
 
+// A point-count mismatch named by `call`.
+void ExpectPointCount(const Check& c, const std::string& call, const char* expected,
+                      const char* actual) {
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->what.rfind(call + ": eviction-policy points", 0), 0u) << c->what;
+  EXPECT_EQ(c->expected, expected);
+  EXPECT_EQ(c->actual, actual);
+}
+
 TEST_F(Paired, AnExtraProductionPointIsReported) {
   ASSERT_EQ(BeginBoth(), std::nullopt);
   ref_.StartCall();
   pc_.EnforceEvictionPolicy();
-  const Check c = ref_.FinishCall("SchedulePrefillSnapshots");
-  ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->what.rfind("SchedulePrefillSnapshots: eviction-policy points", 0), 0u) << c->what;
-  EXPECT_EQ(c->expected, "0");
-  EXPECT_EQ(c->actual, "1");
+  ExpectPointCount(ref_.FinishCall("SchedulePrefillSnapshots"), "SchedulePrefillSnapshots", "0",
+                   "1");
 }
 
 TEST_F(Paired, AMissingProductionPointIsReported) {
   ASSERT_EQ(BeginBoth(), std::nullopt);
   ref_.StartCall();
   ref_.manager().EnforceEvictionPolicy();
-  const Check c = ref_.FinishCall("Close");
-  ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->what.rfind("Close: eviction-policy points", 0), 0u) << c->what;
-  EXPECT_EQ(c->expected, "at least 1");
-  EXPECT_EQ(c->actual, "0");
+  ExpectPointCount(ref_.FinishCall("Close"), "Close", "at least 1", "0");
 }
 
 // The trie holds no snapshot, so production's counter is 0: over a budget of -1 only.
