@@ -128,13 +128,19 @@ std::vector<RefEviction> RefEvictionPass(RefNode& root, const std::vector<const 
   // when `active` is not a chain) just stops matching, as in the spec's identity set; the
   // detached nodes are kept until the pass ends so that no address is reused meanwhile.
   std::vector<std::unique_ptr<RefNode>> detached;
-  while (RefTrieBytes(root) > budget) {
+  // The sum over the tree, kept as the victims change it: one walk for the pass, not one
+  // per victim (the walk that picks each victim remains).
+  int64_t total = RefTrieBytes(root);
+  while (total > budget) {
     RefNode* victim = PickVictim(root, protected_nodes);
     if (victim == nullptr) break;  // nothing eligible: stay over budget
     RefEviction e{victim->start(), victim->end, !victim->children.empty()};
+    total -= victim->Bytes() + (e.merged ? victim->children.front()->Bytes() : 0);
     detached.push_back(e.merged ? MergeIntoOnlyChild(*victim) : RemoveLeaf(*victim));
+    if (e.merged) total += victim->Bytes();
     evictions.push_back(e);
   }
+  KV_CHECK(total == RefTrieBytes(root), "the pass's running byte sum drifted");
   return evictions;
 }
 

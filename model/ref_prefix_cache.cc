@@ -33,7 +33,7 @@ int64_t MinOffset(const Caches& caches) {
   return min;
 }
 
-Keys KeysOf(const TokenLog& log) {
+Keys KeysOf(std::span<const Token> log) {
   Keys keys;
   for (const Token& t : log) keys.push_back(t.id);
   return keys;
@@ -293,11 +293,11 @@ RefPrefixCache::RefPrefixCache(std::vector<std::optional<RefCache>> caches)
   active_path_ = {root_.get()};
 }
 
-RefBeginReport RefPrefixCache::Begin(const TokenLog& inputs) {
+RefBeginReport RefPrefixCache::Begin(std::span<const Token> inputs) {
   KV_CHECK(!open_, "Begin while a session is open");
   KV_CHECK(!inputs.empty(), "Begin with an empty prompt");
   open_ = true;
-  inputs_ = inputs;
+  inputs_.assign(inputs.begin(), inputs.end());
   outputs_.clear();
   pending_.clear();
   const Keys keys = KeysOf(inputs);
@@ -346,7 +346,7 @@ void RefPrefixCache::SchedulePrefillSnapshots(const std::vector<int64_t>& reques
   }
 }
 
-void RefPrefixCache::Forward(const TokenLog& tokens) {
+void RefPrefixCache::Forward(std::span<const Token> tokens) {
   KV_CHECK(open_, "Forward without an open session");
   KV_CHECK(!tokens.empty(), "a forward writes at least one token");
   // Every layer writes the same tokens, so a layer whose log holds what an earlier layer's
@@ -375,7 +375,7 @@ void RefPrefixCache::CommitSpeculation(const TokenLog& forward, int64_t accepted
   }
 }
 
-void RefPrefixCache::AddOutputs(const TokenLog& tokens) {
+void RefPrefixCache::AddOutputs(std::span<const Token> tokens) {
   KV_CHECK(open_, "AddOutputs without an open session");
   outputs_.insert(outputs_.end(), tokens.begin(), tokens.end());
 }

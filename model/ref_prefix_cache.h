@@ -19,10 +19,10 @@
 //
 // Eviction runs at the spec's points (the end of Begin's switch, the end of an attach that
 // had offsets pending, inside a pageOut that installed) through the pass of
-// model/ref_eviction.h. Snapshot sizes are not modeled here: a lazy KV snapshot is 0 bytes
-// until a later write to its issuer materializes it, so sizes are an input of the policy,
-// supplied at each point by the caller's Charge. Without one the budget is unlimited and
-// no point evicts.
+// model/ref_eviction.h. Snapshot sizes are not modeled here: a rotating snapshot of a wrapped
+// ring clones the whole buffer, whose row count depends on the cache's growth history, so
+// sizes are an input of the policy, supplied at each point by the caller's Charge. Without
+// one the budget is unlimited and no point evicts.
 //
 // Misuse (a second Begin, an empty prompt, calls without an open session, a second
 // Schedule) aborts via KV_CHECK: the caller replays a production run that succeeded.
@@ -66,19 +66,19 @@ class RefPrefixCache {
   // spec §3.4 begin: best match, hold-back, switchToPath (rewind, greedy page-in that
   // stops at the first refusal, align, free-all fallback that resets the active path to
   // [root], trim, landing tick), prefix, pending branch point. REQUIRES: !inputs.empty().
-  RefBeginReport Begin(const TokenLog& inputs);
+  RefBeginReport Begin(std::span<const Token> inputs);
   // spec §3.4 schedulePrefillSnapshots (λ = 0): clip to (base, len(inputs)], upgrade or add
   // user points, sort, PrepareSnapshots on every non-null cache when anything is pending.
   void SchedulePrefillSnapshots(const std::vector<int64_t>& requested);
   // One ordinary forward of `tokens` (|tokens| >= 1) through every non-null cache.
-  void Forward(const TokenLog& tokens);
+  void Forward(std::span<const Token> tokens);
   // One committed speculative forward (RefCache::CommitSpeculation) on every non-null cache.
   void CommitSpeculation(const TokenLog& forward, int64_t accepted);
   // spec §3.4 attachPrefillSnapshots (advancePath with split, user flag,
   // attachCapturedSnapshots with the head clipped off, compactPath), no eviction.
   void AttachPrefillSnapshots();
   // Sampled tokens of this session (stored keys = inputs ++ outputs).
-  void AddOutputs(const TokenLog& tokens);
+  void AddOutputs(std::span<const Token> tokens);
   // spec §3.4 close: attach, frontier advance, pageOut, compactPath, frontier tick.
   void Close();
   // The eviction policy, run now (a driver's pass between sessions after lowering the

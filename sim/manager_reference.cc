@@ -68,7 +68,7 @@ void ManagerReference::StartCall() {
   next_ = 0;
 }
 
-const model::RefBeginReport& ManagerReference::Begin(const model::TokenLog& inputs) {
+const model::RefBeginReport& ManagerReference::Begin(std::span<const model::Token> inputs) {
   in_begin_ = true;
   begun_ = ref_.Begin(inputs);
   in_begin_ = false;
@@ -134,17 +134,22 @@ Check ManagerReference::ChargeFrom(const Point& p, size_t k, model::RefNode& roo
   int64_t total = 0;
   Check c;
   // The protected set: the active path's ranges (the tries' shapes are compared next).
+  // Texts are made only on a difference: this runs at every pass.
   const std::vector<model::RefNode*>& want_path = ref_.active_path();
   for (size_t d = 0; !c && d < std::max(want_path.size(), p.on_path); ++d) {
-    const auto range = [](int64_t start, int64_t stop) {
-      return fmt::format("[{},{})", start, stop);
+    const bool have_want = d < want_path.size(), have_got = d < p.on_path;
+    const auto& got = have_got ? path_[p.first_on_path + d] : std::pair<int64_t, int64_t>();
+    if (have_want && have_got && want_path[d]->start() == got.first &&
+        want_path[d]->end == got.second) {
+      continue;
+    }
+    const auto range = [](bool have, int64_t start, int64_t stop) {
+      return have ? fmt::format("[{},{})", start, stop) : std::string("none");
     };
-    const std::string want =
-        d < want_path.size() ? range(want_path[d]->start(), want_path[d]->end) : "none";
-    const std::string got =
-        d < p.on_path ? range(path_[p.first_on_path + d].first, path_[p.first_on_path + d].second)
-                      : "none";
-    if (want != got) c = Mismatch{fmt::format("active path entry {}", d), want, got};
+    c = Mismatch{
+        fmt::format("active path entry {}", d),
+        range(have_want, have_want ? want_path[d]->start() : 0, have_want ? want_path[d]->end : 0),
+        range(have_got, got.first, got.second)};
   }
   // Pre-order on both sides; the walk stops filling at the first difference. The ages
   // decide the victims, so they are compared here, at every pass, not only at audits.
@@ -153,15 +158,15 @@ Check ManagerReference::ChargeFrom(const Point& p, size_t k, model::RefNode& roo
     const auto describe = [](int64_t start, int64_t stop, size_t children, int64_t age) {
       return fmt::format("[{},{}) with {} children, age {}", start, stop, children, age);
     };
-    const std::string want = describe(n.start(), n.end, n.children.size(), n.last_used);
+    const auto want = [&] { return describe(n.start(), n.end, n.children.size(), n.last_used); };
     if (i == end) {
-      c = Mismatch{"", want, "no further node"};
+      c = Mismatch{"", want(), "no further node"};
       return;
     }
     const NodeSizes& got = nodes_[i];
     if (got.start != n.start() || got.end != n.end || got.children != n.children.size() ||
         got.last_used != n.last_used) {
-      c = Mismatch{fmt::format("node #{} in pre-order", i - p.first), want,
+      c = Mismatch{fmt::format("node #{} in pre-order", i - p.first), want(),
                    describe(got.start, got.end, got.children, got.last_used)};
       return;
     }

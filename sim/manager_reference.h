@@ -13,7 +13,8 @@
 // with production's k-th: the count must agree, a pass must begin exactly where the counter
 // is over the budget, and when one does the two tries must have the same shape and the
 // sizes must sum to the counter. Sizes are production's because the reference does not
-// model laziness (a lazy KV snapshot is 0 bytes until a later write materializes it).
+// model a rotating buffer's row count (a wrapped ring's snapshot clones the whole buffer);
+// the soundness walk checks every snapshot's size against its rows (spec §7).
 // Single-threaded.
 #pragma once
 
@@ -51,7 +52,7 @@ class ManagerReference {
   // production), and keeps its report: its matched child positions guide ExpectBegin. Its
   // eviction-policy point, the last thing the switch does (spec §3.4 step 7), waits for
   // AfterBegin: production's sizes at that point exist only once production's Begin ran.
-  const model::RefBeginReport& Begin(const model::TokenLog& inputs);
+  const model::RefBeginReport& Begin(std::span<const model::Token> inputs);
   // After production's Begin: Begin's policy point, then FinishCall("Begin").
   Check AfterBegin();
   // After the reference made the session call production made: every point of the call

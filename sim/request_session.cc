@@ -132,8 +132,9 @@ class RequestDriver::Session {
       budget_bytes_ = std::max<int64_t>(1, d_.options_.budget_bytes * plan_.budget_pct / 100);
       d_.SetBudget(budget_bytes_);
     }
-    const model::TokenLog inputs(stored_.begin(), stored_.begin() + len());
-    const std::span<const size_t> positions = d_.reference_->Begin(inputs).matched_positions;
+    const std::span<const size_t> positions =
+        d_.reference_->Begin(std::span(stored_).first(static_cast<size_t>(len())))
+            .matched_positions;
     const BeginExpectation want = ExpectBegin(pc().trie(), pc().active_path(), d_.Shadows(),
                                               plan_.inputs, d_.synth_.seed(), positions);
     // Sketched now (rendered only on a failure): a faulty eviction inside Begin may free
@@ -370,8 +371,8 @@ class RequestDriver::Session {
       const auto first = plan_.outputs.begin() + i;
       const std::vector<int32_t> tokens(first, first + sampled);
       if (Check c = StatusIsOk(d_.manager_->AddOutputs(tokens), "AddOutputs")) return c;
-      const auto at = stored_.begin() + len() + i;
-      d_.reference_->manager().AddOutputs(model::TokenLog(at, at + sampled));
+      d_.reference_->manager().AddOutputs(
+          std::span(stored_).subspan(static_cast<size_t>(len() + i), static_cast<size_t>(sampled)));
       i += sampled;
     }
     // A step skipped over was unsorted, overlapping or past the outputs (the reader and
@@ -479,7 +480,7 @@ class RequestDriver::Session {
     const std::span<const model::Token> tokens(stored_.data() + pos, static_cast<size_t>(n));
     if (Check c = Forward(tokens, nullptr)) return c;
     d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.end());
-    d_.reference_->manager().Forward(model::TokenLog(tokens.begin(), tokens.end()));
+    d_.reference_->manager().Forward(tokens);
     return std::nullopt;
   }
 
