@@ -5,7 +5,8 @@
 // the mutants in tests/mutants/ show it failing there); this pins the bookkeeping itself.
 // Method: one production manager over the dense stack, its hooks forwarded as the request
 // driver forwards them, and the same Begin on the reference; then one side makes an extra
-// point, or the two budgets differ.
+// point, or the two budgets differ. And end to end: an eviction production makes behind
+// the driver's back under a budget (a test seam) is reported at the next request.
 #include "sim/manager_reference.h"
 
 #include <gtest/gtest.h>
@@ -17,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "sim/request_driver.h"
+#include "sim/requests.h"
 #include "sim/stack.h"
+#include "src/core/rng.h"
 #include "src/prefix_cache.h"
 
 namespace kvtwin::sim {
@@ -105,6 +109,53 @@ TEST_F(Paired, APassOnOneSideOfTheBudgetOnlyIsReported) {
   ASSERT_TRUE(extra.has_value());
   EXPECT_EQ(extra->expected, "none");
   EXPECT_EQ(extra->actual, "a pass");
+}
+
+// A request run at a budget of 6000 bytes. From request `plant_from` on (-1: never) a seam
+// evicts everything off the active path, once, after the first request that leaves
+// something to evict, as a manager with a spurious eviction would. The pass is a correct
+// pass at its own budget, so only the reference manager can object. `planted_at`: that
+// request's index.
+std::optional<RequestDivergence> RunWithSpuriousEviction(int64_t plant_from, int64_t& planted_at) {
+  constexpr uint64_t kSeed = 5;
+  const RequestOptions o;
+  RequestDriverOptions options;
+  options.budget_bytes = 6000;
+  planted_at = -1;
+  options.after_request = [&](PrefixCache& pc, int64_t index) {
+    if (plant_from < 0 || index < plant_from || planted_at >= 0) return;
+    const int64_t nodes = pc.trie().num_nodes();
+    const int64_t budget = pc.options().max_paged_out_bytes;
+    pc.set_max_paged_out_bytes(0);
+    pc.EnforceEvictionPolicy();
+    pc.set_max_paged_out_bytes(budget);
+    if (pc.trie().num_nodes() < nodes) planted_at = index;
+  };
+  RequestDriver driver(StackFromPreset("dense", o.layers, o.window, DType::kFloat32).value(),
+                       options, Rng::Derive(kSeed, "values").Next());
+  WorkloadOptions mix;
+  mix.conversations = 4;
+  RequestWorkload workload(Rng::Derive(kSeed, "requests"), mix);
+  for (int64_t i = 0; i < 40; ++i) {
+    if (std::optional<RequestDivergence> d = driver.Run(workload.Next())) return d;
+  }
+  return driver.FinalAudit();
+}
+
+TEST(ManagerReferenceUnderABudget, UnmodifiedRunPasses) {
+  int64_t planted_at = 0;
+  EXPECT_EQ(RunWithSpuriousEviction(-1, planted_at), std::nullopt);
+}
+
+TEST(ManagerReferenceUnderABudget, ASpuriousEvictionIsReportedAtTheNextRequest) {
+  int64_t planted_at = 0;
+  const std::optional<RequestDivergence> d = RunWithSpuriousEviction(8, planted_at);
+  ASSERT_GE(planted_at, 8) << "the seam never found a node to evict";
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->request, planted_at + 1) << d->ToString();
+  EXPECT_EQ(d->phase, "after Begin") << d->ToString();
+  EXPECT_EQ(d->mismatch.what.rfind("trie after Begin under a budget of 6000 B", 0), 0u)
+      << d->ToString();
 }
 
 }  // namespace
