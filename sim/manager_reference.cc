@@ -110,7 +110,7 @@ std::optional<int64_t> ManagerReference::Charge(model::RefNode& root) {
   if (p.pass != (p.counter > budget_)) {
     mismatch_ =
         Mismatch{fmt::format("eviction pass at policy point #{} (paged-out bytes {}, budget {})",
-                             k + 1, p.counter, budget_),
+                             k + 1, p.counter, BudgetText()),
                  p.pass ? "none" : "a pass", p.pass ? "a pass" : "none"};
     return std::nullopt;
   }
@@ -200,6 +200,11 @@ Check ManagerReference::ChargeFrom(const Point& p, size_t k, model::RefNode& roo
   return c;
 }
 
+std::string ManagerReference::BudgetText() const {
+  return budget_ == std::numeric_limits<int64_t>::max() ? "unlimited"
+                                                        : fmt::format("{} B", budget_);
+}
+
 Check ManagerReference::CheckBegin(const PrefixCache& pc, const BeginReport& got) const {
   const model::RefBeginReport& want = begun_;
   if (want.total != got.total || want.matched != got.matched || want.cached != got.cached ||
@@ -243,7 +248,7 @@ Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) cons
   if (want_text != got_text) {
     const std::string budget = budget_ == std::numeric_limits<int64_t>::max()
                                    ? "at an unlimited budget"
-                                   : fmt::format("under a budget of {} B", budget_);
+                                   : "under a budget of " + BudgetText();
     return Mismatch{fmt::format("trie after {} {}, {}", after, budget,
                                 model::FirstDifference(want_text, got_text)),
                     "the reference manager's trie", "a different trie (the line above)"};

@@ -82,6 +82,7 @@ class ManagerReference {
   };
 
   bool SamePath(const PrefixTrie& trie, std::span<TrieNode* const> got) const;
+  std::string BudgetText() const;  // "6000 B" or "unlimited"
   // The reference's Charge (model::RefPrefixCache::Charge).
   std::optional<int64_t> Charge(model::RefNode& root);
   // Sets every reference node's sizes from `p`'s record, or reports how the shapes differ.

@@ -97,7 +97,7 @@ TEST_F(Paired, APassOnOneSideOfTheBudgetOnlyIsReported) {
   const Check missing = BeginBoth();
   ASSERT_TRUE(missing.has_value());
   EXPECT_EQ(missing->what,
-            "Begin: eviction pass at policy point #1 (paged-out bytes 0, budget -1)");
+            "Begin: eviction pass at policy point #1 (paged-out bytes 0, budget -1 B)");
   EXPECT_EQ(missing->expected, "a pass");
   EXPECT_EQ(missing->actual, "none");
   ref_.set_budget(0);
