@@ -5,7 +5,8 @@
 // managers advance their logical clocks at the same spec "now" events, so the ages must be
 // equal, not just equally ordered. Method: after one request, a production age moves one
 // tick back into an unused tick (order, ties and later stamps unchanged); the very next
-// audited call must report the trie. The unmodified run passes.
+// audited call must report the trie (under a budget, the pass that call begins already
+// does). The unmodified run passes.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -42,10 +43,12 @@ bool MoveAnAgeOneTickBack(const PrefixCache& manager) {
   return false;
 }
 
-std::optional<RequestDivergence> RunPlanted(int64_t plant_after) {
-  const RequestOptions o;  // the default stack, unlimited budget: the reference manager runs
+// `budget_bytes`: 0 = unlimited.
+std::optional<RequestDivergence> RunPlanted(int64_t plant_after, int64_t budget_bytes = 0) {
+  const RequestOptions o;  // the default stack
   RequestDriverOptions options;
   options.audit_every_call = true;
+  options.budget_bytes = budget_bytes;
   RequestDriver driver(StackFromPreset("dense", o.layers, o.window, DType::kFloat32).value(),
                        options, Rng::Derive(kSeed, "values").Next());
   WorkloadOptions mix;
@@ -68,6 +71,22 @@ TEST(ManagerTicks, RankPreservingAgeChangeIsReportedAtTheNextCall) {
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->request, kPlantAfter + 1) << d->ToString();
   EXPECT_NE(d->mismatch.what.find("trie after"), std::string::npos) << d->ToString();
+}
+
+// Under a budget small enough that the next Begin's switch runs a pass, the moved age is
+// reported when that pass begins, before the call's trie comparison: the ages decide the
+// victims, so the reference compares them at every pass, not only at audits.
+TEST(ManagerTicks, UnderABudgetTheMovedAgeIsReportedWhenThePassBegins) {
+  EXPECT_FALSE(RunPlanted(-1, 1500).has_value());
+  const std::optional<RequestDivergence> d = RunPlanted(kPlantAfter, 1500);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->request, kPlantAfter + 1) << d->ToString();
+  EXPECT_EQ(d->mismatch.what.rfind("Begin: trie when the eviction pass of policy point #1 begins, "
+                                   "node #",
+                                   0),
+            0u)
+      << d->ToString();
+  EXPECT_NE(d->mismatch.expected.find(", age "), std::string::npos) << d->ToString();
 }
 
 }  // namespace
