@@ -38,6 +38,19 @@ void CheckSnapshotShape(const RefSnapshot& snap, RefKind kind) {
 
 }  // namespace
 
+int64_t SnapshotUnits(const RefSnapshot& snap) {
+  switch (snap.kind) {
+    case RefKind::kKv:
+      return snap.to - snap.from;
+    case RefKind::kRotating:
+      KV_CHECK(snap.rows > 0, "the size of a window snapshot whose rows are not modeled");
+      return snap.rows;
+    case RefKind::kRecurrent:
+      return 1;
+  }
+  return 0;
+}
+
 RefCache RefCache::Kv() { return RefCache(RefKind::kKv, 0); }
 
 RefCache RefCache::Rotating(int64_t window) {
@@ -58,6 +71,7 @@ void RefCache::Write(std::span<const Token> tokens, const RefCache* leader) {
     OfferCapture(start, Snapshot(0));
   }
   if (kind_ == RefKind::kKv) GrowKv(start, static_cast<int64_t>(tokens.size()));
+  if (kind_ == RefKind::kRotating) GrowRotating(start, static_cast<int64_t>(tokens.size()));
   if (leader != nullptr) {
     log_.AppendLike(tokens, leader->log_);
   } else {
@@ -91,8 +105,11 @@ void RefCache::CaptureAt(int64_t reached, bool batched_write) {
       }
       break;
     case RefKind::kRotating:
-      // The window ending at `reached`; the range start is informational (§2.2).
+      // The window ending at `reached`; the range start is informational (§2.2). After a
+      // batched write it is a slice of the window's min(o, W) rows; after a single-token
+      // write (the ring may be out of logical order) an eager clone of State().
       snap = WholeStateAt(reached - std::min(reached, window_), reached);
+      snap->rows = batched_write ? std::min(reached, window_) : StateRows();
       break;
     case RefKind::kRecurrent:
       snap = WholeStateAt(0, reached);
@@ -122,6 +139,25 @@ void RefCache::GrowKv(int64_t prev, int64_t n) {
   }
 }
 
+void RefCache::GrowRotating(int64_t prev, int64_t n) {
+  if (n > 1) {
+    // concat (§2.2): a linear buffer is cut to its live rows, a wrapped one linearized
+    // (W rows or more), then only the newest W - 1 old rows are kept before the append.
+    rotating_rows_ = std::min(prev, window_ - 1) + n;
+    return;
+  }
+  // update step 2: the first buffer, or a linear one the offset has filled, grows by a
+  // step; a filled buffer's offset is its row count (a live rewind only lowers the offset).
+  constexpr int64_t kStep = 256;
+  if (!has_state_ || (prev >= rotating_rows_ && rotating_rows_ < window_)) {
+    KV_CHECK(prev < window_, "a linear window buffer filled past the window");
+    rotating_rows_ += std::min(kStep, window_ - prev);
+  }
+  rotating_rows_ = std::min(rotating_rows_, window_);  // step 3: an oversize buffer is cut
+}
+
+int64_t RefCache::StateRows() const { return std::min(Offset(), rotating_rows_); }
+
 bool RefCache::WantsCapture(int64_t reached) const {
   for (size_t i = 0; i < scheduled_.size(); ++i) {
     if (scheduled_[i] == reached && !captured_[i].has_value()) return true;
@@ -143,7 +179,11 @@ RefSnap RefCache::Snapshot(int64_t from) const {
     case RefKind::kRotating:
       // The whole window, whatever `from` is; `from` only labels the range.
       if (Offset() <= from) return std::nullopt;
-      return WholeStateAt(from, Offset());
+      {
+        RefSnapshot snap = WholeStateAt(from, Offset());
+        snap.rows = StateRows();
+        return snap;
+      }
     case RefKind::kRecurrent:
       // `from` is ignored (§2.3); the state covers [0, offset).
       return WholeStateAt(0, Offset());
@@ -226,8 +266,10 @@ bool RefCache::RestoreRotating(const RefSnapshot* snap, int64_t target) {
   if (target > snap->to) return false;
   // Clamping a full window would leave it incomplete.
   if (target < snap->to && snap->to > window_) return false;
+  KV_CHECK(snap->rows > 0, "a window snapshot restored without its modeled rows");
   log_ = snap->tokens;  // whole-state restore: the current offset is irrelevant
   Truncate(log_, target);
+  rotating_rows_ = snap->rows;  // the buffer is a copy of the snapshot's
   has_state_ = true;
   return true;
 }
@@ -296,6 +338,7 @@ void RefCache::Free() {
   log_.Clear();
   has_state_ = false;
   kv_capacity_ = 0;
+  rotating_rows_ = 0;
   // The schedule is dropped with its captures (the production cache must close them).
   schedule_active_ = false;
   scheduled_.clear();

@@ -28,7 +28,14 @@ struct RefSnapshot {
   // KV: the tokens of [from, to); whole-state kinds: tokens [0, to), sharing their prefix
   // with the log they were taken from (SharedLog), so a snapshot per block stays linear.
   SharedLog tokens;
+  // Rotating: the buffer rows the snapshot holds (spec §7: a clone of State() or a window
+  // slice of min(o, W)), what its bytes and a restore's buffer follow; 0 = not modeled (a
+  // snapshot built from a range alone) and always 0 for the other kinds.
+  int64_t rows = 0;
 };
+// What a snapshot's bytes are a multiple of (spec §7): KV rows to - from, a rotating
+// snapshot's rows, one whole recurrent state. REQUIRES: a rotating snapshot's rows modeled.
+int64_t SnapshotUnits(const RefSnapshot& snap);
 using RefSnap = std::optional<RefSnapshot>;  // nullopt = a null snapshot
 
 class RefCache {
@@ -49,6 +56,13 @@ class RefCache {
   // buffer cut to the offset when the offset is not a multiple of 256 (Go slices [0, prev)
   // before concatenating), else after the whole capacity. Rewinds keep it; Free drops it.
   int64_t kv_capacity() const { return kv_capacity_; }
+  // Rotating only: the buffer's row count Dim (0 without one), kept beside the log for the
+  // same reason as kv_capacity(): spec §2.2 fixes it and it is what the cache's memory and
+  // its snapshots' sizes report. A decode grows a linear buffer by min(256, W - offset)
+  // when the offset reached it and cuts an oversize one to W; a batched write leaves
+  // min(offset, W - 1) + L rows; a snapshot restore installs the snapshot's rows; a live
+  // rewind keeps them; Free drops them.
+  int64_t rotating_rows() const { return rotating_rows_; }
 
   // Appends the tokens of one forward (recurrent: only the real, unpadded tokens) and runs
   // the capture rules of the kind. REQUIRES: !tokens.empty().
@@ -96,11 +110,16 @@ class RefCache {
 
   // KV: the capacity after appending n tokens at offset prev (see kv_capacity()).
   void GrowKv(int64_t prev, int64_t n);
+  // Rotating: the rows after writing n tokens at offset prev (see rotating_rows()).
+  void GrowRotating(int64_t prev, int64_t n);
+  // Rotating: the rows an eager clone of State() holds now, min(offset, Dim).
+  int64_t StateRows() const;
 
   RefKind kind_;
   int64_t window_ = 0;  // rotating only
   SharedLog log_;
   int64_t kv_capacity_ = 0;
+  int64_t rotating_rows_ = 0;
   bool has_state_ = false;
   bool schedule_active_ = false;
   std::vector<int64_t> scheduled_;

@@ -111,6 +111,19 @@ int64_t RefTrieBytes(const RefNode& root) {
   return total;
 }
 
+int64_t ChargeRefSlots(RefNode& root, std::span<const int64_t> unit_bytes) {
+  int64_t total = 0;
+  ForEachRefNode(root, [&](RefNode& n) {
+    KV_CHECK(n.snaps.size() <= unit_bytes.size(), "a slot without a unit size");
+    n.bytes.assign(n.snaps.size(), 0);
+    for (size_t i = 0; i < n.snaps.size(); ++i) {
+      n.bytes[i] = SlotBytes(n.snaps[i], unit_bytes[i]);
+      total += n.bytes[i];
+    }
+  });
+  return total;
+}
+
 std::vector<RefEviction> RefEvictionPass(RefNode& root, const std::vector<const RefNode*>& active,
                                          int64_t budget) {
   KV_CHECK(!active.empty() && active.front() == &root, "the active path starts at the root");

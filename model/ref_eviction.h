@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,5 +37,13 @@ std::vector<RefEviction> RefEvictionPass(RefNode& root, const std::vector<const 
 
 // Σ Bytes() over the tree.
 int64_t RefTrieBytes(const RefNode& root);
+
+// A slot's modeled size (spec §7): SnapshotUnits times its cache's `unit_bytes`; 0 if empty.
+inline int64_t SlotBytes(const RefSnap& slot, int64_t unit_bytes) {
+  return slot ? unit_bytes * SnapshotUnits(*slot) : 0;
+}
+
+// Sets every slot's `bytes` to SlotBytes(slot, unit_bytes[slot]). Returns Σ over the tree.
+int64_t ChargeRefSlots(RefNode& root, std::span<const int64_t> unit_bytes);
 
 }  // namespace kvtwin::model

@@ -1,7 +1,7 @@
 // The reference prefix-sharing manager: spec §3.2 (trie primitives) and §3.4 (session
 // lifecycle) transcribed step by step over RefCache and RefNode, at λ = 0 without media
-// (key = token id). Eviction is the pass of ref_eviction.cc, over the sizes the caller's
-// Charge supplies at each of the spec's policy points.
+// (key = token id). Eviction is the pass of ref_eviction.cc at each of the spec's policy
+// points, over the reference's own snapshot sizes (ChargeRefSlots).
 //
 // Decisions the spec leaves to the C++ side (§8 quirk 1, §3.4 switchToPath step 5): when
 // the align step's rewind fails, every cache is freed and the active path is reset to
@@ -293,7 +293,7 @@ RefPrefixCache::RefPrefixCache(std::vector<std::optional<RefCache>> caches)
   active_path_ = {root_.get()};
 }
 
-RefBeginReport RefPrefixCache::Begin(std::span<const Token> inputs) {
+RefBeginReport RefPrefixCache::Begin(std::span<const Token> inputs, bool enforce_policy) {
   KV_CHECK(!open_, "Begin while a session is open");
   KV_CHECK(!inputs.empty(), "Begin with an empty prompt");
   open_ = true;
@@ -310,7 +310,7 @@ RefBeginReport RefPrefixCache::Begin(std::span<const Token> inputs) {
     m = FindBestMatch(root_.get(), SliceKeys(keys, 0, total - 1));
   }
   const bool free_all = SwitchToPath(caches_, active_path_, root_.get(), m.path, m.matched, clock_);
-  EnforceEvictionPolicy();  // switchToPath step 7
+  if (enforce_policy) EnforceEvictionPolicy();  // switchToPath step 7
   const int64_t prefix = MinOffset(caches_);
   // Branch point: lets a later prompt that diverges here restore this far.
   if (prefix < m.matched) pending_.push_back({m.matched, false});
@@ -436,14 +436,22 @@ void RefPrefixCache::Close() {
   outputs_.clear();
 }
 
+void RefPrefixCache::set_budget(int64_t budget, std::vector<int64_t> unit_bytes) {
+  KV_CHECK(unit_bytes.size() == caches_.size(), "one unit size per manager cache");
+  budget_ = budget;
+  unit_bytes_ = std::move(unit_bytes);
+}
+
 void RefPrefixCache::EnforceEvictionPolicy() {
-  if (!charge_) return;
-  const std::optional<int64_t> budget = charge_(*root_);
-  if (!budget) return;
+  std::optional<int64_t> paged_out;
+  if (budget_ != kUnlimited) paged_out = ChargeRefSlots(*root_, unit_bytes_);
+  const bool pass = paged_out && *paged_out > budget_;
+  if (policy_hook_) policy_hook_(*root_, paged_out, pass);
+  if (!pass) return;
   // The active path as the pass begins: it never changes during a pass (its nodes are
   // never victims, and a victim off the path has no descendant on it).
   const std::vector<const RefNode*> active(active_path_.begin(), active_path_.end());
-  RefEvictionPass(*root_, active, *budget);
+  RefEvictionPass(*root_, active, budget_);
 }
 
 }  // namespace kvtwin::model

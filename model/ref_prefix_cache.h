@@ -19,10 +19,10 @@
 //
 // Eviction runs at the spec's points (the end of Begin's switch, the end of an attach that
 // had offsets pending, inside a pageOut that installed) through the pass of
-// model/ref_eviction.h. Snapshot sizes are not modeled here: a rotating snapshot of a wrapped
-// ring clones the whole buffer, whose row count depends on the cache's growth history, so
-// sizes are an input of the policy, supplied at each point by the caller's Charge. Without
-// one the budget is unlimited and no point evicts.
+// model/ref_eviction.h. Sizes are the reference's own (spec §7): a slot's snapshot units
+// (model::SnapshotUnits: KV rows, a window snapshot's modeled buffer rows, one recurrent
+// state) times its cache's unit bytes, which only the caller knows (widths and dtypes are
+// not the model's business). Without a budget (the default) no point evicts.
 //
 // Misuse (a second Begin, an empty prompt, calls without an open session, a second
 // Schedule) aborts via KV_CHECK: the caller replays a production run that succeeded.
@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -55,18 +56,23 @@ struct RefBeginReport {
 
 class RefPrefixCache {
  public:
-  // Called at each eviction-policy point: sets every node's `bytes` (the charged size of
-  // each slot) and returns the budget, or returns nullopt when the sizes are known to be
-  // within the budget (no pass, nothing charged).
-  using Charge = std::function<std::optional<int64_t>(RefNode& root)>;
+  // Called at each eviction-policy point, before the pass: the trie with every slot's
+  // `bytes` charged and their sum, paged-out bytes (nullopt at an unlimited budget, where
+  // nothing is charged), and whether a pass follows (the sum strictly over the budget).
+  using PolicyHook =
+      std::function<void(RefNode& root, std::optional<int64_t> paged_out, bool pass)>;
+  static constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
 
   // REQUIRES: at least one non-null cache; none holds an active capture schedule.
   explicit RefPrefixCache(std::vector<std::optional<RefCache>> caches);
 
   // spec §3.4 begin: best match, hold-back, switchToPath (rewind, greedy page-in that
   // stops at the first refusal, align, free-all fallback that resets the active path to
-  // [root], trim, landing tick), prefix, pending branch point. REQUIRES: !inputs.empty().
-  RefBeginReport Begin(std::span<const Token> inputs);
+  // [root], trim, landing tick, eviction policy), prefix, pending branch point.
+  // `enforce_policy` false leaves the switch's policy point, its last step, to the caller
+  // (EnforceEvictionPolicy right after): nothing after it in Begin reads the trie, so the
+  // report is the same. REQUIRES: !inputs.empty().
+  RefBeginReport Begin(std::span<const Token> inputs, bool enforce_policy = true);
   // spec §3.4 schedulePrefillSnapshots (λ = 0): clip to (base, len(inputs)], upgrade or add
   // user points, sort, PrepareSnapshots on every non-null cache when anything is pending.
   void SchedulePrefillSnapshots(const std::vector<int64_t>& requested);
@@ -82,9 +88,13 @@ class RefPrefixCache {
   // spec §3.4 close: attach, frontier advance, pageOut, compactPath, frontier tick.
   void Close();
   // The eviction policy, run now (a driver's pass between sessions after lowering the
-  // budget, as production's EnforceEvictionPolicy). Empty charge = never evicts.
+  // budget, as production's EnforceEvictionPolicy): charge every slot, tell the hook, and
+  // run the pass when the paged-out bytes are over the budget.
   void EnforceEvictionPolicy();
-  void set_charge(Charge charge) { charge_ = std::move(charge); }
+  // The budget, compared with `>` as the spec does, and per manager cache the bytes of one
+  // snapshot unit (ignored for a stateless hole). kUnlimited = no pass, nothing charged.
+  void set_budget(int64_t budget, std::vector<int64_t> unit_bytes);
+  void set_policy_hook(PolicyHook hook) { policy_hook_ = std::move(hook); }
   // For a driver that ages the production trie's nodes (a coarse clock) to age these alike.
   RefNode& mutable_root() { return *root_; }
 
@@ -110,7 +120,9 @@ class RefPrefixCache {
   TokenLog inputs_;
   TokenLog outputs_;
   std::vector<Pending> pending_;
-  Charge charge_;
+  int64_t budget_ = kUnlimited;
+  std::vector<int64_t> unit_bytes_;
+  PolicyHook policy_hook_;
   // Forward's scratch: per cache, the index of the earlier cache whose log it takes after
   // the write, or -1 when it appends its own.
   std::vector<int64_t> leader_;

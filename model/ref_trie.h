@@ -24,8 +24,9 @@ struct RefNode {
   // empty for "no snapshots at all" (a node that never held any).
   std::vector<RefSnap> snaps;
   // Bytes charged for each slot (same length as `snaps`, 0 for an empty slot). The
-  // reference manager leaves them 0 (it models an unlimited budget); a mirror of a
-  // production trie fills them from SizeBytes for the eviction pass.
+  // reference manager charges them at each eviction-policy point under a budget from its
+  // snapshots' modeled sizes (ChargeRefSlots); a mirror of a production trie fills them
+  // from SizeBytes for the eviction pass.
   std::vector<int64_t> bytes;
   RefNode* parent = nullptr;
   // Read freely; change only through the functions below, which keep `child_keys` with it.

@@ -339,6 +339,22 @@ Check LayerOracle::CheckKvRows(TensorView k, TensorView v, std::span<const int64
 }
 
 Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref) {
+  if (Check c = CheckLiveBuffers(cache, ref)) return c;
+  switch (cache.kind()) {
+    case CacheKind::kFullKv:
+      return CheckKvContent(static_cast<const KvCache&>(cache), ref.log());
+    case CacheKind::kRotating:
+      return CheckRotatingContent(static_cast<const RotatingCache&>(cache), ref.log());
+    case CacheKind::kRecurrent: {
+      const auto& rec = static_cast<const RecurrentCache&>(cache);
+      if (!rec.HasState()) return std::nullopt;
+      return CheckRecurrentState(rec.conv(), rec.delta(), ref.log(), ref.Offset(), "live");
+    }
+  }
+  return std::nullopt;
+}
+
+Check LayerOracle::CheckLiveBuffers(const LayerCache& cache, const model::RefCache& ref) const {
   if (Check c = CheckKind("live cache kind", spec_.kind, cache.kind())) return c;
   if (cache.Offset() != ref.Offset()) {
     return Mismatch{"offset", std::to_string(ref.Offset()), std::to_string(cache.Offset())};
@@ -349,18 +365,16 @@ Check LayerOracle::CheckLive(const LayerCache& cache, const model::RefCache& ref
   }
   switch (cache.kind()) {
     case CacheKind::kFullKv:
-      return CheckKvLive(static_cast<const KvCache&>(cache), ref);
+      return CheckKvBuffer(static_cast<const KvCache&>(cache), ref);
     case CacheKind::kRotating:
-      return CheckRotatingLive(static_cast<const RotatingCache&>(cache), ref);
+      return CheckRotatingBuffer(static_cast<const RotatingCache&>(cache), ref);
     case CacheKind::kRecurrent: {
       const auto& rec = static_cast<const RecurrentCache&>(cache);
       if (rec.HasState() != ref.HasState()) {
         return Mismatch{"recurrent state exists", ref.HasState() ? "yes" : "no",
                         rec.HasState() ? "yes" : "no"};
       }
-      if (Check c = CheckRecurrentLiveBytes(rec)) return c;
-      if (!rec.HasState()) return std::nullopt;
-      return CheckRecurrentState(rec.conv(), rec.delta(), ref.log(), ref.Offset(), "live");
+      return CheckRecurrentLiveBytes(rec);
     }
   }
   return std::nullopt;
@@ -407,7 +421,7 @@ Check LayerOracle::CheckLiveContent(const LayerCache& cache, std::span<const mod
   return std::nullopt;
 }
 
-Check LayerOracle::CheckKvLive(const KvCache& cache, const model::RefCache& ref) {
+Check LayerOracle::CheckKvBuffer(const KvCache& cache, const model::RefCache& ref) const {
   if (cache.HasBuffer() != ref.HasState()) {
     return Mismatch{"kv buffer exists", ref.HasState() ? "yes" : "no",
                     cache.HasBuffer() ? "yes" : "no"};
@@ -421,7 +435,7 @@ Check LayerOracle::CheckKvLive(const KvCache& cache, const model::RefCache& ref)
   if (cache.LiveBytes() != bytes) {
     return Mismatch{"kv LiveBytes", std::to_string(bytes), std::to_string(cache.LiveBytes())};
   }
-  return CheckKvContent(cache, ref.log());
+  return std::nullopt;
 }
 
 Check LayerOracle::CheckKvContent(const KvCache& cache, std::span<const model::Token> log) {
@@ -435,19 +449,25 @@ Check LayerOracle::CheckKvContent(const KvCache& cache, std::span<const model::T
   return CheckKvRows(cache.keys(), cache.values(), Identity(offset), log, 0, "live kv");
 }
 
-Check LayerOracle::CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref) {
+Check LayerOracle::CheckRotatingBuffer(const RotatingCache& cache,
+                                       const model::RefCache& ref) const {
   if (cache.HasBuffer() != ref.HasState()) {
     return Mismatch{"window buffer exists", ref.HasState() ? "yes" : "no",
                     cache.HasBuffer() ? "yes" : "no"};
   }
-  // LiveBytes is the K and V buffers of Dim rows each, the rows the content check reads
-  // (RotatingWindowSlotsInto validates Dim against the offset and the window).
-  const int64_t bytes = cache.HasBuffer() ? KvRowBytes(cache.buffer_rows()) : 0;
+  // Dim is the reference's (spec §2.2: growth steps, the oversize cut, a batched write's
+  // W - 1 kept rows, a restored snapshot's rows): the content check reads a buffer of any
+  // Dim its regime allows, and only the bytes show a buffer grown or kept differently.
+  if (cache.HasBuffer() && cache.buffer_rows() != ref.rotating_rows()) {
+    return Mismatch{"window buffer rows Dim (spec §2.2)", std::to_string(ref.rotating_rows()),
+                    std::to_string(cache.buffer_rows())};
+  }
+  // LiveBytes is the K and V buffers of Dim rows each.
+  const int64_t bytes = cache.HasBuffer() ? KvRowBytes(ref.rotating_rows()) : 0;
   if (cache.LiveBytes() != bytes) {
     return Mismatch{"window LiveBytes", std::to_string(bytes), std::to_string(cache.LiveBytes())};
   }
-  if (!cache.HasBuffer()) return std::nullopt;
-  return CheckRotatingContent(cache, ref.log());
+  return std::nullopt;
 }
 
 Check LayerOracle::CheckRotatingContent(const RotatingCache& cache,
@@ -529,6 +549,12 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
     // (offset <= W) the buffer holds every position, so Dim >= offset: exactly `to` rows,
     // never the grow padding above them.
     const auto& s = static_cast<const RotatingSnapshot&>(*prod);
+    if (ref->rows > 0 && s.k().rows() != ref->rows) {
+      return Mismatch{"window snapshot rows (a clone of State() or a window slice, spec §7)",
+                      std::to_string(ref->rows), std::to_string(s.k().rows())};
+    }
+    // A reference built from a range alone (the trie's soundness walk) does not know the
+    // rows; while the window is linear (to <= W) every clone holds exactly `to`.
     if (s.to() <= spec_.window && s.k().rows() != s.to()) {
       return Mismatch{"window snapshot rows (a clone of State())", std::to_string(s.to()),
                       std::to_string(s.k().rows())};

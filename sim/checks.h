@@ -121,8 +121,16 @@ class LayerOracle {
   Check CheckRecurrentOutputs(const MatF& conv_out, const MatF& y,
                               std::span<const model::Token> log, int64_t start, int64_t n);
 
-  // Live state after any step.
+  // The bytes of one snapshot unit of this layer (model::SnapshotUnits, spec §7): a KV or
+  // window row's K and V, or one whole recurrent state.
+  int64_t SnapshotUnitBytes() const {
+    return spec_.kind == CacheKind::kRecurrent ? RecurrentStateBytes() : KvRowBytes(1);
+  }
+  // Live state after any step: CheckLiveBuffers, then the contents against ref.log().
   Check CheckLive(const LayerCache& cache, const model::RefCache& ref);
+  // Everything of the live state but the contents: kind, offset, schedule flag, whether a
+  // buffer / state exists, and its size (KV capacity, a window buffer's rows Dim, LiveBytes).
+  Check CheckLiveBuffers(const LayerCache& cache, const model::RefCache& ref) const;
   // Live contents only: the offset is log.size() and the cache holds exactly `log` (KV rows
   // [0, offset), the rotating window, the recurrent conv tail and delta state). Unlike
   // CheckLive it ignores whether a buffer / state exists at offset 0 and the schedule
@@ -164,8 +172,8 @@ class LayerOracle {
   int64_t KvRowBytes(int64_t rows) const;
   // LiveBytes() against RecurrentStateBytes() (0 without a state).
   Check CheckRecurrentLiveBytes(const RecurrentCache& cache) const;
-  Check CheckKvLive(const KvCache& cache, const model::RefCache& ref);
-  Check CheckRotatingLive(const RotatingCache& cache, const model::RefCache& ref);
+  Check CheckKvBuffer(const KvCache& cache, const model::RefCache& ref) const;
+  Check CheckRotatingBuffer(const RotatingCache& cache, const model::RefCache& ref) const;
   // The rows of a KV / rotating buffer against `log` (its size is the offset); the buffer
   // exists whenever the offset is positive.
   Check CheckKvContent(const KvCache& cache, std::span<const model::Token> log);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "model/ref_eviction.h"
 #include "sim/trie_mirror.h"
 #include "src/core/check.h"
 
@@ -30,9 +31,17 @@ constexpr const char* kPoints =
 
 }  // namespace
 
-ManagerReference::ManagerReference(std::vector<std::optional<model::RefCache>> caches)
-    : ref_(std::move(caches)) {
-  ref_.set_charge([this](model::RefNode& root) { return Charge(root); });
+ManagerReference::ManagerReference(std::vector<std::optional<model::RefCache>> caches,
+                                   std::vector<int64_t> unit_bytes)
+    : ref_(std::move(caches)), unit_bytes_(std::move(unit_bytes)) {
+  ref_.set_policy_hook([this](model::RefNode& root, std::optional<int64_t> paged_out, bool pass) {
+    OnReferencePoint(root, paged_out, pass);
+  });
+}
+
+void ManagerReference::set_budget(int64_t bytes) {
+  budget_ = bytes;
+  ref_.set_budget(bytes, unit_bytes_);
 }
 
 void ManagerReference::OnProductionPoint(const PrefixCache& pc) {
@@ -69,15 +78,15 @@ void ManagerReference::StartCall() {
 }
 
 const model::RefBeginReport& ManagerReference::Begin(std::span<const model::Token> inputs) {
-  in_begin_ = true;
-  begun_ = ref_.Begin(inputs);
-  in_begin_ = false;
+  KV_CHECK(!begin_point_, "a reference Begin whose policy point never ran");
+  begun_ = ref_.Begin(inputs, /*enforce_policy=*/false);
+  begin_point_ = true;
   return begun_;
 }
 
 Check ManagerReference::AfterBegin() {
-  KV_CHECK(deferred_, "the reference Begin reached no eviction-policy point");
-  deferred_ = false;
+  KV_CHECK(begin_point_, "AfterBegin without a reference Begin");
+  begin_point_ = false;
   ref_.EnforceEvictionPolicy();
   return FinishCall("Begin");
 }
@@ -92,37 +101,35 @@ Check ManagerReference::FinishCall(const char* call) {
   return c;
 }
 
-std::optional<int64_t> ManagerReference::Charge(model::RefNode& root) {
-  if (in_begin_) {
-    KV_CHECK(!deferred_, "two eviction-policy points in one reference Begin");
-    deferred_ = true;
-    return std::nullopt;
-  }
+void ManagerReference::OnReferencePoint(model::RefNode& root, std::optional<int64_t> paged_out,
+                                        bool pass) {
   const size_t k = next_++;
-  if (mismatch_) return std::nullopt;  // the call already diverged
+  if (mismatch_) return;  // the call already diverged
   if (k >= points_.size()) {
     mismatch_ =
         Mismatch{kPoints, fmt::format("at least {}", k + 1), std::to_string(points_.size())};
-    return std::nullopt;
+    return;
   }
   const Point& p = points_[k];
-  // Strictly over, as the spec compares; the decision is the reference's, from the counter.
-  if (p.pass != (p.counter > budget_)) {
+  // The counter is what production compares; the reference's sum is of its own sizes.
+  if (paged_out && *paged_out != p.counter) {
+    mismatch_ = Mismatch{fmt::format("paged-out bytes at policy point #{} (the sum of the "
+                                     "reference's snapshot sizes, spec §7)",
+                                     k + 1),
+                         std::to_string(*paged_out), std::to_string(p.counter)};
+    return;
+  }
+  if (p.pass != pass) {
     mismatch_ =
         Mismatch{fmt::format("eviction pass at policy point #{} (paged-out bytes {}, budget {})",
                              k + 1, p.counter, BudgetText()),
-                 p.pass ? "none" : "a pass", p.pass ? "a pass" : "none"};
-    return std::nullopt;
+                 pass ? "a pass" : "none", p.pass ? "a pass" : "none"};
+    return;
   }
-  if (!p.pass) return std::nullopt;
-  if (Check c = ChargeFrom(p, k, root)) {
-    mismatch_ = std::move(c);
-    return std::nullopt;
-  }
-  return budget_;
+  if (pass) mismatch_ = ComparePass(p, k, root);
 }
 
-Check ManagerReference::ChargeFrom(const Point& p, size_t k, model::RefNode& root) {
+Check ManagerReference::ComparePass(const Point& p, size_t k, const model::RefNode& root) const {
   size_t end = nodes_.size();  // up to the next pass's record
   for (size_t j = k + 1; j < points_.size(); ++j) {
     if (points_[j].pass) {
@@ -131,7 +138,6 @@ Check ManagerReference::ChargeFrom(const Point& p, size_t k, model::RefNode& roo
     }
   }
   size_t i = p.first;
-  int64_t total = 0;
   Check c;
   // The protected set: the active path's ranges (the tries' shapes are compared next).
   // Texts are made only on a difference: this runs at every pass.
@@ -153,7 +159,7 @@ Check ManagerReference::ChargeFrom(const Point& p, size_t k, model::RefNode& roo
   }
   // Pre-order on both sides; the walk stops filling at the first difference. The ages
   // decide the victims, so they are compared here, at every pass, not only at audits.
-  model::ForEachRefNode(root, [&](model::RefNode& n) {
+  model::ForEachRefNode(root, [&](const model::RefNode& n) {
     if (c) return;
     const auto describe = [](int64_t start, int64_t stop, size_t children, int64_t age) {
       return fmt::format("[{},{}) with {} children, age {}", start, stop, children, age);
@@ -170,28 +176,26 @@ Check ManagerReference::ChargeFrom(const Point& p, size_t k, model::RefNode& roo
                    describe(got.start, got.end, got.children, got.last_used)};
       return;
     }
-    n.bytes.assign(n.snaps.size(), 0);
+    // The reference charged every slot just before this (RefPrefixCache's policy point).
     for (size_t j = 0; j < std::max(n.snaps.size(), got.slots); ++j) {
       const int64_t size = j < got.slots ? sizes_[got.first_slot + j] : -1;
       const bool has = j < n.snaps.size() && n.snaps[j].has_value();
+      const auto slot = [&] {
+        return fmt::format("node #{} [{},{}) slot {}", i - p.first, n.start(), n.end, j);
+      };
       if (has != (size >= 0)) {
-        c = Mismatch{fmt::format("node #{} [{},{}) slot {}", i - p.first, n.start(), n.end, j),
-                     has ? "a snapshot" : "empty", has ? "empty" : "a snapshot"};
+        c = Mismatch{slot(), has ? "a snapshot" : "empty", has ? "empty" : "a snapshot"};
         return;
       }
-      if (has) {
-        n.bytes[j] = size;
-        total += size;
+      if (has && n.bytes[j] != size) {
+        c = Mismatch{slot() + " bytes (spec §7)", std::to_string(n.bytes[j]), std::to_string(size)};
+        return;
       }
     }
     ++i;
   });
   if (!c && i != end) {
     c = Mismatch{"", "no further node", fmt::format("{} more", end - i)};
-  }
-  if (!c && total != p.counter) {
-    c = Mismatch{"paged-out bytes against the snapshot sizes", std::to_string(total),
-                 std::to_string(p.counter)};
   }
   if (c) {
     c->what = fmt::format("trie when the eviction pass of policy point #{} begins{}{}", k + 1,
@@ -235,21 +239,23 @@ Check ManagerReference::CheckPending(const PrefixCache& pc) const {
 // Ages are compared as values: both managers stamp a tick at the same spec "now" events, so
 // a missed or extra refresh shows even where it leaves every node's rank unchanged (the
 // newest node refreshed again), which a coarse wall clock would turn into different ties.
-Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) const {
-  if (SameTrie(pc.trie(), ref_.root(), /*with_bytes=*/false) &&
+Check ManagerReference::CheckTrie(const PrefixCache& pc, const char* after) {
+  if (SameTrie(pc.trie(), ref_.root(), /*with_bytes=*/true, unit_bytes_) &&
       SamePath(pc.trie(), pc.active_path())) {
     return std::nullopt;
   }
   const TrieMirror got = MirrorTrie(pc.trie(), pc.active_path());
-  const std::string want_text =
-      model::RenderRefTrie(ref_.root(), /*with_bytes=*/false, /*raw_ticks=*/true);
-  const std::string got_text =
-      model::RenderRefTrie(*got.root, /*with_bytes=*/false, /*raw_ticks=*/true);
-  if (want_text != got_text) {
+  // Without the sizes first: a trie that differs in shape reads best without them.
+  model::ChargeRefSlots(ref_.mutable_root(), unit_bytes_);
+  for (const bool with_bytes : {false, true}) {
+    const std::string want_text = model::RenderRefTrie(ref_.root(), with_bytes, /*raw_ticks=*/true);
+    const std::string got_text = model::RenderRefTrie(*got.root, with_bytes, /*raw_ticks=*/true);
+    if (want_text == got_text) continue;
     const std::string budget = budget_ == std::numeric_limits<int64_t>::max()
                                    ? "at an unlimited budget"
                                    : "under a budget of " + BudgetText();
-    return Mismatch{fmt::format("trie after {} {}, {}", after, budget,
+    return Mismatch{fmt::format("trie after {} {}{}, {}", after, budget,
+                                with_bytes ? " (snapshot sizes, spec §7)" : "",
                                 model::FirstDifference(want_text, got_text)),
                     "the reference manager's trie", "a different trie (the line above)"};
   }

@@ -6,15 +6,15 @@
 // the same ranges, and Begin must report the same outcome. Snapshot contents are judged
 // separately (CheckTrieSoundness).
 //
-// Under a byte budget the reference runs the eviction policy at its own points (spec §3.4)
-// with its own active path and ages, over the sizes production's trie had at the same
-// point: production's hooks record the counter at each of its policy points and, when a
-// pass begins, every slot's size in pre-order. The reference pairs its k-th point of a call
-// with production's k-th: the count must agree, a pass must begin exactly where the counter
-// is over the budget, and when one does the two tries must have the same shape and the
-// sizes must sum to the counter. Sizes are production's because the reference does not
-// model a rotating buffer's row count (a wrapped ring's snapshot clones the whole buffer);
-// the soundness walk checks every snapshot's size against its rows (spec §7).
+// The reference runs the eviction policy at its own points (spec §3.4) with its own active
+// path, ages and snapshot sizes (spec §7: its snapshots' modeled rows times each layer's
+// row or state bytes), and decides itself whether a pass begins. Production's hooks record
+// the counter at each of its policy points and, when a pass begins, every node's range,
+// age and slot sizes in pre-order. The reference pairs its k-th point of a call with
+// production's k-th: the count must agree; under a budget the counter must equal the
+// reference's paged-out bytes, and a pass must begin on both sides or neither; where one
+// begins, the active paths, the tries' shapes and ages, and every slot's size must agree.
+// After each call the tries are compared with every slot's size (CheckTrie).
 // Single-threaded.
 #pragma once
 
@@ -33,13 +33,16 @@ namespace kvtwin::sim {
 
 class ManagerReference {
  public:
-  // `caches`: one empty reference cache per manager cache (nullopt for a stateless hole).
-  explicit ManagerReference(std::vector<std::optional<model::RefCache>> caches);
+  // `caches`: one empty reference cache per manager cache (nullopt for a stateless hole);
+  // `unit_bytes`: per cache, the bytes of one snapshot unit (model::SnapshotUnits): a KV or
+  // window row's K and V, or one recurrent state (LayerOracle::SnapshotUnitBytes).
+  ManagerReference(std::vector<std::optional<model::RefCache>> caches,
+                   std::vector<int64_t> unit_bytes);
   ManagerReference(const ManagerReference&) = delete;  // the charge points into it
   ManagerReference& operator=(const ManagerReference&) = delete;
 
   // The budget production compares with; set wherever the driver sets production's.
-  void set_budget(int64_t bytes) { budget_ = bytes; }
+  void set_budget(int64_t bytes);
   // Production's hooks: PrefixCache::set_policy_hook, and the begin of a pass
   // (set_eviction_hook with ended = false).
   void OnProductionPoint(const PrefixCache& pc);
@@ -51,7 +54,7 @@ class ManagerReference {
   // Runs the reference Begin on `inputs`, before production's (the reference does not read
   // production), and keeps its report: its matched child positions guide ExpectBegin. Its
   // eviction-policy point, the last thing the switch does (spec §3.4 step 7), waits for
-  // AfterBegin: production's sizes at that point exist only once production's Begin ran.
+  // AfterBegin: production's record of that point exists only once production's Begin ran.
   const model::RefBeginReport& Begin(std::span<const model::Token> inputs);
   // After production's Begin: Begin's policy point, then FinishCall("Begin").
   Check AfterBegin();
@@ -63,8 +66,9 @@ class ManagerReference {
   Check CheckBegin(const PrefixCache& pc, const BeginReport& got) const;
   // After SchedulePrefillSnapshots: the pending offsets and their user flags.
   Check CheckPending(const PrefixCache& pc) const;
-  // The trie and the active path, after any session call; `after` names the call.
-  Check CheckTrie(const PrefixCache& pc, const char* after) const;
+  // The trie (every slot's size included) and the active path, after any session call;
+  // `after` names the call.
+  Check CheckTrie(const PrefixCache& pc, const char* after);
 
  private:
   // A policy point of production's current call.
@@ -83,12 +87,13 @@ class ManagerReference {
 
   bool SamePath(const PrefixTrie& trie, std::span<TrieNode* const> got) const;
   std::string BudgetText() const;  // "6000 B" or "unlimited"
-  // The reference's Charge (model::RefPrefixCache::Charge).
-  std::optional<int64_t> Charge(model::RefNode& root);
-  // Sets every reference node's sizes from `p`'s record, or reports how the shapes differ.
-  Check ChargeFrom(const Point& p, size_t k, model::RefNode& root);
+  // The reference's policy hook (model::RefPrefixCache::PolicyHook): pairs the point.
+  void OnReferencePoint(model::RefNode& root, std::optional<int64_t> paged_out, bool pass);
+  // Where both pass: `p`'s record against the reference trie (charged) and active path.
+  Check ComparePass(const Point& p, size_t k, const model::RefNode& root) const;
 
   model::RefPrefixCache ref_;
+  std::vector<int64_t> unit_bytes_;
   model::RefBeginReport begun_;  // the last Begin's report
   int64_t budget_ = std::numeric_limits<int64_t>::max();
   std::vector<Point> points_;  // production's points in the current call
@@ -97,8 +102,7 @@ class ManagerReference {
   std::vector<std::pair<int64_t, int64_t>> path_;  // [start, end) of each active-path node
   size_t next_ = 0;                                // the reference's next point in the call
   Check mismatch_;                                 // the call's first disagreement
-  bool in_begin_ = false;  // the reference Begin is running: its point waits
-  bool deferred_ = false;  // Begin's point is waiting for AfterBegin
+  bool begin_point_ = false;                       // Begin's policy point is waiting for AfterBegin
 };
 
 }  // namespace kvtwin::sim

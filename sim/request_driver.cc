@@ -97,7 +97,11 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
                                                           &manager_calls_));
   }
   manager_ = std::make_unique<PrefixCache>(ManagerCaches());
-  reference_ = std::make_unique<ManagerReference>(Shadows());
+  std::vector<int64_t> unit_bytes;
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    unit_bytes.push_back(caches_[i] != nullptr ? oracles_[i]->SnapshotUnitBytes() : 0);
+  }
+  reference_ = std::make_unique<ManagerReference>(Shadows(), std::move(unit_bytes));
   // 0 = unlimited: the counter can never exceed the largest int64.
   SetBudget(options_.budget_bytes > 0 ? options_.budget_bytes
                                       : std::numeric_limits<int64_t>::max());

@@ -506,6 +506,12 @@ class RequestDriver::Session {
   // that forwards since the last full check trusted.
   Check CheckLive() {
     if (Check c = CheckLiveSoundness(d_.Caches(), d_.oracle_ptrs_, d_.live_)) return c;
+    // The reference manager's live caches went through the same switches, restores and
+    // frees, so they know what the log cannot: the buffers' sizes and the schedule flag.
+    if (Check c = CheckLiveBuffersAgainst(d_.Caches(), d_.oracle_ptrs_,
+                                          d_.reference_->manager().caches())) {
+      return c;
+    }
     d_.history_skips_ = 0;
     return std::nullopt;
   }

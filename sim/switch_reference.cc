@@ -5,6 +5,7 @@
 
 #include "sim/trie_checks.h"
 #include "src/core/check.h"
+#include "src/rotating_cache.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -86,7 +87,12 @@ void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches
     for (size_t j = 0; j < caches.size(); ++j) {
       const CacheSnapshot* s = node->snapshot(j);
       if (!caches[j] || s == nullptr || caches[j]->Offset() >= target) continue;
-      const model::RefSnapshot ref = NodeReference(*node, s->kind(), node_path);
+      model::RefSnapshot ref = NodeReference(*node, s->kind(), node_path);
+      // These caches predict the switch's calls and outcome, never sizes (the reference
+      // manager's caches model those): a window restore takes the rows it is handed.
+      if (s->kind() == CacheKind::kRotating) {
+        ref.rows = static_cast<const RotatingSnapshot*>(s)->k().rows();
+      }
       const bool ok = caches[j]->Restore(&ref, target);
       calls.push_back(CacheCall::Restore(static_cast<int32_t>(j), s, target, ok));
       if (!ok) return;

@@ -514,6 +514,23 @@ Check CheckLiveSoundness(std::span<LayerCache* const> caches, std::span<LayerOra
   return std::nullopt;
 }
 
+Check CheckLiveBuffersAgainst(std::span<LayerCache* const> caches,
+                              std::span<LayerOracle* const> oracles,
+                              std::span<const std::optional<model::RefCache>> refs) {
+  KV_CHECK(caches.size() == oracles.size() && caches.size() == refs.size(),
+           "caches, oracles and references must be parallel");
+  for (size_t i = 0; i < caches.size(); ++i) {
+    KV_CHECK((caches[i] == nullptr) == !refs[i].has_value(),
+             "a stateless hole on one side of the reference only");
+    if (caches[i] == nullptr) continue;
+    if (Check c = oracles[i]->CheckLiveBuffers(*caches[i], *refs[i])) {
+      c->what = fmt::format("layer {} live {}: {}", i, CacheKindName(caches[i]->kind()), c->what);
+      return c;
+    }
+  }
+  return std::nullopt;
+}
+
 Check CheckEvictionBound(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
                          int64_t budget_bytes) {
   if (budget_bytes <= 0 || trie.paged_out_bytes() <= budget_bytes) return std::nullopt;

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -128,6 +129,13 @@ Check AuditTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_path, 
 // only, LayerOracle::CheckLiveContent). `caches` and `oracles` are parallel.
 Check CheckLiveSoundness(std::span<LayerCache* const> caches, std::span<LayerOracle* const> oracles,
                          const model::TokenLog& log);
+// The live caches' buffers against the reference manager's live caches
+// (LayerOracle::CheckLiveBuffers): what a token log cannot say, the schedule flag, whether
+// a buffer or state exists, and its size (a KV buffer's capacity, a window buffer's rows).
+// `caches`, `oracles` and `refs` are parallel; a null cache has no reference (nullopt).
+Check CheckLiveBuffersAgainst(std::span<LayerCache* const> caches,
+                              std::span<LayerOracle* const> oracles,
+                              std::span<const std::optional<model::RefCache>> refs);
 
 // With a byte budget: after an eviction pass the counter is within the budget, or no node
 // is eligible (not the root, not on the active path, at most one child).

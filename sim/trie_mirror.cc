@@ -6,6 +6,7 @@
 #include <functional>
 #include <utility>
 
+#include "model/ref_eviction.h"
 #include "sim/checks.h"
 #include "src/core/check.h"
 
@@ -123,7 +124,8 @@ bool SameSlot(const CacheSnapshot* got, const model::RefSnap& want, int64_t want
   return kind != model::RefKind::kKv || got->from() == want->from;
 }
 
-bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes) {
+bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes,
+              std::span<const int64_t> unit_bytes) {
   if (got.end_offset() != want.end || got.user() != want.user ||
       got.num_children() != want.children.size() || got.edge().size() != want.edge.size()) {
     return false;
@@ -135,7 +137,8 @@ bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes) 
   if (!want.HasSnapshots()) return true;
   if (got.snapshots().size() != want.snaps.size()) return false;
   for (size_t i = 0; i < want.snaps.size(); ++i) {
-    const int64_t bytes = i < want.bytes.size() ? want.bytes[i] : 0;
+    int64_t bytes = i < want.bytes.size() ? want.bytes[i] : 0;
+    if (!unit_bytes.empty()) bytes = model::SlotBytes(want.snaps[i], unit_bytes[i]);
     if (!SameSlot(got.snapshot(i), want.snaps[i], bytes, with_bytes)) return false;
   }
   return true;
@@ -143,7 +146,10 @@ bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes) 
 
 }  // namespace
 
-bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes) {
+bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes,
+              std::span<const int64_t> unit_bytes) {
+  KV_CHECK(unit_bytes.empty() || (with_bytes && unit_bytes.size() == trie.num_layers()),
+           "unit sizes are one per layer and only compared with bytes");
   struct Pair {
     const TrieNode* got;
     const model::RefNode* want;
@@ -158,7 +164,7 @@ bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_byte
              "a reference node's child keys went stale");
     KV_CHECK(w->child_keys.size() == w->children.size(),
              "a reference node's child keys went stale");
-    if (!SameNode(*g, *w, with_bytes)) return false;
+    if (!SameNode(*g, *w, with_bytes, unit_bytes)) return false;
     if (static_cast<int64_t>(g->last_used()) != w->last_used) return false;
     for (size_t i = w->children.size(); i-- > 0;)
       stack.push_back({g->child(i), w->children[i].get(), w->child_keys[i]});

@@ -48,8 +48,10 @@ TrieMirror MirrorTrie(const PrefixTrie& trie, std::span<TrieNode* const> active_
 // managers stamp at the same spec events, so equal LRU order is not enough), and slots
 // shown alike (a node without any snapshot shows none; kv by range, rot and rec by end;
 // bytes when asked). Callers render only when this says they differ, to report the first
-// differing line.
-bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes);
+// differing line. `want`'s bytes are its `bytes`, or with `unit_bytes` (one per layer) each
+// snapshot's modeled size, model::SnapshotUnits times its layer's unit.
+bool SameTrie(const PrefixTrie& trie, const model::RefNode& want, bool with_bytes,
+              std::span<const int64_t> unit_bytes = {});
 
 // "[0,5) [5,9)": the ranges of a path after the root, for comparing active paths.
 std::string RenderPath(std::span<const model::RefNode* const> path);

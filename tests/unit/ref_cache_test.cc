@@ -366,6 +366,98 @@ TEST(RefRotatingCache, MergeKeepsTheChildAndSplitKeepsNothingForTheParent) {
   ASSERT_TRUE(SnapIs(right, 3, 6, Ids(0, 6)));
 }
 
+// ---- Rotating buffer rows Dim (§2.2 update / concat / restore, §7 snapshot sizes) ----
+
+// Decodes grow a linear buffer by min(256, W - offset) once the offset reaches its rows,
+// and stop at W; the ring then stays at W rows.
+TEST(RefRotatingRows, DecodesGrowByTheStepUpToTheWindow) {
+  RefCache rot = RefCache::Rotating(600);
+  EXPECT_EQ(rot.rotating_rows(), 0);
+  WriteSingles(rot, 1);
+  EXPECT_EQ(rot.rotating_rows(), 256);
+  WriteSingles(rot, 255);  // offset 256 = rows: the next decode grows
+  EXPECT_EQ(rot.rotating_rows(), 256);
+  WriteSingles(rot, 1);
+  EXPECT_EQ(rot.rotating_rows(), 512);
+  WriteSingles(rot, 256);  // offset 513: grew by min(256, 600 - 512) = 88 at offset 512
+  EXPECT_EQ(rot.rotating_rows(), 600);
+  WriteSingles(rot, 200);  // wrapped
+  EXPECT_EQ(rot.rotating_rows(), 600);
+}
+
+// A batched write keeps min(offset, W - 1) old rows and appends all L; the next decode
+// cuts the oversize buffer to W.
+TEST(RefRotatingRows, ABatchKeepsWMinusOneOldRowsAndADecodeCutsToW) {
+  RefCache rot = RefCache::Rotating(8);
+  WriteBatch(rot, 5);
+  EXPECT_EQ(rot.rotating_rows(), 5);
+  WriteBatch(rot, 6);  // min(5, 7) + 6
+  EXPECT_EQ(rot.rotating_rows(), 11);
+  WriteBatch(rot, 3);  // min(11, 7) + 3
+  EXPECT_EQ(rot.rotating_rows(), 10);
+  WriteSingles(rot, 1);
+  EXPECT_EQ(rot.rotating_rows(), 8);
+  WriteBatch(rot, 2);  // a wrapped ring of 8 is linearized, then 7 kept
+  EXPECT_EQ(rot.rotating_rows(), 9);
+}
+
+// A live rewind keeps the buffer (the grow padding and the rows above the target); the
+// next batch cuts it to the offset first.
+TEST(RefRotatingRows, ALiveRewindKeepsTheRowsAndABatchCutsToTheOffset) {
+  RefCache rot = RefCache::Rotating(300);
+  WriteSingles(rot, 10);
+  EXPECT_EQ(rot.rotating_rows(), 256);
+  ASSERT_TRUE(rot.Restore(nullptr, 4));
+  EXPECT_EQ(rot.rotating_rows(), 256);
+  WriteSingles(rot, 1);  // offset 4 < 256 rows: no growth
+  EXPECT_EQ(rot.rotating_rows(), 256);
+  WriteBatch(rot, 3);  // min(5, 299) + 3
+  EXPECT_EQ(rot.rotating_rows(), 8);
+}
+
+// Snapshots: an eager clone holds min(offset, Dim) rows (never the grow padding), a capture
+// right after a batch is the window slice of min(o, W) rows; a restore installs the
+// snapshot's rows, and Free drops the buffer.
+TEST(RefRotatingRows, SnapshotsHoldStateOrWindowRowsAndRestoreInstallsThem) {
+  RefCache rot = RefCache::Rotating(4);
+  WriteSingles(rot, 2);
+  const RefSnap linear = rot.Snapshot(0);
+  ASSERT_TRUE(linear.has_value());
+  EXPECT_EQ(linear->rows, 2);  // the buffer has 4 rows, State() 2
+  ASSERT_TRUE(rot.PrepareSnapshots({5, 9}).ok());
+  WriteBatch(rot, 8);  // rows min(2, 3) + 8 = 10; captures at 5 and 9 (start 2 excluded)
+  EXPECT_EQ(rot.rotating_rows(), 10);
+  const RefSnap oversize = rot.Snapshot(0);
+  ASSERT_TRUE(oversize.has_value());
+  EXPECT_EQ(oversize->rows, 10);  // a clone of the oversize State()
+  const std::vector<RefSnap> taken = rot.TakeSnapshots();
+  ASSERT_EQ(taken.size(), 2u);
+  ASSERT_TRUE(taken[0].has_value() && taken[1].has_value());
+  EXPECT_EQ(taken[0]->rows, 4);  // min(5, W)
+  EXPECT_EQ(taken[1]->rows, 4);
+  ASSERT_TRUE(rot.Restore(&*oversize, 10));
+  EXPECT_EQ(rot.rotating_rows(), 10);
+  ASSERT_TRUE(rot.Restore(&*linear, 1));  // clamped: the rows stay the snapshot's
+  EXPECT_EQ(rot.rotating_rows(), 2);
+  ASSERT_TRUE(rot.Restore(&*taken[0], 5));
+  EXPECT_EQ(rot.rotating_rows(), 4);
+  rot.Free();
+  EXPECT_EQ(rot.rotating_rows(), 0);
+  EXPECT_EQ(SnapshotUnits(*oversize), 10);
+}
+
+// A single-token write's capture is an eager clone of State(): W rows once wrapped.
+TEST(RefRotatingRows, ADecodeCaptureClonesTheState) {
+  RefCache rot = RefCache::Rotating(3);
+  WriteBatch(rot, 6);  // 6 rows
+  ASSERT_TRUE(rot.PrepareSnapshots({7}).ok());
+  WriteSingles(rot, 1);  // cut to 3
+  const std::vector<RefSnap> taken = rot.TakeSnapshots();
+  ASSERT_EQ(taken.size(), 1u);
+  ASSERT_TRUE(taken[0].has_value());
+  EXPECT_EQ(taken[0]->rows, 3);
+}
+
 // ---- Recurrent (§1.2 row 3, §2.3, §5.1 recurrent fake) ----
 
 TEST(RefRecurrentCache, RestoreRequiresTheExactSnapshotOffset) {

@@ -366,39 +366,39 @@ TEST(RefPrefixCache, BeginNamesTheMatchedPathByChildPositions) {
   EXPECT_EQ(positions(true, Ids{165}), std::vector<size_t>{65});
 }
 
-// Eviction (spec §3.4) under a Charge of 10 bytes per present slot: the count of the
-// policy points the session reaches, and the trie each leaves.
-RefPrefixCache::Charge TenBytesPerSlot(int64_t budget, int64_t& points) {
-  return [budget, &points](RefNode& root) -> std::optional<int64_t> {
-    ++points;
-    ForEachRefNode(root, [](RefNode& n) {
-      n.bytes.assign(n.snaps.size(), 0);
-      for (size_t i = 0; i < n.snaps.size(); ++i) n.bytes[i] = n.snaps[i] ? 10 : 0;
-    });
-    return budget;
-  };
+// Eviction (spec §3.4) under `budget`, at 1 B per KV row and 10 B per recurrent state:
+// each policy point the session reaches as "<paged-out bytes>" or "<bytes> pass".
+void BudgetAndRecordPoints(RefPrefixCache& pc, int64_t budget, std::vector<std::string>& points) {
+  std::vector<int64_t> units;
+  for (const auto& c : pc.caches()) units.push_back(c && c->kind() == RefKind::kRecurrent ? 10 : 1);
+  pc.set_budget(budget, units);
+  pc.set_policy_hook([&points](RefNode&, std::optional<int64_t> paged_out, bool pass) {
+    points.push_back(std::to_string(paged_out.value_or(-1)) + (pass ? " pass" : ""));
+  });
 }
 
 TEST(RefPrefixCacheEviction, RunsAtTheSwitchAndThePageOutOverTheChargedSizes) {
   RefPrefixCache pc = KvRecurrent();
-  int64_t points = 0;
-  pc.set_charge(TenBytesPerSlot(30, points));
+  std::vector<std::string> points;
+  BudgetAndRecordPoints(pc, 30, points);
   Serve(pc, kA);  // nothing pending: the attach returns before its point
-  EXPECT_EQ(points, 2);
-  // Begin: 20 B, within 30. The page-out of D's frontier: 40 B, and A is the only node
-  // off the active path.
+  // Begin over an empty trie; the page-out of kv[0,9) (9 B) and rec@9 (10 B).
+  EXPECT_EQ(points, (std::vector<std::string>{"0", "19"}));
+  // Begin: 19 B, within 30. The page-out of D's frontier adds kv[0,5) and rec@5: 34 B, and
+  // A is the only node off the active path.
   Serve(pc, {{50, 51, 52, 53}, {60, 61}, {}});
-  EXPECT_EQ(points, 4);
+  EXPECT_EQ(points, (std::vector<std::string>{"0", "19", "19", "34 pass"}));
   EXPECT_EQ(Render(pc),
             Trie({"[0,0) keys t0", "  [0,5) keys 50 51 52 53 60 t1 | kv[0,5) | rec@5"}));
 }
 
 TEST(RefPrefixCacheEviction, AnAttachWithOffsetsPendingIsAPoint) {
   RefPrefixCache pc({RefCache::Kv()});
-  int64_t points = 0;
-  pc.set_charge(TenBytesPerSlot(int64_t{1} << 40, points));
+  std::vector<std::string> points;
+  BudgetAndRecordPoints(pc, int64_t{1} << 40, points);
   Serve(pc, {Range(1, 8), {20, 21}, {4}});
-  EXPECT_EQ(points, 3);  // Begin, the attach of 4, the page-out at 9
+  // Begin, the attach of kv[0,4), the page-out of kv[4,9).
+  EXPECT_EQ(points, (std::vector<std::string>{"0", "4", "9"}));
 }
 
 // The switch trims A off the active path (the caches align at 5 inside its edge), so its
@@ -407,8 +407,8 @@ TEST(RefPrefixCacheEviction, AnAttachWithOffsetsPendingIsAPoint) {
 // production's documented decision; the literal clip would install kv[5,8).
 TEST(RefPrefixCacheEviction, AKvCaptureWhoseEdgeHeadWasEvictedIsSlicedFromTheLiveCache) {
   RefPrefixCache pc({RefCache::Kv()});
-  int64_t points = 0;
-  pc.set_charge(TenBytesPerSlot(5, points));
+  std::vector<std::string> points;
+  BudgetAndRecordPoints(pc, 5, points);
   Serve(pc, kA);
   const Request e{{1, 2, 3, 4, 5, 70, 71, 72, 73}, {80}, {8}};
   const RefBeginReport rep = Open(pc, e);
