@@ -457,6 +457,34 @@ TEST(LiveSoundness, ReportsALiveCacheRewrittenFromALookAlikeBranchAfterBegin) {
   EXPECT_NE(c->expected, c->actual);
 }
 
+// What a token log cannot say: six tokens written as six decodes leave the same window as
+// one batch of six, but spec §2.2 gives the window buffer 4 rows (a step capped at W) where
+// the batch leaves min(0, W - 1) + 6; and a schedule prepared on one side only.
+TEST(LiveBuffers, ReportsTheBufferSizeAndTheScheduleFlagThatContentsCannotShow) {
+  Rig rig;
+  const model::TokenLog log = rig.Log({1, 2, 3, 4, 5, 6});
+  std::vector<std::optional<model::RefCache>> refs = {
+      model::RefCache::Kv(), model::RefCache::Rotating(4), model::RefCache::Recurrent()};
+  for (auto& r : refs) r->Write(log);
+  for (int64_t p = 0; p < 6; ++p) rig.Write(log, p, p + 1);
+  EXPECT_FALSE(CheckLiveSoundness(rig.Raw(), rig.oracle_ptrs, log).has_value());
+  const Check rows = CheckLiveBuffersAgainst(rig.Raw(), rig.oracle_ptrs, refs);
+  ASSERT_TRUE(rows.has_value());
+  EXPECT_EQ(rows->what, "layer 1 live rotating: window buffer rows Dim (spec §2.2)");
+  EXPECT_EQ(rows->expected, "6");
+  EXPECT_EQ(rows->actual, "4");
+
+  Rig batched;
+  batched.Write(log, 0, 6);
+  EXPECT_FALSE(CheckLiveBuffersAgainst(batched.Raw(), batched.oracle_ptrs, refs).has_value());
+  ASSERT_TRUE(batched.caches[0]->PrepareSnapshots({8}).ok());
+  const Check flag = CheckLiveBuffersAgainst(batched.Raw(), batched.oracle_ptrs, refs);
+  ASSERT_TRUE(flag.has_value());
+  EXPECT_EQ(flag->what, "layer 0 live kv: capture schedule active");
+  EXPECT_EQ(flag->expected, "no");
+  EXPECT_EQ(flag->actual, "yes");
+}
+
 TEST(TrieStructure, ReportsSiblingsSharingAFirstKeyAndABadActivePath) {
   Rig rig;
   PrefixTrie trie(rig.Raw(), Tick{0});
