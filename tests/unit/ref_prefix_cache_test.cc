@@ -3,7 +3,7 @@
 // of cache-semantics.md §3.7 step by step, and the λ = 0 scenarios of §6.10 that need no
 // media and no eviction (continuation, divergence, hold-back, user points, cancelled
 // prefills, branch switches, whole-state layers landing on node ends), and where the
-// eviction policy runs under a caller's Charge (spec §3.4 "Eviction").
+// eviction policy runs under a byte budget over the reference's own sizes (spec §3.4 "Eviction").
 // Method: requests are served as §6.10 simulates them (begin, schedule, prefill
 // inputs[prefix : len-1], attach, decode seed + all sampled tokens but the last, close);
 // expectations (Begin reports, live cache logs, pending captures, the rendered trie with
