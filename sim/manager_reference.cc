@@ -84,20 +84,23 @@ const model::RefBeginReport& ManagerReference::Begin(std::span<const model::Toke
   return begun_;
 }
 
-Check ManagerReference::AfterBegin() {
+Check ManagerReference::AfterBegin(const PrefixCache* pc) {
   KV_CHECK(begin_point_, "AfterBegin without a reference Begin");
   begin_point_ = false;
   ref_.EnforceEvictionPolicy();
-  return FinishCall("Begin");
+  return FinishCall("Begin", pc);
 }
 
-Check ManagerReference::FinishCall(const char* call) {
+Check ManagerReference::FinishCall(const char* call, const PrefixCache* pc) {
   if (!mismatch_ && next_ != points_.size()) {
     mismatch_ = Mismatch{kPoints, std::to_string(next_), std::to_string(points_.size())};
   }
   StartCall();
   Check c = std::exchange(mismatch_, std::nullopt);
   if (c) c->what = fmt::format("{}: {}", call, c->what);
+  if (c && std::exchange(counter_differs_, false) && pc != nullptr) {
+    if (Check at_end = CheckTrie(*pc, call)) c->what += "; at the call's end, " + at_end->what;
+  }
   return c;
 }
 
@@ -113,6 +116,7 @@ void ManagerReference::OnReferencePoint(model::RefNode& root, std::optional<int6
   const Point& p = points_[k];
   // The counter is what production compares; the reference's sum is of its own sizes.
   if (paged_out && *paged_out != p.counter) {
+    counter_differs_ = true;
     mismatch_ = Mismatch{fmt::format("paged-out bytes at policy point #{} (the sum of the "
                                      "reference's snapshot sizes, spec §7)",
                                      k + 1),

@@ -56,11 +56,13 @@ class ManagerReference {
   // eviction-policy point, the last thing the switch does (spec §3.4 step 7), waits for
   // AfterBegin: production's record of that point exists only once production's Begin ran.
   const model::RefBeginReport& Begin(std::span<const model::Token> inputs);
-  // After production's Begin: Begin's policy point, then FinishCall("Begin").
-  Check AfterBegin();
+  // After production's Begin: Begin's policy point, then FinishCall("Begin", pc).
+  Check AfterBegin(const PrefixCache* pc = nullptr);
   // After the reference made the session call production made: every point of the call
-  // paired. Reports the first disagreement of the call's points, prefixed by `call`.
-  Check FinishCall(const char* call);
+  // paired. Reports the first disagreement of the call's points, prefixed by `call`. A
+  // counter that differs from the reference's sizes names no slot; given production's
+  // manager `pc`, the report then adds where the tries differ at the call's end (CheckTrie).
+  Check FinishCall(const char* call, const PrefixCache* pc = nullptr);
   // After production's Begin reported `got`: compares it with the kept report and the
   // pending branch point (CheckTrie does the rest).
   Check CheckBegin(const PrefixCache& pc, const BeginReport& got) const;
@@ -102,7 +104,8 @@ class ManagerReference {
   std::vector<std::pair<int64_t, int64_t>> path_;  // [start, end) of each active-path node
   size_t next_ = 0;                                // the reference's next point in the call
   Check mismatch_;                                 // the call's first disagreement
-  bool begin_point_ = false;                       // Begin's policy point is waiting for AfterBegin
+  bool counter_differs_ = false;  // mismatch_ is a counter against the reference's sizes
+  bool begin_point_ = false;      // Begin's policy point is waiting for AfterBegin
 };
 
 }  // namespace kvtwin::sim

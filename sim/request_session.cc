@@ -167,7 +167,7 @@ class RequestDriver::Session {
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
     if (Check c = CheckLive()) return c;
     if (Check c = CheckContinuation(want)) return c;
-    if (Check c = d_.reference_->AfterBegin()) return c;
+    if (Check c = d_.reference_->AfterBegin(&pc())) return c;
     if (Check c = d_.reference_->CheckBegin(pc(), report_)) return c;
     if (audit) {
       if (Check c = d_.reference_->CheckTrie(pc(), "Begin")) return c;
@@ -279,7 +279,7 @@ class RequestDriver::Session {
       d_.Fold(pc().pending().size());
       rules_.Scheduled();
       d_.reference_->manager().SchedulePrefillSnapshots(requested);
-      if (Check c = d_.reference_->FinishCall("SchedulePrefillSnapshots")) return c;
+      if (Check c = d_.reference_->FinishCall("SchedulePrefillSnapshots", &pc())) return c;
       if (Check c = d_.reference_->CheckPending(pc())) return c;
       if (Check c = ProbeMisuse("after SchedulePrefillSnapshots")) return c;
     }
@@ -313,7 +313,7 @@ class RequestDriver::Session {
     rules_.Attached();
     if (Check c = AfterEvictionPoint(audit)) return c;
     d_.reference_->manager().AttachPrefillSnapshots();
-    if (Check c = d_.reference_->FinishCall("AttachPrefillSnapshots")) return c;
+    if (Check c = d_.reference_->FinishCall("AttachPrefillSnapshots", &pc())) return c;
     if (audit) {
       if (Check c = d_.reference_->CheckTrie(pc(), "AttachPrefillSnapshots")) return c;
     }
@@ -392,7 +392,7 @@ class RequestDriver::Session {
     rules_.Closed();
     if (Check c = AfterEvictionPoint(audit)) return c;
     d_.reference_->manager().Close();
-    if (Check c = d_.reference_->FinishCall("Close")) return c;
+    if (Check c = d_.reference_->FinishCall("Close", &pc())) return c;
     if (audit) {
       if (Check c = d_.reference_->CheckTrie(pc(), "Close")) return c;
     }
@@ -453,7 +453,7 @@ class RequestDriver::Session {
     d_.manager_->EnforceEvictionPolicy();
     if (Check c = AfterEvictionPoint(audit)) return c;
     d_.reference_->manager().EnforceEvictionPolicy();
-    if (Check c = d_.reference_->FinishCall("EnforceEvictionPolicy")) return c;
+    if (Check c = d_.reference_->FinishCall("EnforceEvictionPolicy", &pc())) return c;
     if (audit) {
       if (Check c = d_.reference_->CheckTrie(pc(), "the eviction pass between sessions")) return c;
     }
