@@ -1,8 +1,8 @@
 // RefCache: the reference cache is its token log. Every rule below is transcribed from the
 // spec (cache-semantics.md §1.2, §1.3, §2.1-§2.3, §5.1) and kept deliberately literal: no
-// buffers, no ring cursor, no lazy snapshots (v1: every snapshot is owned). Where the §5.1
-// fakes and the production rules of §2.x differ in an edge case, the production rule wins,
-// because the model is compared with the production caches step by step.
+// buffers (only their sizes), no ring cursor, no lazy snapshots (v1: every snapshot is owned).
+// Where the §5.1 fakes and the production rules of §2.x differ in an edge case, the production rule
+// wins, because the model is compared with the production caches step by step.
 #include "model/ref_cache.h"
 
 #include <algorithm>

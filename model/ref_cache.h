@@ -1,9 +1,10 @@
 // RefCache: the naive reference for one layer cache (spec §5.1): the cache is its token log.
 // Every observable (offset, boolean outcome of Restore/Split/Merge, snapshot ranges and
 // contents, capture-schedule entries, which positions attention sees) is re-derived from
-// the log with ordered containers and no capacity tricks; a KV cache's slot capacity is the
-// one number kept beside the log, because spec §2.1 fixes how it grows and it is what the
-// cache's memory (LiveBytes) reports. Written from the spec, never from
+// the log with ordered containers and no capacity tricks; a KV cache's slot capacity and a
+// window buffer's row count are the numbers kept beside the log, because spec §2.1 and
+// §2.2 fix how they grow and they are what the cache's memory (LiveBytes) and a window
+// snapshot's size (spec §7) report. Written from the spec, never from
 // src/. A Token carries the provenance hash h_p that the driver derived for it; the model
 // treats it as opaque data. Single-threaded value type.
 #pragma once
