@@ -195,9 +195,12 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
       return Outcome(fmt::format("ConvState L{} of a reserve pass", layer), Status::Ok(),
                      state.status());
     }
-    if (state->rows() != static_cast<int64_t>(fake.size())) {
-      return Mismatch{fmt::format("conv state rows L{} of a reserve pass", layer),
-                      std::to_string(fake.size()), std::to_string(state->rows())};
+    if (state->dtype() != config_.dtype || state->rows() != static_cast<int64_t>(fake.size()) ||
+        state->cols() != config_.d_conv * config_.hidden) {
+      return Mismatch{fmt::format("conv state shape L{} of a reserve pass", layer),
+                      fmt::format("{}[{}x{}]", DTypeName(config_.dtype), fake.size(),
+                                  config_.d_conv * config_.hidden),
+                      state->ShapeString()};
     }
   }
   if (config_.num_conv_layers > 0) {
@@ -365,6 +368,14 @@ Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int
     Result<Tensor> state = cache_->ConvState(layer);
     if (!state.ok())
       return Outcome(fmt::format("ConvState(L{})", layer), Status::Ok(), state.status());
+    // Spec §2.9.1 / §7: one row per current sequence, d_conv·hidden wide, in the cache dtype.
+    // The values below are read as floats, so a wider dtype or extra rows would pass there.
+    if (state->dtype() != config_.dtype || state->rows() != static_cast<int64_t>(order.size()) ||
+        state->cols() != d * w) {
+      return Mismatch{fmt::format("ConvState(L{}) shape", layer),
+                      fmt::format("{}[{}x{}]", DTypeName(config_.dtype), order.size(), d * w),
+                      state->ShapeString()};
+    }
     state->Visit([this](const auto& m) { conv_got_ = m.template cast<float>(); });
     const MatF& rows = conv_got_;
     MatF& next = conv_next_;
