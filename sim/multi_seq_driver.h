@@ -198,6 +198,10 @@ class MultiSeqDriver {
   Check CheckVisible(const model::MsBatch& batch, const std::vector<int64_t>& causal_off);
   // Every row of a view (Get) against the model's cells of its range, in cell order.
   Check CheckViewRows(const CausalCache::View& view);
+  // A ConvState result's dtype and shape (spec §2.9.1, §7): `rows` rows (one per current
+  // sequence), d_conv·hidden wide, in the cache dtype. The report names `layer` and whether
+  // a reserve pass asked; it is formatted only on a difference (this runs every forward).
+  Check CheckConvStateShape(const Tensor& state, int64_t rows, int32_t layer, bool reserve) const;
   // A reserve pass's mask: every batch token's row over the whole cache.
   Check CheckReserveMask(const model::MsBatch& batch, const std::vector<int64_t>& causal_off,
                          const CausalCache::View& view);

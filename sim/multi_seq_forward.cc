@@ -195,12 +195,8 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
       return Outcome(fmt::format("ConvState L{} of a reserve pass", layer), Status::Ok(),
                      state.status());
     }
-    if (state->dtype() != config_.dtype || state->rows() != static_cast<int64_t>(fake.size()) ||
-        state->cols() != config_.d_conv * config_.hidden) {
-      return Mismatch{fmt::format("conv state shape L{} of a reserve pass", layer),
-                      fmt::format("{}[{}x{}]", DTypeName(config_.dtype), fake.size(),
-                                  config_.d_conv * config_.hidden),
-                      state->ShapeString()};
+    if (Check c = CheckConvStateShape(*state, static_cast<int64_t>(fake.size()), layer, true)) {
+      return c;
     }
   }
   if (config_.num_conv_layers > 0) {
@@ -354,6 +350,17 @@ Status MultiSeqDriver::PutRows(const model::MsBatch& batch) {
   return cache_->Put(k, v);
 }
 
+Check MultiSeqDriver::CheckConvStateShape(const Tensor& state, int64_t rows, int32_t layer,
+                                          bool reserve) const {
+  const int64_t cols = config_.d_conv * config_.hidden;
+  if (state.dtype() == config_.dtype && state.rows() == rows && state.cols() == cols) {
+    return std::nullopt;
+  }
+  return Mismatch{fmt::format("ConvState(L{}) shape{}", layer, reserve ? " of a reserve pass" : ""),
+                  fmt::format("{}[{}x{}]", DTypeName(config_.dtype), rows, cols),
+                  state.ShapeString()};
+}
+
 Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order) {
   const int64_t d = config_.d_conv, w = config_.hidden;
   // Every batch token's conv input, all layers side by side: a pure function of (pos, h),
@@ -368,13 +375,9 @@ Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int
     Result<Tensor> state = cache_->ConvState(layer);
     if (!state.ok())
       return Outcome(fmt::format("ConvState(L{})", layer), Status::Ok(), state.status());
-    // Spec §2.9.1 / §7: one row per current sequence, d_conv·hidden wide, in the cache dtype.
     // The values below are read as floats, so a wider dtype or extra rows would pass there.
-    if (state->dtype() != config_.dtype || state->rows() != static_cast<int64_t>(order.size()) ||
-        state->cols() != d * w) {
-      return Mismatch{fmt::format("ConvState(L{}) shape", layer),
-                      fmt::format("{}[{}x{}]", DTypeName(config_.dtype), order.size(), d * w),
-                      state->ShapeString()};
+    if (Check c = CheckConvStateShape(*state, static_cast<int64_t>(order.size()), layer, false)) {
+      return c;
     }
     state->Visit([this](const auto& m) { conv_got_ = m.template cast<float>(); });
     const MatF& rows = conv_got_;
