@@ -46,9 +46,13 @@ void PrintFailure(const std::string& path, const sim::ReplayResult& r,
 
 // The replay setup of a Mooncake file must be a valid request run.
 Status ValidateSetup(const sim::TraceHeader& h, const sim::MooncakeOptions& m) {
-  if (m.block_scale < 1 || m.block_scale > sim::kMooncakeBlockTokens) {
-    return InvalidArgument(fmt::format("--block-scale must be in 1..{}, got {}",
-                                       sim::kMooncakeBlockTokens, m.block_scale));
+  if (m.trace_block < 1 || m.trace_block > sim::kMaxTraceBlockTokens) {
+    return InvalidArgument(fmt::format("--trace-block must be in 1..{}, got {}",
+                                       sim::kMaxTraceBlockTokens, m.trace_block));
+  }
+  if (m.block_scale < 1 || m.block_scale > m.trace_block) {
+    return InvalidArgument(fmt::format("--block-scale must be in 1..{} (--trace-block), got {}",
+                                       m.trace_block, m.block_scale));
   }
   if (m.limit < 0) return InvalidArgument(fmt::format("--limit must be >= 0, got {}", m.limit));
   if (m.skip < 0) return InvalidArgument(fmt::format("--skip must be >= 0, got {}", m.skip));

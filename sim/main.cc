@@ -10,7 +10,10 @@ using kvtwin::cli::Usage;
 
 // The replay setup of a Mooncake file (its model, budget and prefill cadence).
 void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::MooncakeOptions& m) {
-  cmd->add_option("--block-scale", m.block_scale, "Mooncake: tokens per 512-token block (1..512)");
+  cmd->add_option("--trace-block", m.trace_block,
+                  "Mooncake: tokens per hash id in the trace (512; Alibaba's Qwen traces: 16)");
+  CLI::Option* scale = cmd->add_option("--block-scale", m.block_scale,
+                                       "Mooncake: tokens per trace block (1..B, default B)");
   cmd->add_option("--skip", m.skip, "Mooncake: leave out the first N requests");
   cmd->add_option("--limit", m.limit, "Mooncake: N requests only (0 = all)");
   cmd->add_option("--preset", h.preset,
@@ -25,8 +28,10 @@ void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::Mo
       "--interval", h.capture_interval, "Mooncake: periodic capture interval (default: max(8, S))");
   cmd->add_option("--pre-thinking", h.pre_thinking, "Mooncake: capture at len - N (0 = none)");
   cmd->add_option("--seed", h.seed, "value seed of the synthetic rows");
-  // The cadence follows the block scale unless given (sim/mooncake.h).
-  cmd->parse_complete_callback([&h, &m, chunk, interval] {
+  // The scale defaults to the recorded lengths, and the cadence follows it unless given
+  // (sim/mooncake.h).
+  cmd->parse_complete_callback([&h, &m, scale, chunk, interval] {
+    if (scale->count() == 0) m.block_scale = m.trace_block;
     if (chunk->count() == 0) h.chunk = kvtwin::sim::MooncakeChunk(m.block_scale);
     if (interval->count() == 0) h.capture_interval = kvtwin::sim::MooncakeInterval(m.block_scale);
   });

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -79,18 +80,57 @@ Status ReadHashIds(const Json& j, const std::string& file, int64_t line,
   return Status::Ok();
 }
 
+// The "timestamp" of line object `j`: a non-negative number, integer or not.
+Result<TraceTime> Timestamp(const Json& j) {
+  const auto it = j.find("timestamp");
+  if (it == j.end()) return InvalidArgument("missing");
+  if (it->is_number_integer()) {
+    auto value = Integer(*it, 0, std::numeric_limits<int64_t>::max());
+    if (!value.ok()) return value.status();
+    return static_cast<TraceTime>(*value);
+  }
+  if (!it->is_number_float()) {
+    return InvalidArgument(fmt::format("expected a number, got {}", Describe(*it)));
+  }
+  // Finite: nlohmann's lexer refuses a literal beyond double's range as invalid JSON.
+  const auto value = it->get<double>();
+  if (value < 0) return InvalidArgument(fmt::format("must be >= 0, got {}", it->dump()));
+  return static_cast<TraceTime>(value);
+}
+
+// `t` as the trace wrote it: an integer in full, or else a double's shortest form (which is
+// what a fractional timestamp parsed from).
+std::string ShowTime(TraceTime t) {
+  if (t == std::floor(t) && t < 0x1p63L) return fmt::format("{}", static_cast<int64_t>(t));
+  return fmt::format("{}", static_cast<double>(t));
+}
+
 int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
-// ceil(n · s / 512) without forming n · s: n = 512 q + r gives q · s + ceil(r · s / 512).
-int64_t Scale(int64_t n, int64_t block_scale) {
-  return n / kMooncakeBlockTokens * block_scale +
-         CeilDiv(n % kMooncakeBlockTokens * block_scale, kMooncakeBlockTokens);
+// ceil(n · s / B) without forming n · s: n = B q + r gives q · s + ceil(r · s / B), and
+// r · s < B² <= 2^40.
+int64_t Scale(int64_t n, int64_t block_scale, int64_t block_tokens) {
+  return n / block_tokens * block_scale + CeilDiv(n % block_tokens * block_scale, block_tokens);
+}
+
+// For a hash id count that disagrees with B: the smallest power-of-two block size at which
+// `ids` ids cover input_length (prefix caches hash power-of-two blocks), or 0.
+int64_t FittingBlockSize(int64_t input_length, int64_t ids) {
+  for (int64_t b = 1; b <= kMaxTraceBlockTokens; b *= 2) {
+    if (CeilDiv(input_length, b) == ids) return b;
+  }
+  return 0;
 }
 
 Status ValidateOptions(const MooncakeOptions& o) {
-  if (o.block_scale < 1 || o.block_scale > kMooncakeBlockTokens) {
-    return InvalidArgument(fmt::format("mooncake block scale must be in 1..{}, got {}",
-                                       kMooncakeBlockTokens, o.block_scale));
+  if (o.trace_block < 1 || o.trace_block > kMaxTraceBlockTokens) {
+    return InvalidArgument(fmt::format("mooncake trace block must be in 1..{}, got {}",
+                                       kMaxTraceBlockTokens, o.trace_block));
+  }
+  if (o.block_scale < 1 || o.block_scale > o.trace_block) {
+    return InvalidArgument(
+        fmt::format("mooncake block scale must be in 1..{} (the trace block), got {}",
+                    o.trace_block, o.block_scale));
   }
   if (o.limit < 0) {
     return InvalidArgument(fmt::format("mooncake request limit must be >= 0, got {}", o.limit));
@@ -115,7 +155,8 @@ bool IsBlank(const std::string& text) {
 // Blank lines are allowed only at the end of the file, so every line before the last
 // request is a request line and a request's index is its line number minus one.
 Result<std::optional<MooncakeRequest>> NextRequest(std::istream& in, const std::string& path,
-                                                   int64_t& line, int64_t& last_timestamp) {
+                                                   int64_t block_tokens, int64_t& line,
+                                                   TraceTime& last_timestamp) {
   std::string text;
   int64_t first_blank = 0;
   while (std::getline(in, text)) {
@@ -125,7 +166,7 @@ Result<std::optional<MooncakeRequest>> NextRequest(std::istream& in, const std::
       continue;
     }
     if (first_blank != 0) return LineError(path, first_blank, "/", "blank line before a request");
-    auto request = ParseMooncakeLine(text, path, line, last_timestamp);
+    auto request = ParseMooncakeLine(text, path, line, last_timestamp, block_tokens);
     if (!request.ok()) return request.status();
     last_timestamp = request->timestamp;
     return std::optional<MooncakeRequest>(std::move(request).value());
@@ -151,13 +192,20 @@ int64_t MatchedTokens(const MooncakeRequest& r, const std::unordered_map<int64_t
 }  // namespace
 
 Result<MooncakeRequest> ParseMooncakeLine(const std::string& text, const std::string& file,
-                                          int64_t line, int64_t previous_timestamp) {
+                                          int64_t line, TraceTime previous_timestamp,
+                                          int64_t block_tokens) {
+  KV_CHECK(block_tokens >= 1 && block_tokens <= kMaxTraceBlockTokens,
+           "trace block outside 1..2^20");
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return LineError(file, line, "/", "not valid JSON");
   if (!j.is_object()) {
     return LineError(file, line, "/", "expected a JSON object, got " + Describe(j));
   }
   MooncakeRequest r;
+  r.block_tokens = block_tokens;
+  auto timestamp = Timestamp(j);
+  if (!timestamp.ok()) return LineError(file, line, "/timestamp", timestamp.status().message());
+  r.timestamp = *timestamp;
   struct Field {
     const char* name;
     int64_t lo;
@@ -166,7 +214,6 @@ Result<MooncakeRequest> ParseMooncakeLine(const std::string& text, const std::st
   };
   // output_length may be 0: the plan still generates one token (MooncakePlan).
   const Field fields[] = {
-      {"timestamp", 0, std::numeric_limits<int64_t>::max(), &r.timestamp},
       {"input_length", 1, kMaxLength, &r.input_length},
       {"output_length", 0, kMaxLength, &r.output_length},
   };
@@ -179,34 +226,39 @@ Result<MooncakeRequest> ParseMooncakeLine(const std::string& text, const std::st
     *f.out = *value;
   }
   KV_RETURN_IF_ERROR(ReadHashIds(j, file, line, r.hash_ids));
-  const int64_t blocks = CeilDiv(r.input_length, kMooncakeBlockTokens);
-  if (static_cast<int64_t>(r.hash_ids.size()) != blocks) {
-    return LineError(
-        file, line, "/hash_ids",
-        fmt::format("{} ids, but input_length {} needs ceil({} / {}) = {}", r.hash_ids.size(),
-                    r.input_length, r.input_length, kMooncakeBlockTokens, blocks));
+  const int64_t blocks = CeilDiv(r.input_length, block_tokens);
+  const auto ids = static_cast<int64_t>(r.hash_ids.size());
+  if (ids != blocks) {
+    const int64_t fits = FittingBlockSize(r.input_length, ids);
+    return LineError(file, line, "/hash_ids",
+                     fmt::format("{} ids, but input_length {} needs ceil({} / {}) = {}{}", ids,
+                                 r.input_length, r.input_length, block_tokens, blocks,
+                                 fits > 0 ? fmt::format(" ({} ids fit a trace of {}-token "
+                                                        "blocks: --trace-block {})",
+                                                        ids, fits, fits)
+                                          : ""));
   }
   if (r.timestamp < previous_timestamp) {
     return LineError(file, line, "/timestamp",
                      fmt::format("{} is before the previous request's {} (timestamps never "
                                  "decrease)",
-                                 r.timestamp, previous_timestamp));
+                                 ShowTime(r.timestamp), ShowTime(previous_timestamp)));
   }
   return r;
 }
 
 int64_t ScaledBlockLength(const MooncakeRequest& r, size_t i, int64_t block_scale) {
   KV_CHECK(i < r.hash_ids.size(), "block index past the request's hash ids");
-  KV_CHECK(block_scale >= 1 && block_scale <= kMooncakeBlockTokens, "block scale outside 1..512");
-  const auto before = static_cast<int64_t>(i) * kMooncakeBlockTokens;
-  const int64_t recorded = std::min(kMooncakeBlockTokens, r.input_length - before);
+  KV_CHECK(block_scale >= 1 && block_scale <= r.block_tokens, "block scale outside 1..B");
+  const auto before = static_cast<int64_t>(i) * r.block_tokens;
+  const int64_t recorded = std::min(r.block_tokens, r.input_length - before);
   KV_CHECK(recorded >= 1, "input_length disagrees with the hash ids (ParseMooncakeLine checks)");
   // A full block is exactly block_scale tokens; a short last block keeps its share, >= 1.
-  return Scale(recorded, block_scale);
+  return Scale(recorded, block_scale, r.block_tokens);
 }
 
 RequestPlan MooncakePlan(const MooncakeRequest& r, int64_t index, int64_t block_scale) {
-  KV_CHECK(block_scale >= 1 && block_scale <= kMooncakeBlockTokens, "block scale outside 1..512");
+  KV_CHECK(block_scale >= 1 && block_scale <= r.block_tokens, "block scale outside 1..B");
   KV_CHECK(!r.hash_ids.empty(), "a Mooncake request has at least one block");
   RequestPlan plan;
   plan.index = index;
@@ -220,7 +272,8 @@ RequestPlan MooncakePlan(const MooncakeRequest& r, int64_t index, int64_t block_
     plan.inputs.insert(plan.inputs.end(), block.begin(), block.end());
   }
   // At least one token is generated: the driver samples the first output after prefill.
-  plan.outputs = GeneratedTokens(index, std::max<int64_t>(1, Scale(r.output_length, block_scale)));
+  plan.outputs = GeneratedTokens(
+      index, std::max<int64_t>(1, Scale(r.output_length, block_scale, r.block_tokens)));
   return plan;
 }
 
@@ -241,6 +294,9 @@ Result<std::unique_ptr<MooncakeReader>> MooncakeReader::Open(const std::string& 
   header.kind = TraceKind::kRequests;
   if (header.source.empty()) {
     header.source = fmt::format("mooncake {} block_scale {}", path, options.block_scale);
+    if (options.trace_block != kMooncakeBlockTokens) {
+      header.source += fmt::format(" trace_block {}", options.trace_block);
+    }
     if (options.skip > 0) header.source += fmt::format(" skip {}", options.skip);
     if (options.limit > 0) header.source += fmt::format(" limit {}", options.limit);
   }
@@ -252,14 +308,14 @@ Result<std::optional<TraceEvent>> MooncakeReader::Next() {
   // Every line read so far holds a request (NextRequest), so line_ counts the requests.
   // Skipped requests are still read and validated, so errors keep their line.
   while (line_ < options_.skip) {
-    auto skipped = NextRequest(in_, path_, line_, last_timestamp_);
+    auto skipped = NextRequest(in_, path_, options_.trace_block, line_, last_timestamp_);
     if (!skipped.ok()) return skipped.status();
     if (!skipped->has_value()) return std::optional<TraceEvent>();
   }
   if (options_.limit > 0 && line_ >= options_.skip + options_.limit) {
     return std::optional<TraceEvent>();
   }
-  auto request = NextRequest(in_, path_, line_, last_timestamp_);
+  auto request = NextRequest(in_, path_, options_.trace_block, line_, last_timestamp_);
   if (!request.ok()) return request.status();
   if (!request->has_value()) return std::optional<TraceEvent>();
   return std::optional<TraceEvent>(MooncakePlan(**request, line_ - 1, options_.block_scale));
@@ -291,9 +347,9 @@ Result<BlockReuse> MooncakeBlockReuse(const std::string& path, MooncakeOptions o
   std::unordered_map<int64_t, int64_t> longest;
   BlockReuse reuse;
   int64_t line = 0;
-  int64_t last_timestamp = -1;
+  TraceTime last_timestamp = -1;
   while (options.limit == 0 || reuse.requests < options.limit) {
-    auto next = NextRequest(*in, path, line, last_timestamp);
+    auto next = NextRequest(*in, path, options.trace_block, line, last_timestamp);
     if (!next.ok()) return next.status();
     if (!next->has_value()) break;
     if (line <= options.skip) continue;  // outside the window: neither counted nor seen

@@ -1,16 +1,19 @@
 // Mooncake JSONL (../shared/traces-external/README.md): one request per line,
 // {"timestamp", "input_length", "output_length", "hash_ids"}, each hash id naming one
-// 512-token prompt block together with every block before it. kvtwin maps a request to a
-// RequestPlan at a block scale s (tokens per block, 512 = the recorded size): block i of
+// B-token prompt block together with every block before it. B is the trace's block size:
+// 512 in Mooncake's traces; other production traces in this format hash smaller blocks
+// (Alibaba's Bailian/Qwen traces use 16, with fractional timestamps in seconds and extra
+// fields such as chat_id and turn, which are ignored). kvtwin maps a request to a
+// RequestPlan at a block scale s (tokens per block, B = the recorded size): block i of
 // id b becomes BlockTokens(b, len_i) with len_i = s for every block but the last, and
-// ceil(r · s / 512) for a last block of r < 512 recorded tokens (at least 1); the outputs
-// are GeneratedTokens(index, max(1, ceil(output_length · s / 512))). Prompts then share
+// ceil(r · s / B) for a last block of r < B recorded tokens (at least 1); the outputs
+// are GeneratedTokens(index, max(1, ceil(output_length · s / B))). Prompts then share
 // token prefixes exactly where they share block ids (BlockTokens' first token is distinct
 // per id).
 //
 // Reading is streaming: one line at a time, memory independent of the trace length. A
 // malformed line (not JSON, a missing or negative field, a hash_ids count that disagrees
-// with input_length, a decreasing timestamp) is an InvalidArgument
+// with input_length at B, a decreasing timestamp) is an InvalidArgument
 // "FILE:LINE: /pointer: reason". Single-threaded.
 #pragma once
 
@@ -27,25 +30,41 @@
 
 namespace kvtwin::sim {
 
+// Mooncake's block size, the default B.
 inline constexpr int64_t kMooncakeBlockTokens = 512;
+// The largest B accepted: far above any block a prefix cache hashes, and small enough that
+// the scaled-length arithmetic (a remainder times the scale, both below B) stays in int64.
+inline constexpr int64_t kMaxTraceBlockTokens = int64_t{1} << 20;
+
+// A request's arrival time, in the trace's unit (milliseconds in Mooncake's traces,
+// seconds with a fraction in others). Only its order is used. long double holds every
+// int64 exactly (a 64-bit mantissa on x86-64, 113 bits on AArch64), so integer timestamps
+// such as epoch nanoseconds compare exactly, and fractional ones compare as parsed.
+using TraceTime = long double;
 
 struct MooncakeRequest {
-  int64_t timestamp = 0;
+  TraceTime timestamp = 0;
   int64_t input_length = 0;
   int64_t output_length = 0;
   std::vector<int64_t> hash_ids;
+  int64_t block_tokens = kMooncakeBlockTokens;  // B: recorded tokens per hash id
 };
 
-// Parses and validates one line (`file`, `line` name it in errors; `previous_timestamp`
-// is the last line's, or -1).
+// Parses and validates one line of a trace of `block_tokens`-token blocks (`file`, `line`
+// name it in errors; `previous_timestamp` is the last line's, or -1). The timestamp is any
+// non-negative finite JSON number.
+// REQUIRES: 1 <= block_tokens <= kMaxTraceBlockTokens.
 Result<MooncakeRequest> ParseMooncakeLine(const std::string& text, const std::string& file,
-                                          int64_t line, int64_t previous_timestamp);
+                                          int64_t line, TraceTime previous_timestamp,
+                                          int64_t block_tokens = kMooncakeBlockTokens);
 
 // The token length of block `i` of `r` at `block_scale`.
+// REQUIRES: 1 <= block_scale <= r.block_tokens.
 int64_t ScaledBlockLength(const MooncakeRequest& r, size_t i, int64_t block_scale);
 
-// The plan of request number `index` at `block_scale` (REQUIRES: 1 <= block_scale <= 512).
-// The conversation is the request's first hash id.
+// The plan of request number `index` at `block_scale`
+// (REQUIRES: 1 <= block_scale <= r.block_tokens). The conversation is the request's first
+// hash id.
 RequestPlan MooncakePlan(const MooncakeRequest& r, int64_t index, int64_t block_scale);
 
 // Whether the first line of `path` looks like Mooncake JSONL (an object with "hash_ids"
@@ -62,7 +81,8 @@ inline int64_t MooncakeChunk(int64_t block_scale) { return block_scale > 5 ? blo
 inline int64_t MooncakeInterval(int64_t block_scale) { return block_scale > 8 ? block_scale : 8; }
 
 struct MooncakeOptions {
-  int64_t block_scale = kMooncakeBlockTokens;
+  int64_t trace_block = kMooncakeBlockTokens;  // B, tokens per hash id in the trace
+  int64_t block_scale = kMooncakeBlockTokens;  // s, in 1..B (the CLI defaults it to B)
   int64_t skip = 0;   // requests at the start left out (a later, warmer window)
   int64_t limit = 0;  // then `limit` requests only; 0 = all
 };
@@ -86,7 +106,7 @@ class MooncakeReader {
   MooncakeOptions options_;
   TraceHeader header_;
   int64_t line_ = 0;
-  int64_t last_timestamp_ = -1;
+  TraceTime last_timestamp_ = -1;
 };
 
 // Streams `in` into a kvtwin trace at `out` (atomic), request by request.

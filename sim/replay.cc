@@ -343,10 +343,11 @@ std::string ReplayCommand(const std::string& path, const ReplayOptions& options)
   if (!LooksLikeMooncake(path)) return "kvtwin replay " + path;
   const TraceHeader& h = options.mooncake_setup;
   return fmt::format(
-      "kvtwin replay {} --block-scale {} --skip {} --limit {} --preset {} --layers {} --window {} "
-      "--dtype {} --budget {} --chunk {} --interval {} --pre-thinking {}",
-      path, options.mooncake.block_scale, options.mooncake.skip, options.mooncake.limit, h.preset,
-      h.layers, h.window, h.dtype, h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking);
+      "kvtwin replay {} --trace-block {} --block-scale {} --skip {} --limit {} --preset {} "
+      "--layers {} --window {} --dtype {} --budget {} --chunk {} --interval {} --pre-thinking {}",
+      path, options.mooncake.trace_block, options.mooncake.block_scale, options.mooncake.skip,
+      options.mooncake.limit, h.preset, h.layers, h.window, h.dtype, h.budget_bytes, h.chunk,
+      h.capture_interval, h.pre_thinking);
 }
 
 }  // namespace kvtwin::sim

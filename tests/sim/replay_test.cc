@@ -8,6 +8,7 @@
 #include "sim/replay.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -191,6 +192,58 @@ TEST(Replay, MooncakePrefixReuseEqualsTheBlockLevelComputation) {
     EXPECT_EQ(r.matched_tokens, want->matched_tokens) << "scale " << scale;
     EXPECT_GT(want->matched_tokens, 0);
   }
+}
+
+// A production trace of another shape (Alibaba's Bailian/Qwen traces): 16-token blocks,
+// fractional arrival times in seconds, chat and turn fields (ignored), and conversations
+// whose every turn extends the last turn's ids. The manager still matches exactly what the
+// ids share, at the recorded lengths and scaled down.
+TEST(Replay, TraceOfSixteenTokenBlocksReusesWhatItsIdsShare) {
+  const std::string path = TempPath("qwen-style.jsonl");
+  {
+    std::ofstream out(path);
+    int64_t next_id = 100;
+    std::vector<std::vector<int64_t>> chats(6);
+    for (int turn = 0; turn < 4; ++turn) {
+      for (size_t chat = 0; chat < chats.size(); ++chat) {
+        std::vector<int64_t>& ids = chats[chat];
+        if (ids.empty())
+          ids = {static_cast<int64_t>(chat % 2), 10 + static_cast<int64_t>(chat % 2)};
+        for (int k = 0; k <= turn % 3; ++k) ids.push_back(next_id++);
+        // The last block is short in odd chats.
+        const int64_t input = 16 * static_cast<int64_t>(ids.size()) - (chat % 2 == 1 ? 9 : 0);
+        out << fmt::format(
+            "{{\"chat_id\": {}, \"parent_chat_id\": {}, \"timestamp\": {:.3f}, \"input_length\": "
+            "{}, \"output_length\": {}, \"type\": \"text\", \"turn\": {}, \"hash_ids\": [{}]}}\n",
+            chat * 10 + turn, turn == 0 ? -1 : static_cast<int64_t>(chat * 10 + turn - 1),
+            turn * 3.5 + static_cast<double>(chat) * 0.125, input, 5 + turn, turn + 1,
+            fmt::join(ids, ", "));
+      }
+    }
+  }
+  for (const int64_t scale : {16, 4, 1}) {
+    ReplayOptions options;
+    options.mooncake.trace_block = 16;
+    options.mooncake.block_scale = scale;
+    options.mooncake_setup.preset = "dense";
+    options.mooncake_setup.layers = 2;
+    const ReplayResult r = ReplayFile(path, options);
+    ASSERT_TRUE(r.passed()) << r.verdict() << r.divergence.value_or("");
+    EXPECT_EQ(r.events, 24);
+    const Result<BlockReuse> want = MooncakeBlockReuse(path, options.mooncake);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    EXPECT_EQ(r.prompt_tokens, want->prompt_tokens) << "scale " << scale;
+    EXPECT_EQ(r.matched_tokens, want->matched_tokens) << "scale " << scale;
+    EXPECT_GT(want->matched_tokens, want->prompt_tokens / 2) << "scale " << scale;
+  }
+  // Read as Mooncake's 512-token blocks, the first line is refused and names the fit.
+  const ReplayResult wrong = ReplayFile(path, ReplayOptions{});
+  ASSERT_TRUE(wrong.input_error.has_value());
+  EXPECT_NE(wrong.input_error->message().find(
+                ":1: /hash_ids: 3 ids, but input_length 48 needs ceil(48 / 512) = 1 "
+                "(3 ids fit a trace of 16-token blocks: --trace-block 16)"),
+            std::string::npos)
+      << wrong.input_error->message();
 }
 
 TEST(DivergenceKind, KeepsTheCheckAndDropsNodeNamesAndNumbers) {

@@ -91,6 +91,23 @@ cadence() {  # cadence ARGS... -> the "--chunk C --interval I" of the replay's r
 [ "$(cadence --block-scale 64 --chunk 7 --interval 9)" = "--chunk 7 --interval 9" ] ||
   say "explicit cadence: $(cadence --block-scale 64 --chunk 7 --interval 9)"
 
+# Another production trace shape (Alibaba's Bailian/Qwen traces): 16-token blocks,
+# fractional timestamps in seconds, extra fields. Read at Mooncake's 512 the first line is
+# refused and the block size that fits is named; with --trace-block 16 it replays, the
+# scale defaulting to the recorded lengths, and the reproduce line carries the block.
+qwen=$tmp/qwen.jsonl
+{
+  echo '{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.25, "input_length": 40, "output_length": 3, "type": "text", "turn": 1, "hash_ids": [1, 2, 3]}'
+  echo '{"chat_id": 2, "parent_chat_id": 1, "timestamp": 1.5, "input_length": 70, "output_length": 2, "type": "text", "turn": 2, "hash_ids": [1, 2, 4, 5, 6]}'
+} >"$qwen"
+expect 2 "^kvtwin: $qwen:1: /hash_ids: .*--trace-block 16\)$" -- replay "$qwen"
+expect 0 'matched 32 .* of 110 prompt tokens' -- replay "$qwen" --trace-block 16 --preset dense
+expect 0 'matched 8 .* of 28 prompt tokens' -- replay "$qwen" --trace-block 16 --block-scale 4
+expect 2 'block-scale must be in 1..16'     -- replay "$qwen" --trace-block 16 --block-scale 32
+expect 2 'trace-block must be in'           -- replay "$qwen" --trace-block 0
+"$kvtwin" replay "$qwen" --trace-block 16 --quiet --json "$tmp/qwen.json" >/dev/null 2>&1
+grep -q -- '--trace-block 16 --block-scale 16 ' "$tmp/qwen.json" || say "the reproduce line lacks --trace-block 16"
+
 # explain and shrink.
 expect 0 'after event 3'             -- explain "$tmp/req.jsonl" --at 3 --dot "$tmp/t.dot"
 head -1 "$tmp/t.dot" | grep -q '^digraph trie {$' || say "explain --dot did not write DOT"

@@ -86,12 +86,14 @@ std::string NonTreeTrace() {
   });
 }
 
-Result<MooncakeRequest> Parse(const std::string& text, int64_t previous_timestamp = -1) {
-  return ParseMooncakeLine(text, "t.jsonl", 7, previous_timestamp);
+Result<MooncakeRequest> Parse(const std::string& text, TraceTime previous_timestamp = -1,
+                              int64_t block_tokens = kMooncakeBlockTokens) {
+  return ParseMooncakeLine(text, "t.jsonl", 7, previous_timestamp, block_tokens);
 }
 
-std::string ParseError(const std::string& text, int64_t previous_timestamp = -1) {
-  auto r = Parse(text, previous_timestamp);
+std::string ParseError(const std::string& text, TraceTime previous_timestamp = -1,
+                       int64_t block_tokens = kMooncakeBlockTokens) {
+  auto r = Parse(text, previous_timestamp, block_tokens);
   EXPECT_FALSE(r.ok()) << text;
   if (r.ok()) return "";
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -103,7 +105,7 @@ std::vector<MooncakeRequest> ParseAll(const std::string& path) {
   std::ifstream in(path);
   std::string text;
   int64_t line = 0;
-  int64_t last = -1;
+  TraceTime last = -1;
   while (std::getline(in, text)) {
     ++line;
     if (text.empty()) continue;
@@ -270,7 +272,7 @@ TEST(ParseMooncakeLine, ReportsNegativeAndNonIntegerNumbers) {
       "t.jsonl:7: /input_length: expected an integer, got 2.5");
   EXPECT_EQ(
       ParseError(R"({"timestamp": "0", "input_length": 1, "output_length": 1, "hash_ids": [0]})"),
-      "t.jsonl:7: /timestamp: expected an integer, got a string");
+      "t.jsonl:7: /timestamp: expected a number, got a string");
   EXPECT_EQ(ParseError(R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": 3})"),
             "t.jsonl:7: /hash_ids: expected an array, got 3");
 }
@@ -290,11 +292,67 @@ TEST(ParseMooncakeLine, ReportsBadHashIdsByIndex) {
 }
 
 TEST(ParseMooncakeLine, ReportsHashIdCountsThatDisagreeWithInputLength) {
+  // Where a power-of-two block size fits the count, the message names it (the smallest).
   EXPECT_EQ(ParseError(Line(0, 1025, 1, {0, 1})),
-            "t.jsonl:7: /hash_ids: 2 ids, but input_length 1025 needs ceil(1025 / 512) = 3");
+            "t.jsonl:7: /hash_ids: 2 ids, but input_length 1025 needs ceil(1025 / 512) = 3 "
+            "(2 ids fit a trace of 1024-token blocks: --trace-block 1024)");
   EXPECT_EQ(ParseError(Line(0, 1024, 1, {0, 1, 2})),
             "t.jsonl:7: /hash_ids: 3 ids, but input_length 1024 needs ceil(1024 / 512) = 2");
   EXPECT_TRUE(Parse(Line(0, 1024, 1, {0, 1})).ok());
+  // A trace of 16-token blocks read at Mooncake's 512, and the other way round.
+  EXPECT_EQ(ParseError(Line(0, 40, 1, {0, 1, 2})),
+            "t.jsonl:7: /hash_ids: 3 ids, but input_length 40 needs ceil(40 / 512) = 1 "
+            "(3 ids fit a trace of 16-token blocks: --trace-block 16)");
+  EXPECT_EQ(ParseError(Line(0, 1100, 1, {0, 1, 2}), -1, 16),
+            "t.jsonl:7: /hash_ids: 3 ids, but input_length 1100 needs ceil(1100 / 16) = 69 "
+            "(3 ids fit a trace of 512-token blocks: --trace-block 512)");
+  EXPECT_EQ(ParseError(Line(0, 2, 1, {0, 1, 2})),  // more ids than tokens: nothing fits
+            "t.jsonl:7: /hash_ids: 3 ids, but input_length 2 needs ceil(2 / 512) = 1");
+  EXPECT_TRUE(Parse(Line(0, 33, 1, {0, 1, 2}), -1, 16).ok());
+  EXPECT_EQ(ParseError(Line(0, 32, 1, {0, 1, 2}), -1, 16),  // only 11..15 fit: no power of two
+            "t.jsonl:7: /hash_ids: 3 ids, but input_length 32 needs ceil(32 / 16) = 2");
+}
+
+// Other production traces in this format (Alibaba's Bailian/Qwen traces): 16-token blocks,
+// arrival times in seconds with a fraction, and fields of their own.
+TEST(ParseMooncakeLine, ReadsFractionalTimestampsAndATraceOfSmallerBlocks) {
+  auto r = Parse(R"({"chat_id": 159, "parent_chat_id": 55, "timestamp": 61.114, "input_length": 40,
+                     "output_length": 12, "type": "text", "turn": 2, "hash_ids": [7, 8, 1036]})",
+                 61.0, 16);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->timestamp, static_cast<TraceTime>(61.114));
+  EXPECT_EQ(r->block_tokens, 16);
+  EXPECT_EQ(r->hash_ids, (std::vector<int64_t>{7, 8, 1036}));
+  // Its blocks: 16, 16 and a short last one of 8, at scale 16 (the recorded lengths), 4
+  // and 1; the outputs ceil(12 · 4 / 16) = 3.
+  EXPECT_EQ(ScaledBlockLength(*r, 0, 16), 16);
+  EXPECT_EQ(ScaledBlockLength(*r, 2, 16), 8);
+  EXPECT_EQ(ScaledBlockLength(*r, 1, 4), 4);
+  EXPECT_EQ(ScaledBlockLength(*r, 2, 4), 2);
+  EXPECT_EQ(ScaledBlockLength(*r, 2, 1), 1);
+  EXPECT_EQ(MooncakePlan(*r, 0, 4).inputs.size(), 10u);
+  EXPECT_EQ(MooncakePlan(*r, 0, 4).outputs, GeneratedTokens(0, 3));
+  EXPECT_DEATH((void)ScaledBlockLength(*r, 0, 17), "scale");
+
+  EXPECT_EQ(ParseError(Line(0, 40, 1, {7, 8, 1036}), 0.5, 16),
+            "t.jsonl:7: /timestamp: 0 is before the previous request's 0.5 (timestamps never "
+            "decrease)");
+  EXPECT_EQ(ParseError(R"({"timestamp": 1.25, "input_length": 1, "output_length": 1,
+                           "hash_ids": [0]})",
+                       1.5),
+            "t.jsonl:7: /timestamp: 1.25 is before the previous request's 1.5 (timestamps never "
+            "decrease)");
+  EXPECT_EQ(ParseError(R"({"timestamp": -0.5, "input_length": 1, "output_length": 1,
+                           "hash_ids": [0]})"),
+            "t.jsonl:7: /timestamp: must be >= 0, got -0.5");
+  EXPECT_EQ(ParseError(R"({"timestamp": 1e400, "input_length": 1, "output_length": 1,
+                           "hash_ids": [0]})"),
+            "t.jsonl:7: /: not valid JSON");  // nlohmann's lexer: beyond double's range
+  // Integer timestamps compare exactly at any size: epoch nanoseconds one apart.
+  EXPECT_EQ(ParseError(Line(1'700'000'000'000'000'001, 1, 1, {0}), 1'700'000'000'000'000'002),
+            "t.jsonl:7: /timestamp: 1700000000000000001 is before the previous request's "
+            "1700000000000000002 (timestamps never decrease)");
+  EXPECT_TRUE(Parse(Line(1'700'000'000'000'000'002, 1, 1, {0}), 1'700'000'000'000'000'001).ok());
 }
 
 TEST(ParseMooncakeLine, ReportsADecreasingTimestamp) {
@@ -410,7 +468,12 @@ TEST(MooncakeBlockReuse, ASkippedWindowStartsCold) {
 TEST(MooncakeReader, ReportsBadOptionsMissingFilesAndMidFileProblems) {
   const std::string path = WriteFile(Join({Line(0, 1, 1, {0}), "", Line(1, 1, 1, {1})}));
   EXPECT_EQ(MooncakeReader::Open(path, {.block_scale = 0}, {}).status().message(),
-            "mooncake block scale must be in 1..512, got 0");
+            "mooncake block scale must be in 1..512 (the trace block), got 0");
+  EXPECT_EQ(
+      MooncakeReader::Open(path, {.trace_block = 16, .block_scale = 32}, {}).status().message(),
+      "mooncake block scale must be in 1..16 (the trace block), got 32");
+  EXPECT_EQ(MooncakeReader::Open(path, {.trace_block = 0, .block_scale = 1}, {}).status().message(),
+            "mooncake trace block must be in 1..1048576, got 0");
   EXPECT_EQ(MooncakeReader::Open(path, {.block_scale = 8, .limit = -1}, {}).status().message(),
             "mooncake request limit must be >= 0, got -1");
   EXPECT_EQ(MooncakeReader::Open(path + ".missing", {}, {}).status().code(), StatusCode::kIo);
