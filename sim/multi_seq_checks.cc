@@ -283,6 +283,15 @@ Check MultiSeqDriver::CheckSlotModel(bool current) const {
 
 Check MultiSeqDriver::CheckConv() {
   const int64_t d = config_.d_conv, w = config_.hidden;
+  // Zeros read the same from a buffer and from none, so the allocation is compared itself.
+  for (int32_t layer = 0; layer < config_.num_conv_layers; ++layer) {
+    const bool want = conv_allocated_[static_cast<size_t>(layer)] != 0;
+    if (cache_->layer_allocated(layer) != want) {
+      return Mismatch{
+          fmt::format("conv buffer of L{} allocated (lazily, on its first ConvState)", layer),
+          want ? "yes" : "no", want ? "no" : "yes"};
+    }
+  }
   for (int32_t s = 0; s < config_.max_seqs; ++s) {
     const std::optional<int32_t> slot = cache_->slot_of(s);
     if (!slot) continue;

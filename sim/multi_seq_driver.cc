@@ -124,6 +124,7 @@ MultiSeqDriver::MultiSeqDriver(MultiSeqConfig config, uint64_t value_seed)
   Result<HybridCache> cache = HybridCache::Create(config_.ToHybrid());
   KV_CHECK(cache.ok(), "production refused the configuration: " + cache.status().ToString());
   cache_.emplace(std::move(cache).value());
+  conv_allocated_.assign(static_cast<size_t>(config_.num_conv_layers), 0);
   if (config_.shift_supported) {
     // RoPE moves a key's position, not its content: re-encode the tag of each moved row.
     // The calls are recorded too: their grouping is checked after the Remove.

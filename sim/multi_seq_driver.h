@@ -242,6 +242,10 @@ class MultiSeqDriver {
   MultiSeqConfig config_;
   SyntheticForward synth_;
   std::optional<HybridCache> cache_;  // always set after construction
+  // Per conv layer: a ConvState of it has succeeded, so its buffer exists. A buffer is
+  // allocated on a layer's first use, not before (spec §2.9.1), and a refused ConvState
+  // (copy-on-write out of slots) returns before it; UpdateConvState needs a ConvState first.
+  std::vector<uint8_t> conv_allocated_;
   model::RefHybridCache model_;
   int64_t steps_ = 0;
   uint64_t digest_ = 0;

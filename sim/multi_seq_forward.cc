@@ -195,6 +195,7 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
       return Outcome(fmt::format("ConvState L{} of a reserve pass", layer), Status::Ok(),
                      state.status());
     }
+    conv_allocated_[static_cast<size_t>(layer)] = 1;
     if (Check c = CheckConvStateShape(*state, static_cast<int64_t>(fake.size()), layer, true)) {
       return c;
     }
@@ -307,7 +308,11 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
     std::vector<int32_t>& before_cow = before_cow_;
     before_cow = model_.CurrentSlots();
     Status actual = Status::Ok();
-    if (Result<Tensor> first = cache_->ConvState(0); !first.ok()) actual = first.status();
+    if (Result<Tensor> first = cache_->ConvState(0); !first.ok()) {
+      actual = first.status();
+    } else {
+      conv_allocated_[0] = 1;
+    }
     const Status expected = model_.ConvState();
     Fold(static_cast<uint64_t>(actual.code()));
     if (actual.code() != expected.code()) return Outcome("first ConvState", expected, actual);
@@ -375,6 +380,7 @@ Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int
     Result<Tensor> state = cache_->ConvState(layer);
     if (!state.ok())
       return Outcome(fmt::format("ConvState(L{})", layer), Status::Ok(), state.status());
+    conv_allocated_[static_cast<size_t>(layer)] = 1;
     // The values below are read as floats, so a wider dtype or extra rows would pass there.
     if (Check c = CheckConvStateShape(*state, static_cast<int64_t>(order.size()), layer, false)) {
       return c;

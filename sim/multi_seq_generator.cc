@@ -65,7 +65,11 @@ MsOp MultiSeqGenerator::Next(const MultiSeqDriver& driver) {
   if (after) {
     last_ = *after;
   } else if (active.empty()) {
-    last_ = Prompt(driver, free.empty() ? 0 : PickOf(free));
+    const int32_t seq = free.empty() ? 0 : PickOf(free);
+    // Now and then a probe first, as a server asks whether it can resume a sequence before
+    // its prompt: at the start no conv layer has been read yet, so an allocation made
+    // before a layer's first use shows here (a forward reads every layer).
+    last_ = rng_.Chance(1, 4) ? MsOp::CanResume(seq, 0) : Prompt(driver, seq);
   } else {
     last_ = Choose(driver, active, free);
   }

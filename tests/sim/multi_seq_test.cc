@@ -224,6 +224,24 @@ TEST(MultiSeqDriver, ReportsACopyOnWriteThatRanWithoutAConvState) {
   EXPECT_EQ(d->mismatch.actual, "1");
 }
 
+// A conv buffer holds zeros until written, so only the allocation itself can show one
+// allocated early: here by a reserve pass that production alone ran (it maps nothing and
+// places nothing, so every other observable stays the model's).
+TEST(MultiSeqDriver, ReportsAConvBufferAllocatedBeforeItsFirstUse) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  ASSERT_FALSE(driver.CheckNow().has_value());
+  HybridCache& cache = driver.mutable_cache();
+  const std::vector<BatchToken> batch = {{0, 0}};
+  ASSERT_TRUE(cache.StartForward(batch, /*reserve=*/true).ok());
+  ASSERT_TRUE(cache.ConvState(1).ok());
+  const std::optional<MsDivergence> d = driver.CheckNow();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->mismatch.what, "conv buffer of L1 allocated (lazily, on its first ConvState)")
+      << d->ToString();
+  EXPECT_EQ(d->mismatch.expected, "no");
+  EXPECT_EQ(d->mismatch.actual, "yes");
+}
+
 // s0 holds cells 0, 1; s1 shares them; Remove(s1, 0, 1) drops cell 0 from s1 and is refused
 // at cell 1: s1's range stays [0, 1] (stale).
 void RefuseHalfWay(MultiSeqDriver& driver) {
