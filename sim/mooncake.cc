@@ -122,6 +122,21 @@ int64_t FittingBlockSize(int64_t input_length, int64_t ids) {
   return 0;
 }
 
+// What a hash id count that disagrees with B suggests, or "". A count of the full blocks
+// alone is a trace that hashes no short last block (as some prefix caches hash only full
+// blocks); kvtwin needs an id for every block, so it says so rather than suggest a block
+// size that would merely make the count fit.
+std::string HashIdHint(int64_t input_length, int64_t ids, int64_t block_tokens) {
+  const int64_t rest = input_length % block_tokens;
+  if (rest != 0 && ids > 0 && ids == input_length / block_tokens) {
+    return fmt::format(" (the ids name only the full {}-token blocks: the last {} token{} no id)",
+                       block_tokens, rest, rest == 1 ? " has" : "s have");
+  }
+  const int64_t fits = FittingBlockSize(input_length, ids);
+  if (fits == 0) return "";
+  return fmt::format(" ({} ids fit a trace of {}-token blocks: --trace-block {})", ids, fits, fits);
+}
+
 Status ValidateOptions(const MooncakeOptions& o) {
   if (o.trace_block < 1 || o.trace_block > kMaxTraceBlockTokens) {
     return InvalidArgument(fmt::format("mooncake trace block must be in 1..{}, got {}",
@@ -229,14 +244,10 @@ Result<MooncakeRequest> ParseMooncakeLine(const std::string& text, const std::st
   const int64_t blocks = CeilDiv(r.input_length, block_tokens);
   const auto ids = static_cast<int64_t>(r.hash_ids.size());
   if (ids != blocks) {
-    const int64_t fits = FittingBlockSize(r.input_length, ids);
     return LineError(file, line, "/hash_ids",
                      fmt::format("{} ids, but input_length {} needs ceil({} / {}) = {}{}", ids,
                                  r.input_length, r.input_length, block_tokens, blocks,
-                                 fits > 0 ? fmt::format(" ({} ids fit a trace of {}-token "
-                                                        "blocks: --trace-block {})",
-                                                        ids, fits, fits)
-                                          : ""));
+                                 HashIdHint(r.input_length, ids, block_tokens)));
   }
   if (r.timestamp < previous_timestamp) {
     return LineError(file, line, "/timestamp",

@@ -292,10 +292,10 @@ TEST(ParseMooncakeLine, ReportsBadHashIdsByIndex) {
 }
 
 TEST(ParseMooncakeLine, ReportsHashIdCountsThatDisagreeWithInputLength) {
-  // Where a power-of-two block size fits the count, the message names it (the smallest).
+  // Ids for the full blocks only: said so (not answered with a block size that fits).
   EXPECT_EQ(ParseError(Line(0, 1025, 1, {0, 1})),
             "t.jsonl:7: /hash_ids: 2 ids, but input_length 1025 needs ceil(1025 / 512) = 3 "
-            "(2 ids fit a trace of 1024-token blocks: --trace-block 1024)");
+            "(the ids name only the full 512-token blocks: the last 1 token has no id)");
   EXPECT_EQ(ParseError(Line(0, 1024, 1, {0, 1, 2})),
             "t.jsonl:7: /hash_ids: 3 ids, but input_length 1024 needs ceil(1024 / 512) = 2");
   EXPECT_TRUE(Parse(Line(0, 1024, 1, {0, 1})).ok());
@@ -309,6 +309,9 @@ TEST(ParseMooncakeLine, ReportsHashIdCountsThatDisagreeWithInputLength) {
   EXPECT_EQ(ParseError(Line(0, 2, 1, {0, 1, 2})),  // more ids than tokens: nothing fits
             "t.jsonl:7: /hash_ids: 3 ids, but input_length 2 needs ceil(2 / 512) = 1");
   EXPECT_TRUE(Parse(Line(0, 33, 1, {0, 1, 2}), -1, 16).ok());
+  EXPECT_EQ(ParseError(Line(0, 40, 1, {0, 1}), -1, 16),
+            "t.jsonl:7: /hash_ids: 2 ids, but input_length 40 needs ceil(40 / 16) = 3 (the ids "
+            "name only the full 16-token blocks: the last 8 tokens have no id)");
   EXPECT_EQ(ParseError(Line(0, 32, 1, {0, 1, 2}), -1, 16),  // only 11..15 fit: no power of two
             "t.jsonl:7: /hash_ids: 3 ids, but input_length 32 needs ceil(32 / 16) = 2");
 }
