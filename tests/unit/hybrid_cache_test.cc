@@ -197,6 +197,11 @@ TEST(HybridCacheSlots, ParamsShapeTheConvState) {
   EXPECT_EQ(HybridCache::Create(config).status().code(), StatusCode::kInvalidArgument);
   config.num_conv_layers = 0;
   EXPECT_TRUE(HybridCache::Create(config).ok());
+  // The attention side's refusal comes back unchanged (Create builds it first).
+  config.kv.max_seqs = 0;
+  const Status kv = CausalCache::Create(config.kv).status();
+  ASSERT_EQ(kv.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(HybridCache::Create(config).status().message(), kv.message());
 }
 
 TEST(HybridCacheSlots, NumSeqsAndSeqTokensDescribeTheForward) {

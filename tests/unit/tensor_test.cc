@@ -187,7 +187,12 @@ TEST(Tensor, RowsToFloatIntoEqualsRowsToFloatAndKeepsItsBuffer) {
     MatF values(6, 3);
     for (int64_t i = 0; i < values.size(); ++i) values.data()[i] = 0.25f * static_cast<float>(i);
     const Tensor t = Tensor::FromFloat(dtype, values);
-    MatF buffer(1, 5);  // another width: replaced
+    MatF wide(8, 5);  // another width, rows enough: replaced all the same
+    t.RowsToFloatInto(1, 4, wide);
+    ASSERT_GE(wide.rows(), 4);
+    ASSERT_EQ(wide.cols(), 3);
+    EXPECT_EQ(MatF(wide.topRows(4)), t.RowsToFloat(1, 4));
+    MatF buffer(1, 5);  // another width and too few rows: replaced
     t.RowsToFloatInto(1, 4, buffer);
     ASSERT_GE(buffer.rows(), 4);
     ASSERT_EQ(buffer.cols(), 3);
