@@ -434,5 +434,22 @@ TEST(SpeculationDeathTest, ForwardThroughACommittedRecurrentWrapperAborts) {
   }
 }
 
+// The replay of a partial commit folds every recorded step with one set of gated-delta
+// parameters, so a speculation whose forwards bring different ones must abort rather than
+// replay the earlier steps with the later parameters.
+TEST(SpeculationDeathTest, GatedDeltaParametersThatChangeBetweenForwardsAbort) {
+  EXPECT_DEATH(
+      {
+        RecurrentCache live(specfx::Dims());
+        Prefill(live, K(), 3);
+        Speculation spec = Begin({&live});
+        Forward(Rec(spec, 0), K(), 2);
+        specfx::Kernels other = K();
+        other.gdn.a_exp = VecF::Constant(specfx::Dims().num_v_heads, 0.5f);
+        Forward(Rec(spec, 0), other, 1);
+      },
+      "parameters changed within one speculation");
+}
+
 }  // namespace
 }  // namespace kvtwin
