@@ -951,5 +951,17 @@ TEST(Sdpa, WithoutAnArrayTheInPlaceRowsGiveTheMaterializedResult) {
   EXPECT_EQ(compared, 300);
 }
 
+// Spec §2.5 adds two arrays with broadcasting: each axis equal or 1 on one side. Any other
+// pair is a caller's bug, and Intersect aborts on it, each axis alone.
+TEST(AttentionMaskDeathTest, IntersectOfArraysThatDoNotBroadcastAborts) {
+  const auto array = [](int64_t rows, int64_t cols) {
+    return AttentionMask::Array(MatF::Zero(rows, cols));
+  };
+  EXPECT_EQ(AttentionMask::Intersect(array(1, 3), array(2, 3)).array()->rows(), 2);
+  EXPECT_EQ(AttentionMask::Intersect(array(2, 3), array(2, 1)).array()->cols(), 3);
+  EXPECT_DEATH((void)AttentionMask::Intersect(array(2, 3), array(3, 3)), "incompatible shapes");
+  EXPECT_DEATH((void)AttentionMask::Intersect(array(2, 3), array(2, 4)), "incompatible shapes");
+}
+
 }  // namespace
 }  // namespace kvtwin
