@@ -110,7 +110,8 @@ class MooncakeWindow {
   std::string path_;
   std::ifstream in_;
   int64_t limit_, scale_;
-  int64_t line_ = 0, index_ = 0, last_timestamp_ = -1;
+  int64_t line_ = 0, index_ = 0;
+  sim::TraceTime last_timestamp_ = -1;
 };
 
 // Adds one request's counts.
