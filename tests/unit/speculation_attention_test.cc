@@ -553,5 +553,35 @@ TEST(SpeculationDeathTest, WriteThroughACommittedWrapperAborts) {
   }
 }
 
+// The first write through an accumulating wrapper (rotating, or any isolated one) has no
+// accumulated rows yet, so its shape is held to the live base's: K of another width, or
+// of another dtype, aborts there, not only from the second write on.
+TEST(SpeculationDeathTest, AFirstSpeculativeWriteOfAnotherShapeAborts) {
+  const std::vector<float> tags = {50.0f};
+  const auto wrong_shapes = {
+      std::pair{tagged::Rows(tags, tagged::kKeyCols + 1, 1.0f, DType::kFloat32),
+                tagged::Rows(tags, tagged::kValueCols + 1, -1.0f, DType::kFloat32)},
+      std::pair{tagged::Keys(tags, DType::kBFloat16), tagged::Values(tags, DType::kBFloat16)}};
+  for (const auto& [k, v] : wrong_shapes) {
+    for (const bool rotating : {false, true}) {
+      EXPECT_DEATH(
+          {
+            KvCache kv;
+            RotatingCache rot(4);
+            if (rotating) {
+              FillRot(rot, RotPrefixes(4)[2]);
+            } else {
+              FillKv(kv, 3);
+            }
+            AttentionCache& live = rotating ? static_cast<AttentionCache&>(rot) : kv;
+            Speculation spec = rotating ? Begin({&live}) : BeginIsolated({&live});
+            (void)Attn(spec, 0).Update(k, v);
+          },
+          "does not match")
+          << (rotating ? "rotating" : "isolated KV") << " " << k.ShapeString();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtwin
