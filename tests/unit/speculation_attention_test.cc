@@ -508,11 +508,11 @@ TEST(SpeculationWrappers, ViewBeforeTheForwardShowsTheLiveHistory) {
 // ---- programmer errors ----------------------------------------------------------------
 
 // A live KV cache of 3 tokens, or a wrapped rotating one with its cursor mid-ring, a
-// speculation begun over it and two tokens written through the wrapper; then `misuse`. The
-// whole scenario runs inside the death statement: a parent-side open speculation over a
-// misused live cache would abort in its destructor.
+// speculation (committing, or isolated) begun over it and `written` tokens written through
+// the wrapper; then `misuse`. The whole scenario runs inside the death statement: a
+// parent-side open speculation over a misused live cache would abort in its destructor.
 template <typename Misuse>
-void SpeculateThen(bool rotating, Misuse misuse) {
+void SpeculateThen(bool rotating, Misuse misuse, int64_t written = 2, bool isolated = false) {
   KvCache kv;
   RotatingCache rot(4);
   if (rotating) {
@@ -521,8 +521,8 @@ void SpeculateThen(bool rotating, Misuse misuse) {
     FillKv(kv, 3);
   }
   AttentionCache& live = rotating ? static_cast<AttentionCache&>(rot) : kv;
-  Speculation spec = Begin({&live});
-  WriteTagged(Attn(spec, 0), live.Offset(), 2);
+  Speculation spec = isolated ? BeginIsolated({&live}) : Begin({&live});
+  if (written > 0) WriteTagged(Attn(spec, 0), live.Offset(), written);
   misuse(live, spec);
 }
 
@@ -562,21 +562,15 @@ TEST(SpeculationDeathTest, AFirstSpeculativeWriteOfAnotherShapeAborts) {
       std::pair{tagged::Rows(tags, tagged::kKeyCols + 1, 1.0f, DType::kFloat32),
                 tagged::Rows(tags, tagged::kValueCols + 1, -1.0f, DType::kFloat32)},
       std::pair{tagged::Keys(tags, DType::kBFloat16), tagged::Values(tags, DType::kBFloat16)}};
-  for (const auto& [k, v] : wrong_shapes) {
+  for (const auto& shape : wrong_shapes) {
+    const Tensor& k = shape.first;
+    const Tensor& v = shape.second;
     for (const bool rotating : {false, true}) {
       EXPECT_DEATH(
-          {
-            KvCache kv;
-            RotatingCache rot(4);
-            if (rotating) {
-              FillRot(rot, RotPrefixes(4)[2]);
-            } else {
-              FillKv(kv, 3);
-            }
-            AttentionCache& live = rotating ? static_cast<AttentionCache&>(rot) : kv;
-            Speculation spec = rotating ? Begin({&live}) : BeginIsolated({&live});
-            (void)Attn(spec, 0).Update(k, v);
-          },
+          SpeculateThen(
+              rotating,
+              [&](AttentionCache&, Speculation& spec) { (void)Attn(spec, 0).Update(k, v); },
+              /*written=*/0, /*isolated=*/!rotating),
           "does not match")
           << (rotating ? "rotating" : "isolated KV") << " " << k.ShapeString();
     }
