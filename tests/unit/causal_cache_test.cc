@@ -511,7 +511,7 @@ TEST_P(CausalCacheTest, SetCausalLastsOneForward) {
   EXPECT_EQ(MaskStrings(cache.Get()), (std::vector<std::string>{"000", "00x", "000"}));
   const std::vector<int64_t> outside = {3};
   EXPECT_EQ(cache.SetCausal(outside).code(), StatusCode::kInvalidArgument);
-  const std::vector<int64_t> negative = {0, -1};  // below the batch as well as past it
+  const std::vector<int64_t> negative = {0, -1};  // one index below the batch, after a valid one
   EXPECT_EQ(cache.SetCausal(negative).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MaskStrings(cache.Get()), (std::vector<std::string>{"000", "00x", "000"}));
   RunStep(cache, {{0, 0}, {3, 4}, {4, 5}, {1, 2, 3, 4, 5}, {"0000x", "00000"}});
