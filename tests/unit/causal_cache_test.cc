@@ -149,6 +149,18 @@ TEST_P(CausalCacheTest, Store) {
   RunStep(cache, {{0}, {4}, {5}, {1, 2, 3, 4, 5}, {"00000"}}, StoreRow);
 }
 
+// One-column rows (every size may be 1): a reused V row buffer of the right width but
+// another row count must still be reshaped, which a width test alone cannot tell.
+TEST_P(CausalCacheTest, OneColumnRows) {
+  CausalConfig config = Config(1, 8, 4);
+  config.kv_cols = 1;
+  auto made = CausalCache::Create(config);
+  ASSERT_TRUE(made.ok());
+  const RowFn one_column = [](float t) { return std::vector<float>{t}; };
+  RunStep(*made, {{0, 0, 0}, {0, 1, 2}, {1, 2, 3}, {1, 2, 3}, {"0xx", "00x", "000"}}, one_column);
+  RunStep(*made, {{0}, {3}, {4}, {1, 2, 3, 4}, {"0000"}}, one_column);
+}
+
 TEST_P(CausalCacheTest, SWA) {
   CausalConfig config = Config(1, 16, 16);
   config.window = 1;
