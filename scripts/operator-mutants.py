@@ -45,8 +45,12 @@ its old value, a cursor restored before the copy that reads it, a state cleared 
 is handed on. Independent neighbours are not sites (their swap changes nothing), nor pairs
 where one declares a name the other uses (their swap does not compile).
 
+--family member writes a seventh: a data member read or written where another member of
+the same class and type was meant (`offset_` for `start_`, `node->from` for `node->to`);
+scripts/mutant_members.py finds the sites.
+
 Usage: scripts/operator-mutants.py OUT_DIR [--seed N] [--count N]
-                                   [--family classic|swap|arith|args|guard|order]
+                                   [--family classic|swap|arith|args|guard|order|member]
                                    [--files GLOB ...]
   then MUTANTS_DIR=OUT_DIR MUTANTS_BASELINE=0 scripts/mutants.sh
 """
@@ -57,6 +61,8 @@ import os
 import random
 import re
 import sys
+
+import mutant_members
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -455,8 +461,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--files", nargs="*", default=["src/*.cc", "src/core/*.cc"])
-    ap.add_argument("--family", choices=["classic", "swap", "arith", "args", "guard", "order"],
-                    default="classic")
+    ap.add_argument("--family", default="classic",
+                    choices=["classic", "swap", "arith", "args", "guard", "order", "member"])
     args = ap.parse_args()
     if os.path.exists(args.out_dir) and os.listdir(args.out_dir):
         sys.exit(f"operator-mutants: {args.out_dir} is not empty")
@@ -464,8 +470,15 @@ def main():
     if not paths:
         sys.exit("operator-mutants: --files matches no file")
     every = []
+    members = mutant_members.member_sites(ROOT, code_part) if args.family == "member" else None
     for path in paths:
         classic = args.family == "classic"
+        if members is not None:
+            lines = open(path).read().split("\n")
+            every += [(os.path.relpath(path, ROOT), lines, s) for s in members(lines)
+                      if not SKIP.search(lines[s[0]]) and
+                      not lines[s[0]].strip().startswith(("//", "#", "*", "/*"))]
+            continue
         operators = {"classic": OPERATORS, "swap": SWAPS, "arith": ARITH, "args": arg_sites,
                      "guard": guard_sites, "order": None}[args.family]
         if args.family == "order":
