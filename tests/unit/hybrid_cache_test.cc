@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <type_traits>
@@ -477,6 +478,39 @@ TEST(HybridCacheDeathTest, ConvStateAfterAFailedStartForwardAborts) {
 TEST(HybridCacheDeathTest, ConvStateBeforeAnyStartForwardAborts) {
   HybridCache cache = Make(2);
   EXPECT_DEATH((void)cache.ConvState(0), "without a successful StartForward");
+}
+
+// A current sequence keeps its slot from StartForward to the forward's last conv call: a
+// Remove or a CopyPrefix onto it in between remaps it, and the forward would read and write
+// a row the sequence no longer owns (a freed slot, or one shared with the copy's source).
+TEST(HybridCacheDeathTest, ASlotChangedInsideAForwardAborts) {
+  const std::vector<std::pair<const char*, std::function<Status(HybridCache&)>>> remaps = {
+      {"Remove", [](HybridCache& c) { return c.Remove(0, 0, kUnbounded); }},
+      {"CopyPrefix", [](HybridCache& c) { return c.CopyPrefix(1, 0, 1); }}};
+  for (const auto& [name, remap] : remaps) {
+    for (const bool after_read : {false, true}) {
+      HybridCache cache = Make(4);
+      Forward(cache, {{0, 0}, {1, 0}}, {5, 6});
+      ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{0, 1}}).ok()) << name;
+      const Tensor rows = Tensor::FromFloat(DType::kFloat32, TaggedF({7}, 0));
+      if (after_read) {
+        ASSERT_TRUE(cache.ConvState(0).ok()) << name;
+      }
+      const std::optional<int32_t> before = cache.slot_of(0);
+      const Status st = remap(cache);
+      ASSERT_TRUE(st.ok()) << name << ": " << st.ToString();
+      ASSERT_NE(cache.slot_of(0), before) << name;
+      // Both conv calls check: ConvState before the first read, UpdateConvState after it.
+      const auto next_call = [&] {
+        if (after_read) {
+          cache.UpdateConvState(0, rows);
+        } else {
+          (void)cache.ConvState(0);
+        }
+      };
+      EXPECT_DEATH(next_call(), "sequence 0 changed slot inside a forward") << name;
+    }
+  }
 }
 
 }  // namespace
