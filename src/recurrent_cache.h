@@ -24,6 +24,7 @@ struct RecurrentDims {
   // 2*Hk*Dk + Hv*Dv: the packed [q | k | v] width that the conv runs over.
   int64_t conv_dim() const { return 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim; }
   int64_t delta_rows() const { return num_v_heads * head_v_dim; }
+  friend bool operator==(const RecurrentDims&, const RecurrentDims&) = default;
 };
 
 class RecurrentSnapshot final : public CacheSnapshot {

@@ -43,6 +43,11 @@ inline std::string StackLabel(const StackConfig& config) {
     if (s.kind == CacheKind::kRotating) os << "(W=" << s.window << ")";
   }
   os << "] " << DTypeName(config.dtype);
+  const RecurrentDims& d = config.recurrent;
+  if (d != StackConfig().recurrent) {
+    os << " recurrent dims tail" << d.conv_tail << " hk" << d.num_k_heads << " hv" << d.num_v_heads
+       << " dk" << d.head_k_dim << " dv" << d.head_v_dim;
+  }
   return os.str();
 }
 
@@ -75,6 +80,20 @@ struct OpCommand : rc::state::Command<StackModel, LockstepDriver> {
 
   void show(std::ostream& os) const override { os << op.ToString(); }
 };
+
+// Recurrent dims for one case, degenerate ones (a single head, one-wide heads, a one-row
+// conv tail) included. StackConfig's defaults have num_k_heads = head_k_dim = 2 and
+// conv_tail = head_v_dim = 3: code that takes one of such a pair for the other matches the
+// reference in every run with the defaults, so only other shapes can tell them apart.
+inline RecurrentDims GenRecurrentDims() {
+  RecurrentDims d;
+  d.num_k_heads = *rc::gen::inRange<int64_t>(1, 4);
+  d.num_v_heads = d.num_k_heads * *rc::gen::inRange<int64_t>(1, 3);
+  d.head_k_dim = *rc::gen::inRange<int64_t>(1, 5);
+  d.head_v_dim = *rc::gen::inRange<int64_t>(1, 5);
+  d.conv_tail = *rc::gen::inRange<int64_t>(1, 5);
+  return d;  // StackLabel shows them
+}
 
 // One case: a fresh driver over `config` and a random op sequence against its model.
 // `fallback_window` steers draft counts on stacks without a rotating layer.
