@@ -28,40 +28,50 @@ def normalized(type_text):
     return re.sub(r"\s+", "", type_text.replace("const ", ""))
 
 
+def scoped(lines, code_part):
+    """(index, code, class before, class after, in a class body) for each line: the
+    innermost class or struct whose body encloses the line's start and its end, and whether
+    the line ends directly in that body (not in a method or a nested block)."""
+    stack, depth, pending = [], 0, None  # stack of (class name, depth of its body)
+    for n, line in enumerate(lines):
+        code = code_part(line)
+        m = CLASS_OPEN.match(code)
+        if m:
+            pending = m.group(1)
+        before = stack[-1][0] if stack else None
+        for c in code:
+            if c == "{":
+                depth += 1
+                if pending is not None:
+                    stack.append((pending, depth))
+                    pending = None
+            elif c == "}":
+                if stack and stack[-1][1] == depth:
+                    stack.pop()
+                depth -= 1
+        if pending is not None and code.rstrip().endswith(";"):
+            pending = None  # a forward declaration
+        after = stack[-1][0] if stack else None
+        yield n, code, before, after, bool(stack) and depth == stack[-1][1]
+
+
 def class_members(paths, code_part):
     """{class name: {member name: normalized type}} over every file in `paths`."""
     members = {}
     for path in paths:
-        stack, depth = [], 0  # stack of (class name, depth of its body)
-        pending = None
-        for line in open(path).read().split("\n"):
-            code = code_part(line)
-            m = CLASS_OPEN.match(code)
-            if m:
-                pending = m.group(1)
-            for c in code:
-                if c == "{":
-                    depth += 1
-                    if pending is not None:
-                        stack.append((pending, depth))
-                        pending = None
-                elif c == "}":
-                    if stack and stack[-1][1] == depth:
-                        stack.pop()
-                    depth -= 1
-            if pending is not None and code.rstrip().endswith(";"):
-                pending = None  # a forward declaration
-            if not stack or depth != stack[-1][1] or "static " in code or "(" in code:
+        lines = open(path).read().split("\n")
+        for _, code, _, cls, in_body in scoped(lines, code_part):
+            if not in_body or "static " in code or "(" in code:
                 continue
             d = MEMBER.match(code)
             if d and d.group("type").split()[0] not in NOT_TYPES:
-                members.setdefault(stack[-1][0], {})[d.group("name")] = \
-                    normalized(d.group("type"))
+                members.setdefault(cls, {})[d.group("name")] = normalized(d.group("type"))
     return members
 
 
 def member_sites(root, code_part):
-    """A finder for operator-mutants.py's sites(): (path -> per-line finder) built once."""
+    """The family's site finder: a function of one file's lines, built once over the
+    classes of every src/ file."""
     paths = sorted(glob.glob(os.path.join(root, "src", "**", "*.h"), recursive=True) +
                    glob.glob(os.path.join(root, "src", "**", "*.cc"), recursive=True))
     members = class_members(paths, code_part)
@@ -80,34 +90,18 @@ def member_sites(root, code_part):
 
     def finder(lines):
         """(line index, name, start, end, replacement) over one file's lines."""
-        found, current, stack, depth, pending = [], None, [], 0, None
-        for n, line in enumerate(lines):
-            code = code_part(line)
+        found, current = [], None
+        for n, code, cls, _, _ in scoped(lines, code_part):
             d = DEFINITION.match(code)
             if d:
                 current = d.group(1)
-            m = CLASS_OPEN.match(code)
-            if m:
-                pending = m.group(1)
-            inside = stack[-1][0] if stack else current
-            for c in code:
-                if c == "{":
-                    depth += 1
-                    if pending is not None:
-                        stack.append((pending, depth))
-                        pending = None
-                elif c == "}":
-                    if stack and stack[-1][1] == depth:
-                        stack.pop()
-                    depth -= 1
-            if pending is not None and code.rstrip().endswith(";"):
-                pending = None
-            yield_sites = []
+            inside = cls or current
+            here = []
             for s in re.finditer(r"(?<![\w.>])([A-Za-z]\w*_)\b(?!\s*\()", code):
                 name = s.group(1)
                 if inside is not None and not MEMBER.match(code):
                     for other in replacements(inside, name):
-                        yield_sites.append((f"member-{name}-to-{other}", s.start(1), s.end(1),
+                        here.append((f"member-{name}-to-{other}", s.start(1), s.end(1),
                                             other))
             for s in re.finditer(r"(?:\.|->)([A-Za-z]\w*)\b(?!\s*[(<])", code):
                 name = s.group(1)
@@ -116,9 +110,9 @@ def member_sites(root, code_part):
                     for other in replacements(cls, name):
                         if other not in seen:
                             seen.add(other)
-                            yield_sites.append((f"field-{name}-to-{other}", s.start(1),
+                            here.append((f"field-{name}-to-{other}", s.start(1),
                                                 s.end(1), other))
-            found += [(n,) + site for site in yield_sites]
+            found += [(n,) + site for site in here]
         return found
 
     return finder
