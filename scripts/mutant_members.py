@@ -97,21 +97,20 @@ def member_sites(root, code_part):
                 current = d.group(1)
             inside = cls or current
             here = []
-            for s in re.finditer(r"(?<![\w.>])([A-Za-z]\w*_)\b(?!\s*\()", code):
-                name = s.group(1)
-                if inside is not None and not MEMBER.match(code):
+            # A declaration line names its own member; the bare-name sites are the uses.
+            if inside is not None and not MEMBER.match(code):
+                for s in re.finditer(r"(?<![\w.>])([A-Za-z]\w*_)\b(?!\s*\()", code):
+                    name = s.group(1)
                     for other in replacements(inside, name):
-                        here.append((f"member-{name}-to-{other}", s.start(1), s.end(1),
-                                            other))
+                        here.append((f"member-{name}-to-{other}", s.start(1), s.end(1), other))
             for s in re.finditer(r"(?:\.|->)([A-Za-z]\w*)\b(?!\s*[(<])", code):
                 name = s.group(1)
                 seen = set()
-                for cls in owners.get(name, []):
-                    for other in replacements(cls, name):
+                for owner in owners.get(name, []):
+                    for other in replacements(owner, name):
                         if other not in seen:
                             seen.add(other)
-                            here.append((f"field-{name}-to-{other}", s.start(1),
-                                                s.end(1), other))
+                            here.append((f"field-{name}-to-{other}", s.start(1), s.end(1), other))
             found += [(n,) + site for site in here]
         return found
 

@@ -38,6 +38,9 @@ struct StackConfig {
   // Two key heads shared by pairs of value heads, and Dk != Dv: a head mapping wrong only
   // for grouped heads, or a state stored transposed, shows in every run (with one key head
   // or square heads both would hide). conv_dim = 2*2*2 + 4*3 = 20; the state is 12 x 2.
+  // Two pairs are equal (num_k_heads = head_k_dim, conv_tail = head_v_dim), so code taking
+  // one of a pair for the other passes every run with these dims; the property tests draw
+  // other dims (tests/prop/stack_command.h, GenRecurrentDims).
   RecurrentDims recurrent = {
       .conv_tail = 3, .num_k_heads = 2, .num_v_heads = 4, .head_k_dim = 2, .head_v_dim = 3};
 
