@@ -100,7 +100,7 @@ void BM_RecurrentCommit(benchmark::State& state) {
   kvtwin::sim::StackConfig config;
   config.preset = "bench";
   config.dtype = DType::kBFloat16;
-  config.recurrent = kvtwin::bench::BenchRecurrentDims();
+  config.dims.recurrent = kvtwin::bench::BenchRecurrentDims();
   config.layers = {{kvtwin::CacheKind::kRecurrent, 0}};
   const kvtwin::sim::SyntheticForward synth(1);
   kvtwin::model::TokenLog log;
@@ -109,7 +109,7 @@ void BM_RecurrentCommit(benchmark::State& state) {
     h = kvtwin::sim::NextHash(h, p % 97);
     log.push_back({p % 97, h});
   }
-  kvtwin::RecurrentCache cache(config.recurrent);
+  kvtwin::RecurrentCache cache(config.dims.recurrent);
   kvtwin::LayerCache* layers[] = {&cache};
   for (auto _ : state) {
     const int64_t start = cache.Offset();

@@ -35,10 +35,10 @@ kvtwin::sim::StackConfig SnapshotStack() {
   kvtwin::sim::StackConfig config;
   config.preset = "bench";
   config.dtype = kvtwin::DType::kBFloat16;
-  config.kv_heads = 4;
-  config.head_dim = 64;
-  config.value_dim = 64;
-  config.recurrent = kvtwin::bench::BenchRecurrentDims();
+  config.dims.kv_heads = 4;
+  config.dims.head_dim = 64;
+  config.dims.value_dim = 64;
+  config.dims.recurrent = kvtwin::bench::BenchRecurrentDims();
   config.layers = {
       {CacheKind::kFullKv, 0}, {CacheKind::kRotating, 256}, {CacheKind::kRecurrent, 0}};
   return config;

@@ -45,10 +45,10 @@ StackConfig TinyStack() {
 StackConfig SmallStack() {
   StackConfig config = TinyStack();
   config.dtype = kvtwin::DType::kBFloat16;
-  config.kv_heads = 4;
-  config.head_dim = 64;
-  config.value_dim = 64;
-  config.recurrent = kvtwin::bench::BenchRecurrentDims();
+  config.dims.kv_heads = 4;
+  config.dims.head_dim = 64;
+  config.dims.value_dim = 64;
+  config.dims.recurrent = kvtwin::bench::BenchRecurrentDims();
   config.layers[1].window = 256;
   return config;
 }

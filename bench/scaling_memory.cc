@@ -44,7 +44,7 @@ int64_t ResidentBytes() {
 
 // Raw bytes of one recurrent state: the conv tail in the activation dtype, delta float32.
 int64_t RecurrentStateBytes(const sim::StackConfig& c) {
-  const RecurrentDims& d = c.recurrent;
+  const RecurrentDims& d = c.dims.recurrent;
   return d.conv_tail * d.conv_dim() * ElementBytes(c.dtype) +
          d.delta_rows() * d.head_k_dim * static_cast<int64_t>(sizeof(float));
 }

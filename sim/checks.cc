@@ -54,7 +54,7 @@ model::RefGdnParams RefParams(const GdnParams& p) {
 model::RefGdnParams FolderParams(const SyntheticForward& synth, const StackConfig& config,
                                  int32_t layer) {
   if (config.layers[static_cast<size_t>(layer)].kind != CacheKind::kRecurrent) return {};
-  return RefParams(synth.GdnParamsFor(layer, config.recurrent));
+  return RefParams(synth.GdnParamsFor(layer, config.dims.recurrent));
 }
 
 // Every check below dispatches on the production object's kind, so an object of another kind
@@ -147,7 +147,7 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
       dtype_(config.dtype),
       k_cols_(config.k_cols()),
       v_cols_(config.v_cols()),
-      dims_(config.recurrent),
+      dims_(config.dims.recurrent),
       folder_(FolderParams(synth, config, layer),
               [this](int64_t p, const model::Token& t, model::RefGdnToken& out) {
                 GdnToken(synth_, dtype_, layer_, dims_, p, t, gdn_qkv_, gdn_ba_, out);
@@ -195,7 +195,7 @@ const float* LayerOracle::ConvInput(int64_t p, std::span<const model::Token> log
 void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
   layer_ = layer;
   spec_ = config.layers[static_cast<size_t>(layer)];
-  dims_ = config.recurrent;
+  dims_ = config.dims.recurrent;
   folder_.Reset(FolderParams(synth_, config, layer));
   DeriveConvWeights();
   // Memo rows depend on the seed and the layer: all are recomputed. The tensors are kept

@@ -207,13 +207,28 @@ int MultiSeq(const MultiSeqFlags& flags) {
   return code;
 }
 
+namespace {
+
+RunOptions FixedStack(const std::string& preset, int32_t layers, int64_t window,
+                      const std::string& dtype, int64_t steps) {
+  RunOptions o;
+  o.preset = preset;
+  o.layers = layers;
+  o.window = window;
+  o.dtype = dtype;
+  o.steps = steps;
+  return o;
+}
+
+}  // namespace
+
 int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   fmt::print("kvtwin run: root seed {}\n", root_seed);
   std::fflush(stdout);
   uint64_t runs = 0, total_steps = 0;
   for (const std::string& preset : sim::PresetNames()) {
     for (const char* dtype : {"f32", "bf16"}) {
-      RunOptions options{preset, 4, 4, dtype, steps, false};
+      const RunOptions options = FixedStack(preset, 4, 4, dtype, steps);
       for (int64_t i = 0; i < seeds_per_config; ++i) {
         if (!RunOne(options, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
       }
@@ -224,7 +239,7 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   // A window wider than the ring's 256-slot growth step: the ring grows by the step before
   // it holds W rows, and a decode at offset 256 or more grows it again, branches no window
   // of at most 256 reaches (real sliding windows are 512-4096 tokens).
-  RunOptions wide{"rotating", 3, kWideWindow, "f32", steps, false};
+  const RunOptions wide = FixedStack("rotating", 3, kWideWindow, "f32", steps);
   for (int64_t i = 0; i < seeds_per_config; ++i) {
     if (!RunOne(wide, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
   }

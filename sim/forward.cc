@@ -12,8 +12,8 @@ LayerKernels DeriveLayerKernels(const SyntheticForward& synth, const StackConfig
   for (size_t i = 0; i < config.layers.size(); ++i) {
     const auto layer = static_cast<int32_t>(i);
     const bool recurrent = config.layers[i].kind == CacheKind::kRecurrent;
-    k.conv.push_back(recurrent ? synth.ConvParams(layer, config.recurrent) : ConvWeights{});
-    k.gdn.push_back(recurrent ? synth.GdnParamsFor(layer, config.recurrent) : GdnParams{});
+    k.conv.push_back(recurrent ? synth.ConvParams(layer, config.dims.recurrent) : ConvWeights{});
+    k.gdn.push_back(recurrent ? synth.GdnParamsFor(layer, config.dims.recurrent) : GdnParams{});
   }
   return k;
 }
@@ -68,7 +68,7 @@ History ForwardSynthetic(LayerCache& target, const StackConfig& config,
     }
     return static_cast<AttentionCache&>(target).Update(s.k, s.v);
   }
-  const RecurrentDims& dims = config.recurrent;
+  const RecurrentDims& dims = config.dims.recurrent;
   const int64_t rows = real + pad;
   RecurrentForwardInputs& in = s.recurrent;
   FitPadded(s.conv, rows, dims.conv_dim(), real);

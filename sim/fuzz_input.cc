@@ -8,6 +8,7 @@
 
 #include "sim/fuzz_families.h"
 #include "src/core/check.h"
+#include "src/core/rng.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -44,6 +45,12 @@ std::optional<FuzzTarget> ParseFuzzTarget(std::string_view name) {
   for (const auto& [t, n] : kNames)
     if (name == n) return t;
   return std::nullopt;
+}
+
+ModelDims FuzzDimsOf(uint8_t dtype_byte) {
+  if ((dtype_byte & 2) == 0) return ModelDims{};
+  Rng rng = Rng::Derive(dtype_byte >> 2, "fuzz-dims");
+  return DrawModelDims(rng);
 }
 
 const std::vector<FuzzTarget>& AllFuzzTargets() {

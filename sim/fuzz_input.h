@@ -69,6 +69,12 @@ struct ValueContext {
 };
 int64_t ResolveValue(uint8_t mode, uint8_t arg, const ValueContext& context);
 
+// The model widths of a layer or prefix header's dtype byte, whose bit 0 is the dtype: bit 1
+// set draws them (DrawModelDims) from a stream named by bits 2-7, else the defaults. They
+// ride in spare bits of an existing byte, so every input keeps its layout and one bit flip
+// moves a run between the tiny default widths and 64 others.
+ModelDims FuzzDimsOf(uint8_t dtype_byte);
+
 struct FuzzLayout {
   size_t header_bytes = 0;
   size_t record_bytes = 0;  // 0: unstructured (kTraceReader)

@@ -13,7 +13,7 @@
 // Header (field k = header byte 3 - k):
 //   0 layers   kKv, kRotating: 1 + b % 2; kRecurrent: 1 + b % 3; kSpeculation: 3 + b % 2
 //   1 window   W = 1 + b % 9 (rotating layers; the characteristic length everywhere)
-//   2 dtype    b % 2: bf16, else f32
+//   2 dtype    b % 2: bf16, else f32; the model widths FuzzDimsOf(b) (bit 1: drawn)
 //   3 seed     the run seed (TraceHeader::seed) = b
 // Record fields (k; a value field is a mode byte k and its argument k + 1):
 //   0 kind      b through the target's weights (kLayerKinds, kSpeculationKinds); with
@@ -90,6 +90,7 @@ struct Shape {
   int32_t layers = 1;
   int64_t window = 1;
   DType dtype = DType::kFloat32;
+  ModelDims dims;
   uint64_t seed = 0;
 };
 
@@ -160,7 +161,9 @@ Shape ReadHeader(FuzzTarget target, std::span<const uint8_t> bytes) {
   s.preset = PresetOf(target);
   s.layers = LayersOf(target, Field(in));
   s.window = 1 + Field(in) % 9;
-  s.dtype = Field(in) % 2 == 1 ? DType::kBFloat16 : DType::kFloat32;
+  const uint8_t dtype = Field(in);
+  s.dtype = dtype % 2 == 1 ? DType::kBFloat16 : DType::kFloat32;
+  s.dims = FuzzDimsOf(dtype);
   s.seed = Field(in);
   return s;
 }
@@ -344,6 +347,7 @@ TraceHeader HeaderFor(FuzzTarget target, const Shape& s) {
   h.layers = s.layers;
   h.window = s.window;
   h.dtype = DTypeName(s.dtype);
+  h.dims = s.dims;
   h.source = std::string("fuzz target ") + FuzzTargetName(target);
   return h;
 }
@@ -366,7 +370,7 @@ FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& 
                      ShapeRunCounts& counts, bool record_trace) {
   const Shape shape = ReadHeader(target, parts.header);
   Result<StackConfig> config =
-      StackFromPreset(shape.preset, shape.layers, shape.window, shape.dtype);
+      StackFromPreset(shape.preset, shape.layers, shape.window, shape.dtype, shape.dims);
   KV_CHECK(config.ok(), config.status().ToString());
   FuzzRun run;
   run.trace.header = HeaderFor(target, shape);

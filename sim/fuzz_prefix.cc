@@ -15,7 +15,8 @@
 // trace whose header rebuilds the same driver, so ReplayTrace reaches the same digest.
 //
 // Header (10 bytes, one FuzzedDataProvider; byte 9 first):
-//   9 preset (PresetNames())  8 layers 1..4  7 window 1..8  6 dtype (odd: bf16)
+//   9 preset (PresetNames())  8 layers 1..4  7 window 1..8  6 dtype (odd: bf16; the widths
+//   FuzzDimsOf(b), drawn when bit 1 is set)
 //   5 budget (kBudgets)  4 chunk 1..8  3 capture interval 0..12  2 pre-thinking 0..6
 //   1..0 run seed (16 bits)
 // Record (kFields bytes, its own FuzzedDataProvider; field k is byte kFields - 1 - k): the
@@ -112,7 +113,9 @@ TraceHeader ReadHeader(std::span<const uint8_t> bytes) {
   h.preset = presets[fdp.ConsumeIntegralInRange<size_t>(0, presets.size() - 1)];
   h.layers = fdp.ConsumeIntegralInRange<int32_t>(1, 4);
   h.window = fdp.ConsumeIntegralInRange<int64_t>(1, 8);
-  h.dtype = fdp.ConsumeBool() ? "bf16" : "f32";
+  const uint8_t dtype = fdp.ConsumeIntegral<uint8_t>();  // what ConsumeBool reads, whole
+  h.dtype = dtype % 2 == 1 ? "bf16" : "f32";
+  h.dims = FuzzDimsOf(dtype);
   h.budget_bytes = kBudgets[fdp.ConsumeIntegralInRange<size_t>(0, kBudgets.size() - 1)];
   h.chunk = fdp.ConsumeIntegralInRange<int64_t>(1, 8);
   h.capture_interval = fdp.ConsumeIntegralInRange<int64_t>(0, 12);
@@ -280,9 +283,9 @@ class PlanDecoder {
 
 // The stack the header names; the header comes from ReadHeader, so it is always valid.
 StackConfig StackOf(const TraceHeader& h) {
-  Result<DType> dtype = ParseDType(h.dtype);
-  KV_CHECK(dtype.ok(), "the fuzz header names a dtype ParseDType knows");
-  return StackFromPreset(h.preset, h.layers, h.window, *dtype).value();
+  Result<StackConfig> stack = TraceStack(h);
+  KV_CHECK(stack.ok(), stack.status().ToString());
+  return *std::move(stack);
 }
 
 }  // namespace

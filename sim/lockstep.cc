@@ -62,8 +62,8 @@ void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
     layer.conv_weights = {};
     layer.gdn_params = {};
     if (spec.kind == CacheKind::kRecurrent) {
-      layer.conv_weights = synth_.ConvParams(index, config_.recurrent);
-      layer.gdn_params = synth_.GdnParamsFor(index, config_.recurrent);
+      layer.conv_weights = synth_.ConvParams(index, config_.dims.recurrent);
+      layer.gdn_params = synth_.GdnParamsFor(index, config_.dims.recurrent);
     }
   }
 }

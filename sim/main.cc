@@ -8,6 +8,23 @@ namespace {
 
 using kvtwin::cli::Usage;
 
+// --kv-dims and --recurrent-dims into `dims`; a malformed value is a usage error (exit 2).
+void AddDimsOptions(CLI::App* cmd, kvtwin::sim::ModelDims& dims, const std::string& scope = "") {
+  const auto parse = [&dims](auto parser) {
+    return [&dims, parser](const std::string& text) {
+      const kvtwin::Status s = parser(text, &dims);
+      if (!s.ok()) throw CLI::ValidationError(s.message());
+    };
+  };
+  cmd->add_option_function<std::string>("--kv-dims", parse(kvtwin::sim::ParseKvDims),
+                                        scope + "K/V heads and head widths HEADS,DK,DV (2,4,5)");
+  cmd->add_option_function<std::string>(
+      "--recurrent-dims", parse(kvtwin::sim::ParseRecurrentDims),
+      scope +
+          "recurrent layers' TAIL,HK,HV,DK,DV: conv tail, key and value heads, key and "
+          "value head widths (3,2,4,2,3)");
+}
+
 // The replay setup of a Mooncake file (its model, budget and prefill cadence).
 void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::MooncakeOptions& m) {
   cmd->add_option("--trace-block", m.trace_block,
@@ -21,6 +38,7 @@ void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::Mo
   cmd->add_option("--layers", h.layers, "Mooncake: layers in the stack");
   cmd->add_option("--window", h.window, "Mooncake: W of rotating layers");
   cmd->add_option("--dtype", h.dtype, "Mooncake: f32 | bf16");
+  AddDimsOptions(cmd, h.dims, "Mooncake: ");
   cmd->add_option("--budget", h.budget_bytes, "Mooncake: eviction budget in bytes (0 = unlimited)");
   CLI::Option* chunk =
       cmd->add_option("--chunk", h.chunk, "Mooncake: prefill chunk in tokens (default: max(5, S))");
@@ -43,6 +61,7 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
   cmd->add_option("--layers", o.layers, "layers in the stack");
   cmd->add_option("--window", o.window, "W of rotating layers");
   cmd->add_option("--dtype", o.dtype, "f32 | bf16");
+  AddDimsOptions(cmd, o.dims);
   cmd->add_option("--conversations", o.conversations, "conversations in the pool");
   cmd->add_option("--requests", o.requests, "requests per seed");
   cmd->add_option("--budget", o.budget_bytes, "eviction budget in bytes (0 = unlimited)");
@@ -57,6 +76,7 @@ void AddRunOptions(CLI::App* cmd, kvtwin::sim::RunOptions& o) {
   cmd->add_option("--layers", o.layers, "layers in the stack");
   cmd->add_option("--window", o.window, "W of rotating layers");
   cmd->add_option("--dtype", o.dtype, "f32 | bf16");
+  AddDimsOptions(cmd, o.dims);
   cmd->add_option("--steps", o.steps, "operations per seed");
   cmd->add_flag("--swarm", o.swarm, "let each seed choose the stack and op mix");
 }
@@ -182,6 +202,7 @@ int main(int argc, char** argv) {
     if (given("--layers")) gen_flags.ops.layers = gen_flags.requests.layers;
     if (given("--window")) gen_flags.ops.window = gen_flags.requests.window;
     if (given("--dtype")) gen_flags.ops.dtype = gen_flags.requests.dtype;
+    gen_flags.ops.dims = gen_flags.requests.dims;  // the same defaults
     gen_flags.ops.swarm = gen_flags.requests.swarm;
     if (given("--steps")) gen_flags.multiseq.steps = gen_flags.ops.steps;
     return cli::Gen(gen_flags);

@@ -243,7 +243,7 @@ uint64_t TraceValueSeed(const TraceHeader& header) {
 Result<StackConfig> TraceStack(const TraceHeader& header) {
   Result<DType> dtype = ParseDType(header.dtype);
   if (!dtype.ok()) return dtype.status();
-  return StackFromPreset(header.preset, header.layers, header.window, *dtype);
+  return StackFromPreset(header.preset, header.layers, header.window, *dtype, header.dims);
 }
 
 RequestDriverOptions TraceDriverOptions(const TraceHeader& header) {
@@ -344,10 +344,11 @@ std::string ReplayCommand(const std::string& path, const ReplayOptions& options)
   const TraceHeader& h = options.mooncake_setup;
   return fmt::format(
       "kvtwin replay {} --trace-block {} --block-scale {} --skip {} --limit {} --preset {} "
-      "--layers {} --window {} --dtype {} --budget {} --chunk {} --interval {} --pre-thinking {}",
+      "--layers {} --window {} --dtype {}{} --budget {} --chunk {} --interval {} "
+      "--pre-thinking {}",
       path, options.mooncake.trace_block, options.mooncake.block_scale, options.mooncake.skip,
-      options.mooncake.limit, h.preset, h.layers, h.window, h.dtype, h.budget_bytes, h.chunk,
-      h.capture_interval, h.pre_thinking);
+      options.mooncake.limit, h.preset, h.layers, h.window, h.dtype, DimsFlags(h.dims),
+      h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking);
 }
 
 }  // namespace kvtwin::sim

@@ -33,11 +33,14 @@ std::string SwarmStack(RequestOptions& o) {
   const int64_t intervals[] = {0, 4, 8, 16};
   o.capture_interval = intervals[rng.Below(4)];
   o.pre_thinking = rng.Range(0, 5);
+  // A stream of its own, so a seed's other choices are what they were before dims were drawn.
+  Rng dims_rng = Rng::Derive(o.seed, "swarm-dims");
+  o.dims = dims_rng.Chance(1, 2) ? DrawModelDims(dims_rng) : ModelDims{};
   return fmt::format(
-      "preset {} layers {} window {} dtype {} budget {} chunk {} interval {} "
+      "preset {} layers {} window {} dtype {} {} budget {} chunk {} interval {} "
       "pre-thinking {}",
-      o.preset, o.layers, o.window, o.dtype, o.budget_bytes, o.chunk, o.capture_interval,
-      o.pre_thinking);
+      o.preset, o.layers, o.window, o.dtype, o.dims.Describe(), o.budget_bytes, o.chunk,
+      o.capture_interval, o.pre_thinking);
 }
 
 }  // namespace
@@ -64,7 +67,8 @@ Status ValidateRequestOptions(const RequestOptions& o) {
   if (o.window < 1) return InvalidArgument(fmt::format("--window must be >= 1, got {}", o.window));
   auto dtype = ParseDType(o.dtype);
   if (!dtype.ok()) return InvalidArgument("--dtype: " + dtype.status().message());
-  auto stack = StackFromPreset(o.preset, o.layers, o.window, *dtype);
+  KV_RETURN_IF_ERROR(ValidateDimsFlags(o.dims));
+  auto stack = StackFromPreset(o.preset, o.layers, o.window, *dtype, o.dims);
   if (!stack.ok()) return InvalidArgument("--preset: " + stack.status().message());
   return Status::Ok();
 }
@@ -75,11 +79,11 @@ std::string RequestsReproduceCommand(const RequestOptions& o) {
                        o.seed, o.seed, o.conversations, o.requests);
   }
   return fmt::format(
-      "kvtwin requests --seeds {}..{} --preset {} --layers {} --window {} --dtype {} "
+      "kvtwin requests --seeds {}..{} --preset {} --layers {} --window {} --dtype {}{} "
       "--conversations {} --requests {} --budget {} --chunk {} --interval {} "
       "--pre-thinking {}",
-      o.seed, o.seed, o.preset, o.layers, o.window, o.dtype, o.conversations, o.requests,
-      o.budget_bytes, o.chunk, o.capture_interval, o.pre_thinking);
+      o.seed, o.seed, o.preset, o.layers, o.window, o.dtype, DimsFlags(o.dims), o.conversations,
+      o.requests, o.budget_bytes, o.chunk, o.capture_interval, o.pre_thinking);
 }
 
 // The header of a recorded run, member by member: a member added to TraceHeader keeps its
@@ -92,6 +96,7 @@ TraceHeader RecordHeader(const RequestOptions& o, const std::string& source) {
   h.layers = o.layers;
   h.window = o.window;
   h.dtype = o.dtype;
+  h.dims = o.dims;
   h.budget_bytes = o.budget_bytes;
   h.chunk = o.chunk;
   h.capture_interval = o.capture_interval;
@@ -106,6 +111,7 @@ RequestOptions OptionsFromHeader(const TraceHeader& h) {
   o.layers = h.layers;
   o.window = h.window;
   o.dtype = h.dtype;
+  o.dims = h.dims;
   o.budget_bytes = h.budget_bytes;
   o.chunk = h.chunk;
   o.capture_interval = h.capture_interval;
@@ -124,9 +130,9 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
   if (options.swarm) derived = SwarmStack(options);
   const Status valid = ValidateRequestOptions(options);
   KV_CHECK(valid.ok(), valid.ToString());
-  StackConfig config =
-      StackFromPreset(options.preset, options.layers, options.window, *ParseDType(options.dtype))
-          .value();
+  StackConfig config = StackFromPreset(options.preset, options.layers, options.window,
+                                       *ParseDType(options.dtype), options.dims)
+                           .value();
   RequestResult result;
   result.seed = options.seed;
   result.stack = config.Describe();

@@ -20,6 +20,7 @@ struct RequestOptions {
   int32_t layers = 4;
   int64_t window = 4;
   std::string dtype = "f32";
+  ModelDims dims;  // --kv-dims, --recurrent-dims
   int32_t conversations = 6;
   int64_t requests = 60;
   int64_t budget_bytes = 0;      // manager eviction budget; 0 = unlimited
@@ -27,8 +28,9 @@ struct RequestOptions {
   int64_t capture_interval = 8;  // periodic prefill captures; 0 = none
   int64_t pre_thinking = 4;      // a capture at len - pre_thinking; 0 = none
   uint64_t seed = 1;
-  // The seed also chooses the stack (preset, layers, window, dtype) and the budget, from
-  // unlimited down to a few snapshots' worth (constant eviction); reported in the result.
+  // The seed also chooses the stack (preset, layers, window, dtype, and for half the seeds
+  // the dims) and the budget, from unlimited down to a few snapshots' worth (constant
+  // eviction); reported in the result.
   bool swarm = false;
   // RequestDriverOptions::after_request: a test seam that plays a faulty manager; the
   // localizing re-run keeps it. Not part of the reproduce command.

@@ -11,7 +11,7 @@ constexpr size_t kRecentOps = 6;
 
 // Swarm testing: the seed switches whole op families and stack shapes on or off, so some
 // runs hammer one mechanism without the others diluting it.
-void Swarm(Rng& rng, RunOptions& options, OpWeights& weights) {
+void Swarm(uint64_t seed, Rng& rng, RunOptions& options, OpWeights& weights) {
   const auto& presets = PresetNames();
   options.preset = presets[static_cast<size_t>(rng.Below(presets.size()))];
   options.layers = static_cast<int32_t>(rng.Range(1, 5));
@@ -24,6 +24,9 @@ void Swarm(Rng& rng, RunOptions& options, OpWeights& weights) {
   for (uint32_t* w : families) {
     if (rng.Chance(1, 4)) *w = 0;
   }
+  // A stream of its own, so a seed's other choices are what they were before dims were drawn.
+  Rng dims_rng = Rng::Derive(seed, "swarm-dims");
+  options.dims = dims_rng.Chance(1, 2) ? DrawModelDims(dims_rng) : ModelDims{};
 }
 
 }  // namespace
@@ -36,7 +39,9 @@ Status ValidateRunOptions(const RunOptions& options) {
   }
   auto dtype = ParseDType(options.dtype);
   if (!dtype.ok()) return dtype.status();
-  auto stack = StackFromPreset(options.preset, options.layers, options.window, *dtype);
+  KV_RETURN_IF_ERROR(ValidateDimsFlags(options.dims));
+  auto stack =
+      StackFromPreset(options.preset, options.layers, options.window, *dtype, options.dims);
   return stack.ok() ? RequireStateful(*stack) : stack.status();
 }
 
@@ -45,9 +50,10 @@ std::string ReproduceCommand(const RunOptions& options, uint64_t seed) {
     return fmt::format("kvtwin sweep --swarm --seeds {}..{} --steps {}", seed, seed, options.steps);
   }
   return fmt::format(
-      "kvtwin sweep --seeds {}..{} --preset {} --layers {} --window {} --dtype {} "
+      "kvtwin sweep --seeds {}..{} --preset {} --layers {} --window {} --dtype {}{} "
       "--steps {}",
-      seed, seed, options.preset, options.layers, options.window, options.dtype, options.steps);
+      seed, seed, options.preset, options.layers, options.window, options.dtype,
+      DimsFlags(options.dims), options.steps);
 }
 
 RunResult RunSeed(const RunOptions& given, uint64_t seed, Trace* record) {
@@ -55,13 +61,13 @@ RunResult RunSeed(const RunOptions& given, uint64_t seed, Trace* record) {
   OpWeights weights;
   if (options.swarm) {
     Rng swarm_rng = Rng::Derive(seed, "swarm");
-    Swarm(swarm_rng, options, weights);
+    Swarm(seed, swarm_rng, options, weights);
   }
   const Status valid = ValidateRunOptions(options);
   KV_CHECK(valid.ok(), valid.ToString());
-  StackConfig config =
-      StackFromPreset(options.preset, options.layers, options.window, *ParseDType(options.dtype))
-          .value();
+  StackConfig config = StackFromPreset(options.preset, options.layers, options.window,
+                                       *ParseDType(options.dtype), options.dims)
+                           .value();
   RunResult result;
   result.seed = seed;
   result.stack = config.Describe();
@@ -75,6 +81,7 @@ RunResult RunSeed(const RunOptions& given, uint64_t seed, Trace* record) {
     record->header.layers = options.layers;
     record->header.window = options.window;
     record->header.dtype = options.dtype;
+    record->header.dims = options.dims;
     record->header.source = result.reproduce;
     record->events.clear();
   }

@@ -22,7 +22,10 @@ struct RunOptions {
   int32_t layers = 3;
   int64_t window = 4;
   std::string dtype = "f32";
+  ModelDims dims;  // --kv-dims, --recurrent-dims
   int64_t steps = 2000;
+  // The seed also chooses the stack, the op mix and, for half the seeds, the dims
+  // (DrawModelDims); every derived option is reported.
   bool swarm = false;
 };
 

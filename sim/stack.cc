@@ -2,30 +2,152 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <string_view>
+
 #include "sim/synthetic.h"
+#include "src/core/check.h"
 #include "src/kv_cache.h"
 #include "src/rotating_cache.h"
 
 namespace kvtwin::sim {
 
-Status StackConfig::Validate() const {
-  if (layers.empty()) return InvalidArgument("the stack has no layers");
-  if (layers.size() > 127) return InvalidArgument("at most 127 layers (the provenance tag)");
-  if (kv_heads < 1 || head_dim < 1 || value_dim < 1 || k_cols() < kTagElements ||
-      v_cols() < kTagElements) {
+namespace {
+
+Status DimInRange(const char* name, int64_t value, int64_t hi) {
+  if (value >= 1 && value <= hi) return Status::Ok();
+  return InvalidArgument(fmt::format("{} must be in 1..{}, got {}", name, hi, value));
+}
+
+// `text` as exactly `n` comma-separated decimal integers.
+Status ParseInts(const char* flag, const char* form, const std::string& text, size_t n,
+                 int64_t* out) {
+  const auto bad = [&] {
+    return InvalidArgument(fmt::format("{} must be {}, got '{}'", flag, form, text));
+  };
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t end = i + 1 < n ? text.find(',', at) : text.size();
+    if (end == std::string::npos) return bad();
+    const std::string_view part = std::string_view(text).substr(at, end - at);
+    const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), out[i]);
+    if (part.empty() || ec != std::errc() || ptr != part.data() + part.size()) return bad();
+    at = end + 1;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ModelDims::Validate() const {
+  KV_RETURN_IF_ERROR(ValidateKv());
+  return ValidateRecurrent();
+}
+
+Status ModelDims::ValidateKv() const {
+  KV_RETURN_IF_ERROR(DimInRange("kv heads", kv_heads, kMaxHeads));
+  KV_RETURN_IF_ERROR(DimInRange("kv head_dim", head_dim, kMaxHeadWidth));
+  KV_RETURN_IF_ERROR(DimInRange("kv value_dim", value_dim, kMaxHeadWidth));
+  if (k_cols() < kTagElements || v_cols() < kTagElements) {
     return InvalidArgument(
-        fmt::format("kv_heads x head_dim = {} and kv_heads x value_dim = {} must be >= {} so "
+        fmt::format("kv heads x head_dim = {} and kv heads x value_dim = {} must be >= {} so "
                     "K and V rows carry their provenance",
                     k_cols(), v_cols(), kTagElements));
   }
+  return Status::Ok();
+}
+
+Status ModelDims::ValidateRecurrent() const {
   const RecurrentDims& r = recurrent;
-  if (r.conv_tail < 1 || r.num_k_heads < 1 || r.num_v_heads < 1 || r.head_k_dim < 1 ||
-      r.head_v_dim < 1) {
-    return InvalidArgument("recurrent dimensions must be >= 1");
-  }
+  KV_RETURN_IF_ERROR(DimInRange("recurrent conv_tail", r.conv_tail, kMaxConvTail));
+  KV_RETURN_IF_ERROR(DimInRange("recurrent num_k_heads", r.num_k_heads, kMaxHeads));
+  KV_RETURN_IF_ERROR(DimInRange("recurrent num_v_heads", r.num_v_heads, kMaxHeads));
+  KV_RETURN_IF_ERROR(DimInRange("recurrent head_k_dim", r.head_k_dim, kMaxHeadWidth));
+  KV_RETURN_IF_ERROR(DimInRange("recurrent head_v_dim", r.head_v_dim, kMaxHeadWidth));
   if (r.num_v_heads % r.num_k_heads != 0) {
-    return InvalidArgument("recurrent num_v_heads must be a multiple of num_k_heads");
+    return InvalidArgument(
+        fmt::format("recurrent num_v_heads ({}) must be a multiple of num_k_heads ({})",
+                    r.num_v_heads, r.num_k_heads));
   }
+  return Status::Ok();
+}
+
+std::string ModelDims::Describe() const {
+  const RecurrentDims& r = recurrent;
+  return fmt::format("kv={}x{}/{} rec=tail{} hk{} hv{} dk{} dv{}", kv_heads, head_dim, value_dim,
+                     r.conv_tail, r.num_k_heads, r.num_v_heads, r.head_k_dim, r.head_v_dim);
+}
+
+bool ModelDims::KvAtDefault() const {
+  const ModelDims d;
+  return kv_heads == d.kv_heads && head_dim == d.head_dim && value_dim == d.value_dim;
+}
+
+std::string ModelDims::KvFlag() const {
+  return fmt::format("{},{},{}", kv_heads, head_dim, value_dim);
+}
+
+std::string ModelDims::RecurrentFlag() const {
+  const RecurrentDims& r = recurrent;
+  return fmt::format("{},{},{},{},{}", r.conv_tail, r.num_k_heads, r.num_v_heads, r.head_k_dim,
+                     r.head_v_dim);
+}
+
+Status ParseKvDims(const std::string& text, ModelDims* dims) {
+  int64_t v[3];
+  KV_RETURN_IF_ERROR(ParseInts("--kv-dims", "HEADS,DK,DV", text, 3, v));
+  dims->kv_heads = v[0];
+  dims->head_dim = v[1];
+  dims->value_dim = v[2];
+  return Status::Ok();
+}
+
+Status ParseRecurrentDims(const std::string& text, ModelDims* dims) {
+  int64_t v[5];
+  KV_RETURN_IF_ERROR(ParseInts("--recurrent-dims", "TAIL,HK,HV,DK,DV", text, 5, v));
+  dims->recurrent = {.conv_tail = v[0],
+                     .num_k_heads = v[1],
+                     .num_v_heads = v[2],
+                     .head_k_dim = v[3],
+                     .head_v_dim = v[4]};
+  return Status::Ok();
+}
+
+std::string DimsFlags(const ModelDims& dims) {
+  std::string flags;
+  if (!dims.KvAtDefault()) flags += " --kv-dims " + dims.KvFlag();
+  if (!dims.RecurrentAtDefault()) flags += " --recurrent-dims " + dims.RecurrentFlag();
+  return flags;
+}
+
+Status ValidateDimsFlags(const ModelDims& dims) {
+  if (const Status kv = dims.ValidateKv(); !kv.ok()) {
+    return InvalidArgument("--kv-dims: " + kv.message());
+  }
+  const Status rec = dims.ValidateRecurrent();
+  return rec.ok() ? rec : InvalidArgument("--recurrent-dims: " + rec.message());
+}
+
+ModelDims DrawModelDims(Rng& rng) {
+  ModelDims d;
+  d.kv_heads = rng.Range(1, 3);
+  const int64_t min_width = (kTagElements + d.kv_heads - 1) / d.kv_heads;
+  d.head_dim = rng.Range(min_width, min_width + 3);
+  d.value_dim = rng.Range(min_width, min_width + 3);
+  RecurrentDims& r = d.recurrent;
+  r.num_k_heads = rng.Range(1, 3);
+  r.num_v_heads = r.num_k_heads * rng.Range(1, 2);
+  r.head_k_dim = rng.Range(1, 4);
+  r.head_v_dim = rng.Range(1, 4);
+  r.conv_tail = rng.Range(1, 4);
+  KV_CHECK(d.Validate().ok(), d.Describe());
+  return d;
+}
+
+Status StackConfig::Validate() const {
+  if (layers.empty()) return InvalidArgument("the stack has no layers");
+  if (layers.size() > 127) return InvalidArgument("at most 127 layers (the provenance tag)");
+  KV_RETURN_IF_ERROR(dims.Validate());
   bool stateful = false;
   for (size_t i = 0; i < layers.size(); ++i) {
     stateful = stateful || !layers[i].stateless;
@@ -49,10 +171,8 @@ std::string StackConfig::Describe() const {
     if (layers[i].kind == CacheKind::kRotating) kinds += fmt::format("(W={})", layers[i].window);
   }
   if (layers.size() > 4) kinds += ", ...";
-  const RecurrentDims& r = recurrent;
-  return fmt::format("{} x{} [{}] {} kv={}x{}/{} rec=tail{} hk{} hv{} dk{} dv{}", preset,
-                     layers.size(), kinds, DTypeName(dtype), kv_heads, head_dim, value_dim,
-                     r.conv_tail, r.num_k_heads, r.num_v_heads, r.head_k_dim, r.head_v_dim);
+  return fmt::format("{} x{} [{}] {} {}", preset, layers.size(), kinds, DTypeName(dtype),
+                     dims.Describe());
 }
 
 const std::vector<std::string>& PresetNames() {
@@ -82,7 +202,7 @@ Status RequireStateful(const StackConfig& config) {
 }
 
 Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers, int64_t window,
-                                    DType dtype) {
+                                    DType dtype, const ModelDims& dims) {
   if (num_layers < 1)
     return InvalidArgument(fmt::format("layers must be >= 1, got {}", num_layers));
   if (window < 1) return InvalidArgument(fmt::format("window must be >= 1, got {}", window));
@@ -94,6 +214,7 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
   StackConfig config;
   config.preset = preset;
   config.dtype = dtype;
+  config.dims = dims;
   for (int32_t i = 0; i < num_layers; ++i) {
     LayerSpec spec;
     if (preset == "dense") {
@@ -145,7 +266,7 @@ std::vector<std::unique_ptr<LayerCache>> BuildCaches(const StackConfig& config) 
         caches.push_back(std::make_unique<RotatingCache>(spec.window));
         break;
       case CacheKind::kRecurrent:
-        caches.push_back(std::make_unique<RecurrentCache>(config.recurrent));
+        caches.push_back(std::make_unique<RecurrentCache>(config.dims.recurrent));
         break;
     }
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "src/cache.h"
+#include "src/core/rng.h"
 #include "src/core/status.h"
 #include "src/recurrent_cache.h"
 
@@ -25,10 +26,11 @@ struct LayerSpec {
   bool stateless = false;
 };
 
-struct StackConfig {
-  std::string preset = "mixed";
-  std::vector<LayerSpec> layers;
-  DType dtype = DType::kFloat32;  // activation / K-V dtype
+// The tensor widths a model's config gives its layers, shared by every layer of a stack:
+// K/V heads with the K and V head widths, and the recurrent layers' dims. Tiny by default so
+// millions of operations run per minute; a trace's model, --kv-dims / --recurrent-dims and
+// swarm seeds (DrawModelDims) give others. Value type.
+struct ModelDims {
   int64_t kv_heads = 2;
   // K and V head widths differ (Dk != Dv, as in spec §7's K[B,H,Cap,Dk], V[B,H,Cap,Dv]): a
   // cache that sizes, copies or counts V with K's width shows in every run (with equal
@@ -39,13 +41,59 @@ struct StackConfig {
   // for grouped heads, or a state stored transposed, shows in every run (with one key head
   // or square heads both would hide). conv_dim = 2*2*2 + 4*3 = 20; the state is 12 x 2.
   // Two pairs are equal (num_k_heads = head_k_dim, conv_tail = head_v_dim), so code taking
-  // one of a pair for the other passes every run with these dims; the property tests draw
-  // other dims (tests/prop/stack_command.h, GenRecurrentDims).
+  // one of a pair for the other passes every run with these dims; swarm seeds and the
+  // property tests draw others (DrawModelDims; tests/prop/stack_command.h).
   RecurrentDims recurrent = {
       .conv_tail = 3, .num_k_heads = 2, .num_v_heads = 4, .head_k_dim = 2, .head_v_dim = 3};
 
   int64_t k_cols() const { return kv_heads * head_dim; }
   int64_t v_cols() const { return kv_heads * value_dim; }
+  // InvalidArgument naming the field: ValidateKv (widths in range, K and V rows wide enough
+  // for the provenance tag), then ValidateRecurrent (widths in range, value heads a multiple
+  // of key heads). The ranges: kMaxHeads, kMaxHeadWidth, kMaxConvTail.
+  Status Validate() const;
+  Status ValidateKv() const;
+  Status ValidateRecurrent() const;
+  // "kv=2x4/5 rec=tail3 hk2 hv4 dk2 dv3"
+  std::string Describe() const;
+  // Whether each part is at its default: traces and command lines leave those out.
+  bool KvAtDefault() const;
+  bool RecurrentAtDefault() const { return recurrent == ModelDims().recurrent; }
+  // The flag values that give these dims: "2,4,5" and "3,2,4,2,3".
+  std::string KvFlag() const;
+  std::string RecurrentFlag() const;
+  friend bool operator==(const ModelDims&, const ModelDims&) = default;
+};
+
+// Range limits of ModelDims (traces and flags): real models' widths fit (128-256 per head,
+// dozens of heads, a kernel of 4), and a row stays small enough for millions of checks.
+inline constexpr int64_t kMaxHeads = 64;
+inline constexpr int64_t kMaxHeadWidth = 512;
+inline constexpr int64_t kMaxConvTail = 16;
+
+// --kv-dims "HEADS,DK,DV" and --recurrent-dims "TAIL,HK,HV,DK,DV" into `dims` (the other
+// part unchanged). InvalidArgument on anything but that many comma-separated integers in
+// range; ModelDims::Validate checks the combination.
+Status ParseKvDims(const std::string& text, ModelDims* dims);
+Status ParseRecurrentDims(const std::string& text, ModelDims* dims);
+// What a command line adds for `dims`: " --kv-dims H,DK,DV" and " --recurrent-dims
+// TAIL,HK,HV,DK,DV", each only when that part is not at its default ("" for ModelDims{}).
+std::string DimsFlags(const ModelDims& dims);
+// ModelDims::ValidateKv and ValidateRecurrent, their messages prefixed with the flag.
+Status ValidateDimsFlags(const ModelDims& dims);
+// Swarm seeds' dims: 1-3 K/V heads with head widths just wide enough for the provenance tag
+// and up to 3 more (Dk and Dv drawn apart), 1-3 key heads with 1-2 value heads each, and
+// recurrent head widths and conv tail 1-4. Always valid.
+ModelDims DrawModelDims(Rng& rng);
+
+struct StackConfig {
+  std::string preset = "mixed";
+  std::vector<LayerSpec> layers;
+  DType dtype = DType::kFloat32;  // activation / K-V dtype
+  ModelDims dims;
+
+  int64_t k_cols() const { return dims.k_cols(); }
+  int64_t v_cols() const { return dims.v_cols(); }
   Status Validate() const;
   // "mixed x3 [kv, rotating(W=4), recurrent] f32 kv=2x4/5 rec=tail3 hk2 hv4 dk2 dv3"
   std::string Describe() const;
@@ -62,7 +110,7 @@ const std::vector<std::string>& RequestPresetNames();
 Status RequireStateful(const StackConfig& config);
 // Builds a stack; `window` is W for rotating layers. Errors name the bad value.
 Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers, int64_t window,
-                                    DType dtype);
+                                    DType dtype, const ModelDims& dims = {});
 Result<DType> ParseDType(const std::string& name);
 
 // Fresh production caches for every layer of the stack.

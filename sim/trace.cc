@@ -68,11 +68,44 @@ bool IsBlank(const std::string& text) { return text.find_first_not_of(" \t\r") =
 
 // ---- Header ----
 
+// The model's "kv" and "recurrent" (each optional, every field required when present);
+// ModelDims' verdict on each part is reported at its object.
+Status DecodeDims(const Fields& m, ModelDims* dims) {
+  const Json* kv = nullptr;
+  KV_RETURN_IF_ERROR(m.Object("kv", &kv, Need::kOptional));
+  if (kv != nullptr) {
+    const Fields k(m.where(), *kv, m.Ptr("kv"));
+    static constexpr std::string_view kKvKeys[] = {"head_dim", "heads", "value_dim"};
+    KV_RETURN_IF_ERROR(k.OnlyKeys(kKvKeys));
+    KV_RETURN_IF_ERROR(k.Int("heads", 1, kMaxHeads, &dims->kv_heads, Need::kRequired));
+    KV_RETURN_IF_ERROR(k.Int("head_dim", 1, kMaxHeadWidth, &dims->head_dim, Need::kRequired));
+    KV_RETURN_IF_ERROR(k.Int("value_dim", 1, kMaxHeadWidth, &dims->value_dim, Need::kRequired));
+  }
+  const Json* rec = nullptr;
+  KV_RETURN_IF_ERROR(m.Object("recurrent", &rec, Need::kOptional));
+  if (rec != nullptr) {
+    const Fields r(m.where(), *rec, m.Ptr("recurrent"));
+    static constexpr std::string_view kRecKeys[] = {"conv_tail", "head_k_dim", "head_v_dim",
+                                                    "num_k_heads", "num_v_heads"};
+    KV_RETURN_IF_ERROR(r.OnlyKeys(kRecKeys));
+    RecurrentDims& d = dims->recurrent;
+    KV_RETURN_IF_ERROR(r.Int("conv_tail", 1, kMaxConvTail, &d.conv_tail, Need::kRequired));
+    KV_RETURN_IF_ERROR(r.Int("num_k_heads", 1, kMaxHeads, &d.num_k_heads, Need::kRequired));
+    KV_RETURN_IF_ERROR(r.Int("num_v_heads", 1, kMaxHeads, &d.num_v_heads, Need::kRequired));
+    KV_RETURN_IF_ERROR(r.Int("head_k_dim", 1, kMaxHeadWidth, &d.head_k_dim, Need::kRequired));
+    KV_RETURN_IF_ERROR(r.Int("head_v_dim", 1, kMaxHeadWidth, &d.head_v_dim, Need::kRequired));
+  }
+  if (const Status kv_ok = dims->ValidateKv(); !kv_ok.ok()) return m.Error("kv", kv_ok.message());
+  const Status rec_ok = dims->ValidateRecurrent();
+  return rec_ok.ok() ? rec_ok : m.Error("recurrent", rec_ok.message());
+}
+
 Status DecodeModel(const Fields& f, TraceHeader* h) {
   const Json* model = nullptr;
   KV_RETURN_IF_ERROR(f.Object("model", &model, Need::kRequired));
   const Fields m(f.where(), *model, f.Ptr("model"));
-  static constexpr std::string_view kKeys[] = {"dtype", "layers", "preset", "window"};
+  static constexpr std::string_view kKeys[] = {"dtype",  "kv",        "layers",
+                                               "preset", "recurrent", "window"};
   KV_RETURN_IF_ERROR(m.OnlyKeys(kKeys));
   KV_RETURN_IF_ERROR(m.String("dtype", &h->dtype, Need::kRequired));
   const Result<DType> dtype = ParseDType(h->dtype);
@@ -87,8 +120,10 @@ Status DecodeModel(const Fields& f, TraceHeader* h) {
                                          fmt::join(presets, ", ")));
   }
   KV_RETURN_IF_ERROR(m.Length("window", 1, &h->window, Need::kRequired));
+  KV_RETURN_IF_ERROR(DecodeDims(m, &h->dims));
   // Whatever else the stack itself refuses, reported before any replay starts.
-  const Result<StackConfig> stack = StackFromPreset(h->preset, h->layers, h->window, *dtype);
+  const Result<StackConfig> stack =
+      StackFromPreset(h->preset, h->layers, h->window, *dtype, h->dims);
   if (!stack.ok()) return f.Error("model", stack.status().message());
   return Status::Ok();
 }

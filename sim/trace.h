@@ -13,6 +13,13 @@
 //   {"cancel_after":3,"inputs":[1,2,3,4,5]}
 //   {"accepted":1,"op":"speculate","tokens":[4,1,2]}
 //
+// The model's optional "kv" {"heads","head_dim","value_dim"} and "recurrent" {"conv_tail",
+// "num_k_heads","num_v_heads","head_k_dim","head_v_dim"} give the layers' widths (ModelDims,
+// sim/stack.h), every field required in a present object; each is left out at its default:
+//   "model":{"dtype":"f32","kv":{"head_dim":7,"heads":1,"value_dim":9},"layers":3,
+//            "preset":"mixed","recurrent":{"conv_tail":1,"head_k_dim":4,"head_v_dim":2,
+//            "num_k_heads":3,"num_v_heads":6},"window":4}
+//
 // The header's optional "expect" is the verdict a regression trace must replay to: "pass"
 // or "divergence: KIND", KIND being DivergenceKind (sim/replay.h) of the mismatch; absent
 // (TraceHeader::expect "") = no expectation. At most 1000 characters.
@@ -74,6 +81,7 @@
 #include "sim/multi_seq_ops.h"
 #include "sim/ops.h"
 #include "sim/request_workload.h"
+#include "sim/stack.h"
 #include "src/core/status.h"
 
 namespace kvtwin::sim {
@@ -95,6 +103,8 @@ struct TraceHeader {
   int32_t layers = 4;
   int64_t window = 4;
   std::string dtype = "f32";
+  // The layers' widths ("kv" and "recurrent" in the model; each left out at its default).
+  ModelDims dims;
   // kind "requests" only (RequestDriverOptions):
   int64_t budget_bytes = 0;  // 0 = unlimited
   int64_t chunk = 5;

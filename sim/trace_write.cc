@@ -192,6 +192,19 @@ std::string HeaderToJson(const TraceHeader& header) {
   model["layers"] = header.layers;
   model["window"] = header.window;
   model["dtype"] = header.dtype;
+  // Left out at their defaults, so a trace of today's tiny stack reads as before.
+  const ModelDims& d = header.dims;
+  if (!d.KvAtDefault()) {
+    model["kv"] = {{"heads", d.kv_heads}, {"head_dim", d.head_dim}, {"value_dim", d.value_dim}};
+  }
+  if (!d.RecurrentAtDefault()) {
+    const RecurrentDims& r = d.recurrent;
+    model["recurrent"] = {{"conv_tail", r.conv_tail},
+                          {"num_k_heads", r.num_k_heads},
+                          {"num_v_heads", r.num_v_heads},
+                          {"head_k_dim", r.head_k_dim},
+                          {"head_v_dim", r.head_v_dim}};
+  }
   j["model"] = std::move(model);
   // Written even at their defaults: a replay's driver setup is then explicit in the file.
   if (header.kind == TraceKind::kRequests) {

@@ -56,8 +56,21 @@ RC_GTEST_PROP(LayerStateMachine, RecurrentCacheOfAnyDimsMatchesReference, ()) {
   config.preset = "single";
   config.dtype = *rc::gen::element(DType::kFloat32, DType::kBFloat16);
   config.layers = {LayerSpec{CacheKind::kRecurrent, 0}};
-  config.recurrent = GenRecurrentDims();
+  config.dims.recurrent = GenRecurrentDims();
   CheckStack(config, NarrowWindow());
+}
+
+// The K/V layers under drawn widths (GenKvDims says why).
+RC_GTEST_PROP(LayerStateMachine, KvCachesOfAnyWidthsMatchReference, ()) {
+  ASSERT_TRUE(kPinnedParams);
+  const int64_t window = NarrowWindow();
+  StackConfig config;
+  config.preset = "single";
+  config.dtype = *rc::gen::element(DType::kFloat32, DType::kBFloat16);
+  const CacheKind kind = *rc::gen::element(CacheKind::kFullKv, CacheKind::kRotating);
+  config.layers = {LayerSpec{kind, kind == CacheKind::kRotating ? window : 0}};
+  GenKvDims(config.dims);
+  CheckStack(config, window);
 }
 
 }  // namespace

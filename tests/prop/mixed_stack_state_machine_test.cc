@@ -52,9 +52,12 @@ StackConfig GenMixedStack() {
         kind == CacheKind::kRotating ? *rc::gen::element<int64_t>(1, 2, 3, 4, 8) : 0;
     config.layers.push_back(LayerSpec{kind, window});
   }
-  // Half the stacks: the recurrent layers (if any) under other dims, so a speculation or a
-  // restore across kinds meets them too.
-  if (*rc::gen::arbitrary<bool>()) config.recurrent = GenRecurrentDims();
+  // Half the stacks: every layer under other widths, so a speculation or a restore across
+  // kinds meets them too.
+  if (*rc::gen::arbitrary<bool>()) {
+    config.dims.recurrent = GenRecurrentDims();
+    GenKvDims(config.dims);
+  }
   return config;
 }
 

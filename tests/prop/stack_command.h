@@ -43,11 +43,7 @@ inline std::string StackLabel(const StackConfig& config) {
     if (s.kind == CacheKind::kRotating) os << "(W=" << s.window << ")";
   }
   os << "] " << DTypeName(config.dtype);
-  const RecurrentDims& d = config.recurrent;
-  if (d != StackConfig().recurrent) {
-    os << " recurrent dims tail" << d.conv_tail << " hk" << d.num_k_heads << " hv" << d.num_v_heads
-       << " dk" << d.head_k_dim << " dv" << d.head_v_dim;
-  }
+  if (config.dims != ModelDims{}) os << " " << config.dims.Describe();  // drawn dims
   return os.str();
 }
 
@@ -93,6 +89,17 @@ inline RecurrentDims GenRecurrentDims() {
   d.head_v_dim = *rc::gen::inRange<int64_t>(1, 5);
   d.conv_tail = *rc::gen::inRange<int64_t>(1, 5);
   return d;  // StackLabel shows them
+}
+
+// K/V widths for one case: 1-3 heads, each head width at least what the provenance tag
+// needs (kTagElements across the heads) and up to 3 more, Dk and Dv drawn apart (equal in
+// some cases). The defaults have 2 heads of Dk 4 and Dv 5: a cache that takes the head count
+// for a width, or sizes rows for 2 heads, passes every run with them.
+inline void GenKvDims(ModelDims& d) {
+  d.kv_heads = *rc::gen::inRange<int64_t>(1, 4);
+  const int64_t min_width = (kTagElements + d.kv_heads - 1) / d.kv_heads;
+  d.head_dim = *rc::gen::inRange<int64_t>(min_width, min_width + 4);
+  d.value_dim = *rc::gen::inRange<int64_t>(min_width, min_width + 4);
 }
 
 // One case: a fresh driver over `config` and a random op sequence against its model.

@@ -184,9 +184,14 @@ TEST_P(LayerFuzz, TraceHeaderDescribesTheRun) {
   std::set<std::string> dtypes;
   std::set<int64_t> windows;
   std::set<int32_t> layers;
+  int drawn_dims = 0;
   for (int i = 0; i < 200; ++i) {
-    const FuzzRun run = RunInput(GetParam(), RandomBytes(rng, layout.header_bytes));
+    const Bytes bytes = RandomBytes(rng, layout.header_bytes);
+    const FuzzRun run = RunInput(GetParam(), bytes);
     const TraceHeader& h = run.trace.header;
+    // The dtype byte (field 2 = header byte 1) also names the widths.
+    EXPECT_EQ(h.dims, FuzzDimsOf(bytes.at(1)));
+    drawn_dims += h.dims != ModelDims{} ? 1 : 0;
     EXPECT_EQ(h.kind, TraceKind::kOps);
     EXPECT_EQ(h.source, std::string("fuzz target ") + FuzzTargetName(GetParam()));
     if (GetParam() == FuzzTarget::kSpeculation) {
@@ -209,6 +214,23 @@ TEST_P(LayerFuzz, TraceHeaderDescribesTheRun) {
   EXPECT_EQ(windows.size(), 9u);
   EXPECT_GE(layers.size(), 2u);
   EXPECT_EQ(dtypes, (std::set<std::string>{"bf16", "f32"}));
+  EXPECT_GT(drawn_dims, 50);
+  EXPECT_LT(drawn_dims, 150);
+}
+
+TEST(FuzzDims, BitOneOfTheDtypeByteDrawsOneOf64ValidWidthSets) {
+  std::set<std::string> drawn;
+  for (int b = 0; b < 256; ++b) {
+    const ModelDims d = FuzzDimsOf(static_cast<uint8_t>(b));
+    if ((b & 2) == 0) {
+      EXPECT_EQ(d, ModelDims{}) << b;
+      continue;
+    }
+    EXPECT_TRUE(d.Validate().ok()) << b << " " << d.Describe();
+    EXPECT_EQ(d, FuzzDimsOf(static_cast<uint8_t>(b ^ 1))) << "bit 0 is the dtype only: " << b;
+    drawn.insert(d.Describe());
+  }
+  EXPECT_GE(drawn.size(), 48u);  // 64 streams; a few may draw the same widths
 }
 
 TEST_P(LayerFuzz, RecordedTracesSurviveTheJsonRoundTrip) {

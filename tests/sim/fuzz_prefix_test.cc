@@ -250,6 +250,15 @@ TEST(PrefixFuzz, HeaderBytesPickTheStackAndCadence) {
   EXPECT_EQ(h.capture_interval, 7);
   EXPECT_EQ(h.pre_thinking, 5);
   EXPECT_NE(h.seed, z.seed);
+  EXPECT_EQ(z.dims, ModelDims{});
+  EXPECT_EQ(h.dims, ModelDims{});
+  // Bit 1 of the dtype byte draws the widths; the run replays at them.
+  picked[6] = 3;
+  const FuzzRun wide = RunPrefix(picked);
+  EXPECT_EQ(wide.trace.header.dtype, "bf16");
+  EXPECT_EQ(wide.trace.header.dims, FuzzDimsOf(3));
+  EXPECT_NE(wide.trace.header.dims, ModelDims{});
+  EXPECT_EQ(ReplayTrace(wide.trace).digest, wide.digest);
 }
 
 TEST(PrefixFuzz, SameBytesGiveTheSameRun) {

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "sim/checks.h"
 #include "sim/forward.h"
 #include "sim/run.h"
@@ -54,6 +56,94 @@ TEST(Determinism, SwarmSeedChoosesTheSameStackTwice) {
   EXPECT_EQ(a.digest, b.digest);
 }
 
+TEST(ModelDimsSweep, DrawnDimsPassOnCorrectCachesAndChangeTheRun) {
+  // Widths other than the defaults reach every layer kind: each drawn set passes, and the
+  // digest moves with them (the rows and states are built at those widths).
+  Rng rng = Rng::Derive(3, "dims-test");
+  for (int i = 0; i < 6; ++i) {
+    RunOptions o = Options("mixed", i % 2 == 0 ? "f32" : "bf16", 3);
+    o.steps = 400;
+    const uint64_t default_digest = RunSeed(o, 11).digest;
+    o.dims = DrawModelDims(rng);
+    ASSERT_TRUE(ValidateRunOptions(o).ok()) << o.dims.Describe();
+    const RunResult r = RunSeed(o, 11);
+    ASSERT_FALSE(r.divergence.has_value()) << r.divergence->ToString() << "\n" << r.reproduce;
+    EXPECT_NE(r.stack.find(o.dims.Describe()), std::string::npos) << r.stack;
+    if (o.dims != ModelDims{}) {
+      EXPECT_NE(r.digest, default_digest) << o.dims.Describe();
+    }
+  }
+}
+
+TEST(ModelDimsSweep, SwarmSeedsDrawDimsForSomeSeedsOnly) {
+  RunOptions o;
+  o.swarm = true;
+  o.steps = 50;
+  int drawn = 0;
+  const std::string defaults = ModelDims{}.Describe();
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const RunResult r = RunSeed(o, seed);
+    ASSERT_FALSE(r.divergence.has_value()) << r.divergence->ToString() << "\n" << r.reproduce;
+    drawn += r.stack.find(defaults) == std::string::npos ? 1 : 0;
+  }
+  EXPECT_GT(drawn, 5);
+  EXPECT_LT(drawn, 35);
+}
+
+TEST(ModelDims, FlagsParseValidateAndPrintBack) {
+  ModelDims d;
+  ASSERT_TRUE(ParseKvDims("1,8,7", &d).ok());
+  ASSERT_TRUE(ParseRecurrentDims("2,3,6,4,1", &d).ok());
+  EXPECT_EQ(d.kv_heads, 1);
+  EXPECT_EQ(d.head_dim, 8);
+  EXPECT_EQ(d.value_dim, 7);
+  EXPECT_EQ(
+      d.recurrent,
+      (RecurrentDims{
+          .conv_tail = 2, .num_k_heads = 3, .num_v_heads = 6, .head_k_dim = 4, .head_v_dim = 1}));
+  EXPECT_TRUE(d.Validate().ok());
+  EXPECT_EQ(DimsFlags(d), " --kv-dims 1,8,7 --recurrent-dims 2,3,6,4,1");
+  EXPECT_EQ(DimsFlags(ModelDims{}), "");
+  for (const char* bad : {"", "1,8", "1,8,7,6", "1,,7", "a,8,7", "1,8,7 ", " 1,8,7", "1;8;7",
+                          "1,8,99999999999999999999"}) {
+    ModelDims before;
+    EXPECT_EQ(ParseKvDims(bad, &before).message(),
+              fmt::format("--kv-dims must be HEADS,DK,DV, got '{}'", bad));
+    EXPECT_EQ(before, ModelDims{}) << "a refused value changed nothing: " << bad;
+  }
+  EXPECT_FALSE(ParseRecurrentDims("1,2,3,4", &d).ok());
+  ModelDims wide;
+  ASSERT_TRUE(ParseKvDims("64,512,512", &wide).ok());
+  EXPECT_TRUE(wide.Validate().ok());
+  ASSERT_TRUE(ParseKvDims("65,512,512", &wide).ok());
+  EXPECT_EQ(ValidateDimsFlags(wide).message(), "--kv-dims: kv heads must be in 1..64, got 65");
+  ASSERT_TRUE(ParseKvDims("2,4,5", &wide).ok());
+  ASSERT_TRUE(ParseRecurrentDims("3,2,5,2,3", &wide).ok());
+  EXPECT_EQ(ValidateDimsFlags(wide).message(),
+            "--recurrent-dims: recurrent num_v_heads (5) must be a multiple of num_k_heads (2)");
+}
+
+TEST(ModelDims, DrawnDimsAreValidAndCoverEveryWidthRange) {
+  Rng rng = Rng::Derive(1, "dims-cover");
+  std::set<int64_t> kv_heads, conv_tails, k_heads;
+  bool unequal_pairs = false;
+  for (int i = 0; i < 500; ++i) {
+    const ModelDims d = DrawModelDims(rng);
+    ASSERT_TRUE(d.Validate().ok()) << d.Describe();
+    kv_heads.insert(d.kv_heads);
+    conv_tails.insert(d.recurrent.conv_tail);
+    k_heads.insert(d.recurrent.num_k_heads);
+    // The pairs the default dims make equal come apart in some draws.
+    unequal_pairs = unequal_pairs ||
+                    (d.recurrent.num_k_heads != d.recurrent.head_k_dim &&
+                     d.recurrent.conv_tail != d.recurrent.head_v_dim && d.head_dim != d.value_dim);
+  }
+  EXPECT_EQ(kv_heads, (std::set<int64_t>{1, 2, 3}));
+  EXPECT_EQ(conv_tails, (std::set<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(k_heads, (std::set<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(unequal_pairs);
+}
+
 class PresetSweep : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(PresetSweep, FindsNoDivergenceOnCorrectCaches) {
@@ -89,6 +179,12 @@ TEST(ReproduceCommand, NamesEveryOptionOfTheRun) {
   EXPECT_EQ(ReproduceCommand(Options("sliding", "bf16", 3), 17),
             "kvtwin sweep --seeds 17..17 --preset sliding --layers 4 --window 3 --dtype bf16 "
             "--steps 600");
+  RunOptions o = Options("mixed", "f32");
+  o.dims.kv_heads = 1;
+  o.dims.head_dim = 7;
+  EXPECT_EQ(ReproduceCommand(o, 2),
+            "kvtwin sweep --seeds 2..2 --preset mixed --layers 4 --window 4 --dtype f32 "
+            "--kv-dims 1,7,5 --steps 600");
 }
 
 // ---- the checks fire on wrong state ----
@@ -135,10 +231,10 @@ TEST(LayerOracle, ReportsARowFromAnotherBranchWithItsProvenance) {
 TEST(LayerOracle, ReportsACacheOrSnapshotOfAnotherKindThanTheLayer) {
   SyntheticForward synth(5);
   const StackConfig recurrent = OneLayer(CacheKind::kRecurrent);
-  RecurrentCache cache(recurrent.recurrent);
+  RecurrentCache cache(recurrent.dims.recurrent);
   const model::TokenLog log = Tokens(synth, {1, 2, 3}, synth.seed());
-  const ConvWeights conv = synth.ConvParams(0, recurrent.recurrent);
-  const GdnParams gdn = synth.GdnParamsFor(0, recurrent.recurrent);
+  const ConvWeights conv = synth.ConvParams(0, recurrent.dims.recurrent);
+  const GdnParams gdn = synth.GdnParamsFor(0, recurrent.dims.recurrent);
   (void)ForwardSynthetic(cache, recurrent, synth, 0, 0, log, &conv, &gdn);
   LayerOracle right(synth, recurrent, 0);
   const Check ok = right.CheckLiveContent(cache, log);
@@ -249,7 +345,7 @@ TEST(LayerOracle, ReportsAnOffsetMismatch) {
 TEST(LayerOracle, AcceptsTheKernelStateAndRejectsItPerturbedBeyondTolerance) {
   SyntheticForward synth(5);
   StackConfig config = OneLayer(CacheKind::kRecurrent);
-  const RecurrentDims& d = config.recurrent;
+  const RecurrentDims& d = config.dims.recurrent;
   LayerOracle oracle(synth, config, 0);
   const model::TokenLog tokens = Tokens(synth, {1}, 5);
   model::RefCache ref = model::RefCache::Recurrent();
@@ -337,7 +433,7 @@ TEST(LayerOracle, ReportsSnapshotSizesThatAreNotTheSpecs) {
   // A recurrent snapshot whose conv tail is not in the activation dtype: 3 x 20 bf16 + 12 x 2
   // float32 is 216 bytes, where an f32 stack needs 336.
   const StackConfig config = OneLayer(CacheKind::kRecurrent);
-  const RecurrentDims& d = config.recurrent;
+  const RecurrentDims& d = config.dims.recurrent;
   LayerOracle recurrent(synth, config, 0);
   const RecurrentSnapshot snap(0, Tensor(DType::kBFloat16, d.conv_tail, d.conv_dim()),
                                MatF::Zero(d.delta_rows(), d.head_k_dim));

@@ -30,10 +30,23 @@ std::string TempPath(const std::string& name) {
       .string();
 }
 
+// Widths off every default, so a replay that built its stack without the header's dims
+// would reach another digest.
+ModelDims OffDefaultDims() {
+  ModelDims d;
+  d.kv_heads = 3;
+  d.head_dim = 3;
+  d.value_dim = 4;
+  d.recurrent = {
+      .conv_tail = 2, .num_k_heads = 1, .num_v_heads = 2, .head_k_dim = 4, .head_v_dim = 1};
+  return d;
+}
+
 TEST(Replay, ARecordedOpRunReplaysToItsDigestFromMemoryAndFromAFile) {
-  for (const char* preset : {"dense", "sliding", "recurrent", "mixed"}) {
+  for (const char* preset : {"dense", "sliding", "recurrent", "mixed", "mixed-dims"}) {
     RunOptions o;
-    o.preset = preset;
+    o.preset = std::string(preset).substr(0, 5) == "mixed" ? "mixed" : preset;
+    if (std::string(preset) == "mixed-dims") o.dims = OffDefaultDims();
     o.steps = 400;
     Trace trace;
     const RunResult run = RunSeed(o, 11, &trace);
@@ -50,18 +63,25 @@ TEST(Replay, ARecordedOpRunReplaysToItsDigestFromMemoryAndFromAFile) {
 }
 
 TEST(Replay, ARecordedRequestRunReplaysToItsDigest) {
-  RequestOptions o;
-  o.seed = 4;
-  o.requests = 40;
-  o.budget_bytes = 3000;
-  Trace trace;
-  const RequestResult run = RunRequests(o, &trace);
-  ASSERT_FALSE(run.divergence);
-  const ReplayResult r = ReplayTrace(trace);
-  EXPECT_TRUE(r.passed());
-  EXPECT_EQ(r.digest, run.digest);
-  EXPECT_GT(r.prompt_tokens, 0);
-  EXPECT_LE(r.cached_tokens, r.matched_tokens);
+  for (const bool dims : {false, true}) {
+    RequestOptions o;
+    o.seed = 4;
+    o.requests = 40;
+    o.budget_bytes = 3000;
+    if (dims) o.dims = OffDefaultDims();
+    Trace trace;
+    const RequestResult run = RunRequests(o, &trace);
+    ASSERT_FALSE(run.divergence);
+    EXPECT_EQ(trace.header.dims, o.dims);
+    const ReplayResult r = ReplayTrace(trace);
+    EXPECT_TRUE(r.passed());
+    EXPECT_EQ(r.digest, run.digest) << "dims " << dims;
+    EXPECT_GT(r.prompt_tokens, 0);
+    EXPECT_LE(r.cached_tokens, r.matched_tokens);
+    const std::string path = TempPath(dims ? "dims.jsonl" : "default.jsonl");
+    ASSERT_TRUE(WriteTrace(path, trace).ok());
+    EXPECT_EQ(ReplayFile(path, {}).digest, run.digest) << "dims " << dims;
+  }
 }
 
 TEST(Replay, ARecordedMultiSeqRunReplaysToItsDigestFromMemoryAndFromAFile) {

@@ -284,6 +284,38 @@ TEST(TraceRoundTrip, HeaderWithEveryFieldSet) {
   EXPECT_EQ(ReadFile(path), HeaderToJson(h) + "\n");
 }
 
+TEST(TraceRoundTrip, ModelDimsEachPartWrittenOnlyOffItsDefault) {
+  // Each part alone, then both: a part at its default is left out, so a trace of the
+  // default stack reads as before dims existed.
+  ModelDims kv_only;
+  kv_only.kv_heads = 1;
+  kv_only.head_dim = 7;
+  kv_only.value_dim = 9;
+  ModelDims rec_only;
+  rec_only.recurrent = {
+      .conv_tail = 1, .num_k_heads = 3, .num_v_heads = 6, .head_k_dim = 4, .head_v_dim = 2};
+  ModelDims both = kv_only;
+  both.recurrent = rec_only.recurrent;
+  for (const ModelDims& dims : {ModelDims{}, kv_only, rec_only, both}) {
+    TraceHeader h;
+    h.dims = dims;
+    const Json model = Json::parse(HeaderToJson(h))["model"];
+    EXPECT_EQ(model.contains("kv"), !dims.KvAtDefault()) << dims.Describe();
+    EXPECT_EQ(model.contains("recurrent"), !dims.RecurrentAtDefault()) << dims.Describe();
+    const std::string path = (TestDir() / "h.jsonl").string();
+    ASSERT_TRUE(WriteTrace(path, Trace{h, {}}).ok());
+    const Result<Trace> trace = ReadTrace(path);
+    ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+    EXPECT_EQ(trace->header.dims, dims) << dims.Describe();
+  }
+  TraceHeader h;
+  h.dims = both;
+  EXPECT_EQ(Json::parse(HeaderToJson(h))["model"].dump(),
+            R"({"dtype":"f32","kv":{"head_dim":7,"heads":1,"value_dim":9},"layers":4,)"
+            R"("preset":"mixed","recurrent":{"conv_tail":1,"head_k_dim":4,"head_v_dim":2,)"
+            R"("num_k_heads":3,"num_v_heads":6},"window":4})");
+}
+
 TEST(TraceRoundTrip, OpsHeaderKeepsTheDriverOptionDefaults) {
   TraceHeader h;
   h.kind = TraceKind::kOps;
@@ -480,6 +512,53 @@ TEST(TraceReaderErrors, HeaderFields) {
        "/model: preset 'holey' needs >= 2 layers (its layer 0 is stateless), got 1"},
       {[](Json& j) { j["model"]["dtype"] = "f64"; },
        "/model/dtype: unknown dtype 'f64' (f32, bf16)"},
+      {[](Json& j) { j["model"]["kv"] = 4; }, "/model/kv: expected an object, got 4"},
+      {[](Json& j) {
+         j["model"]["kv"] = {{"heads", 2}, {"head_dim", 4}};
+       },
+       "/model/kv/value_dim: missing required field"},
+      {[](Json& j) {
+         j["model"]["kv"] = {{"heads", 2}, {"head_dim", 4}, {"value_dim", 5}, {"x", 1}};
+       },
+       "/model/kv/x: unknown field"},
+      {[](Json& j) {
+         j["model"]["kv"] = {{"heads", 65}, {"head_dim", 4}, {"value_dim", 5}};
+       },
+       "/model/kv/heads: must be <= 64, got 65"},
+      {[](Json& j) {
+         j["model"]["kv"] = {{"heads", 2}, {"head_dim", 0}, {"value_dim", 5}};
+       },
+       "/model/kv/head_dim: must be >= 1, got 0"},
+      {[](Json& j) {
+         j["model"]["kv"] = {{"heads", 2}, {"head_dim", 4}, {"value_dim", 513}};
+       },
+       "/model/kv/value_dim: must be <= 512, got 513"},
+      {[](Json& j) {
+         j["model"]["kv"] = {{"heads", 1}, {"head_dim", 6}, {"value_dim", 7}};
+       },
+       "/model/kv: kv heads x head_dim = 6 and kv heads x value_dim = 7 must be >= 7 so K and V "
+       "rows carry their provenance"},
+      {[](Json& j) {
+         j["model"]["recurrent"] = {{"conv_tail", 17},
+                                    {"num_k_heads", 1},
+                                    {"num_v_heads", 1},
+                                    {"head_k_dim", 1},
+                                    {"head_v_dim", 1}};
+       },
+       "/model/recurrent/conv_tail: must be <= 16, got 17"},
+      {[](Json& j) {
+         j["model"]["recurrent"] = {
+             {"conv_tail", 1}, {"num_k_heads", 1}, {"num_v_heads", 1}, {"head_k_dim", 1}};
+       },
+       "/model/recurrent/head_v_dim: missing required field"},
+      {[](Json& j) {
+         j["model"]["recurrent"] = {{"conv_tail", 1},
+                                    {"num_k_heads", 2},
+                                    {"num_v_heads", 3},
+                                    {"head_k_dim", 1},
+                                    {"head_v_dim", 1}};
+       },
+       "/model/recurrent: recurrent num_v_heads (3) must be a multiple of num_k_heads (2)"},
       {[](Json& j) { j["source"] = 3; }, "/source: expected a string, got 3"},
       {[](Json& j) { j.erase("chunk"); }, "/chunk: missing required field"},
       {[](Json& j) { j["chunk"] = 0; }, "/chunk: must be >= 1, got 0"},
