@@ -15,8 +15,17 @@ namespace {
 
 // Bounds the memo: the simulator visits millions of distinct prefixes, and every entry is a
 // whole state. Clearing costs one re-fold from position 0 on the next miss and can never
-// change a result, because the memo only caches S_P.
+// change a result, because the memo only caches S_P. Bounded in bytes too: at a real
+// model's widths a state is tens of kilobytes (8 value heads of 32 x 32 keys: 64 KB), and
+// 2^16 of them filled 4 GB per layer, most of a replay's time spent faulting pages in.
 constexpr size_t kMemoEntriesMax = size_t{1} << 16;
+constexpr size_t kMemoBytesMax = size_t{64} << 20;
+constexpr size_t kMemoEntriesMin = 64;
+
+size_t MemoEntries(Eigen::Index rows, Eigen::Index cols) {
+  const auto bytes = static_cast<size_t>(rows * cols) * sizeof(double);
+  return std::clamp(kMemoBytesMax / std::max<size_t>(bytes, 1), kMemoEntriesMin, kMemoEntriesMax);
+}
 
 // A fold memoizes the state after token p only at checkpoints: every kCheckpointStride-th
 // position and the last kCheckpointStride tokens of the fold (where the next check, a
@@ -142,7 +151,8 @@ RefGdnFolder::RefGdnFolder(RefGdnParams params, InputFn inputs)
     : params_(std::move(params)),
       inputs_(std::move(inputs)),
       rows_(params_.dims.num_v_heads * params_.dims.head_v_dim),
-      cols_(params_.dims.head_k_dim) {
+      cols_(params_.dims.head_k_dim),
+      memo_entries_(MemoEntries(rows_, cols_)) {
   KV_CHECK(static_cast<bool>(inputs_), "the folder needs an input function");
 }
 
@@ -150,6 +160,7 @@ void RefGdnFolder::Reset(RefGdnParams params) {
   params_ = std::move(params);
   rows_ = params_.dims.num_v_heads * params_.dims.head_v_dim;
   cols_ = params_.dims.head_k_dim;
+  memo_entries_ = MemoEntries(rows_, cols_);
   memo_.clear();
   arena_.clear();
 }
@@ -194,7 +205,7 @@ const MatD& RefGdnFolder::StateAfter(std::span<const Token> log, int64_t length)
 
 void RefGdnFolder::Memoize(uint64_t h) {
   const auto n = static_cast<size_t>(rows_ * cols_);
-  if (memo_.size() >= kMemoEntriesMax) {
+  if (memo_.size() >= memo_entries_) {
     memo_.clear();
     arena_.clear();
   }

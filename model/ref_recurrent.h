@@ -83,6 +83,7 @@ class RefGdnFolder {
   RefGdnParams params_;
   InputFn inputs_;
   Eigen::Index rows_, cols_;  // of every state
+  size_t memo_entries_;       // the memo's bound at these widths
   // Nodes come from a pool, so a warm memo inserts without calling malloc.
   std::pmr::unsynchronized_pool_resource pool_;
   std::pmr::unordered_map<uint64_t, size_t> memo_{&pool_};  // h of the last token -> index

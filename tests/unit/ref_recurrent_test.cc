@@ -241,6 +241,28 @@ TEST(RefGdnFolder, ResultsStayExactWhenTheMemoOverflows) {
               FoldWithoutMemo(params, logs.back(), kLength - 5));
 }
 
+// The memo is bounded in bytes too: a state of 8 value heads of 32 x 32 is 64 KB, so 64 MB
+// hold 1,024 of them, and 40 logs of 33 checkpoints each (1,320 entries, far below the
+// 65,536-entry bound) overflow it. Before the byte bound the memo held 2^16 such states
+// (4 GB). The first log's state must be folded again (the clear happened) and be exact.
+TEST(RefGdnFolder, AWideStateBoundsTheMemoInBytes) {
+  const RefGdnParams params = Params(RefGdnDims{1, 8, 32, 32}, 0.3, 0.7);
+  constexpr int32_t kLogs = 40, kLength = 40;
+  std::vector<TokenLog> logs;
+  for (int32_t i = 0; i < kLogs; ++i)
+    logs.push_back(Extend({}, IdRange(i * 100, i * 100 + kLength)));
+  int64_t calls = 0;
+  RefGdnFolder folder = MakeFolder(params, &calls);
+  for (const TokenLog& log : logs) static_cast<void>(folder.StateAfter(log, kLength));
+  EXPECT_EQ(calls, kLogs * kLength);
+  EXPECT_TRUE(folder.StateAfter(logs.front(), kLength) ==
+              FoldWithoutMemo(params, logs.front(), kLength));
+  EXPECT_EQ(calls, (kLogs + 1) * kLength) << "the memo kept more than 64 MB of states";
+  // The last logs were folded after the clear: still memoized.
+  static_cast<void>(folder.StateAfter(logs.back(), kLength));
+  EXPECT_EQ(calls, (kLogs + 1) * kLength);
+}
+
 // A fold memoizes checkpoints (every 32nd position, the fold's last 32), not every token: a
 // query inside a long fold re-folds at most 32 tokens, and a fold three times the memo's
 // capacity no longer overflows it (memoizing every token cleared the memo twice on the
