@@ -223,12 +223,18 @@ TEST(RefGdnFolder, StateDependsOnTheWholePrefixNotTheLastToken) {
 // A fold of 40 tokens memoizes 33 states (position 31 and the last 32), so 2,100 distinct
 // logs overflow the 65,536-entry memo, which is then cleared: the first log's state must be
 // folded again (the clear happened) and still be exact.
+// `count` logs of `length` tokens that share no prefix.
+std::vector<TokenLog> DistinctLogs(int32_t count, int32_t length) {
+  std::vector<TokenLog> logs;
+  for (int32_t i = 0; i < count; ++i)
+    logs.push_back(Extend({}, IdRange(i * 100, i * 100 + length)));
+  return logs;
+}
+
 TEST(RefGdnFolder, ResultsStayExactWhenTheMemoOverflows) {
   const RefGdnParams params = Params(kScalar, 0.3, 0.7);
   constexpr int32_t kLogs = 2100, kLength = 40;
-  std::vector<TokenLog> logs;
-  for (int32_t i = 0; i < kLogs; ++i)
-    logs.push_back(Extend({}, IdRange(i * 100, i * 100 + kLength)));
+  const std::vector<TokenLog> logs = DistinctLogs(kLogs, kLength);
   int64_t calls = 0;
   RefGdnFolder folder = MakeFolder(params, &calls);
   for (const TokenLog& log : logs) static_cast<void>(folder.StateAfter(log, kLength));
@@ -248,9 +254,7 @@ TEST(RefGdnFolder, ResultsStayExactWhenTheMemoOverflows) {
 TEST(RefGdnFolder, AWideStateBoundsTheMemoInBytes) {
   const RefGdnParams params = Params(RefGdnDims{1, 8, 32, 32}, 0.3, 0.7);
   constexpr int32_t kLogs = 40, kLength = 40;
-  std::vector<TokenLog> logs;
-  for (int32_t i = 0; i < kLogs; ++i)
-    logs.push_back(Extend({}, IdRange(i * 100, i * 100 + kLength)));
+  const std::vector<TokenLog> logs = DistinctLogs(kLogs, kLength);
   int64_t calls = 0;
   RefGdnFolder folder = MakeFolder(params, &calls);
   for (const TokenLog& log : logs) static_cast<void>(folder.StateAfter(log, kLength));

@@ -47,6 +47,18 @@ const std::string kOpsHeader =
     R"({"format":"kvtwin-trace","kind":"ops",)"
     R"("model":{"dtype":"f32","layers":4,"preset":"mixed","window":4},"seed":1,"version":1})";
 
+// A model's "kv" and "recurrent" objects.
+Json KvDims(int64_t heads, int64_t head_dim, int64_t value_dim) {
+  return {{"heads", heads}, {"head_dim", head_dim}, {"value_dim", value_dim}};
+}
+Json RecurrentDimsJson(int64_t tail, int64_t hk, int64_t hv, int64_t dk, int64_t dv) {
+  return {{"conv_tail", tail},
+          {"num_k_heads", hk},
+          {"num_v_heads", hv},
+          {"head_k_dim", dk},
+          {"head_v_dim", dv}};
+}
+
 std::string TestName() {
   const auto* info = testing::UnitTest::GetInstance()->current_test_info();
   return fmt::format("trace_{}_{}", info->test_suite_name(), info->name());
@@ -518,46 +530,27 @@ TEST(TraceReaderErrors, HeaderFields) {
        },
        "/model/kv/value_dim: missing required field"},
       {[](Json& j) {
-         j["model"]["kv"] = {{"heads", 2}, {"head_dim", 4}, {"value_dim", 5}, {"x", 1}};
+         j["model"]["kv"] = KvDims(2, 4, 5);
+         j["model"]["kv"]["x"] = 1;
        },
        "/model/kv/x: unknown field"},
-      {[](Json& j) {
-         j["model"]["kv"] = {{"heads", 65}, {"head_dim", 4}, {"value_dim", 5}};
-       },
+      {[](Json& j) { j["model"]["kv"] = KvDims(65, 4, 5); },
        "/model/kv/heads: must be <= 64, got 65"},
-      {[](Json& j) {
-         j["model"]["kv"] = {{"heads", 2}, {"head_dim", 0}, {"value_dim", 5}};
-       },
+      {[](Json& j) { j["model"]["kv"] = KvDims(2, 0, 5); },
        "/model/kv/head_dim: must be >= 1, got 0"},
-      {[](Json& j) {
-         j["model"]["kv"] = {{"heads", 2}, {"head_dim", 4}, {"value_dim", 513}};
-       },
+      {[](Json& j) { j["model"]["kv"] = KvDims(2, 4, 513); },
        "/model/kv/value_dim: must be <= 512, got 513"},
-      {[](Json& j) {
-         j["model"]["kv"] = {{"heads", 1}, {"head_dim", 6}, {"value_dim", 7}};
-       },
+      {[](Json& j) { j["model"]["kv"] = KvDims(1, 6, 7); },
        "/model/kv: kv heads x head_dim = 6 and kv heads x value_dim = 7 must be >= 7 so K and V "
        "rows carry their provenance"},
-      {[](Json& j) {
-         j["model"]["recurrent"] = {{"conv_tail", 17},
-                                    {"num_k_heads", 1},
-                                    {"num_v_heads", 1},
-                                    {"head_k_dim", 1},
-                                    {"head_v_dim", 1}};
-       },
+      {[](Json& j) { j["model"]["recurrent"] = RecurrentDimsJson(17, 1, 1, 1, 1); },
        "/model/recurrent/conv_tail: must be <= 16, got 17"},
       {[](Json& j) {
-         j["model"]["recurrent"] = {
-             {"conv_tail", 1}, {"num_k_heads", 1}, {"num_v_heads", 1}, {"head_k_dim", 1}};
+         j["model"]["recurrent"] = RecurrentDimsJson(1, 1, 1, 1, 1);
+         j["model"]["recurrent"].erase("head_v_dim");
        },
        "/model/recurrent/head_v_dim: missing required field"},
-      {[](Json& j) {
-         j["model"]["recurrent"] = {{"conv_tail", 1},
-                                    {"num_k_heads", 2},
-                                    {"num_v_heads", 3},
-                                    {"head_k_dim", 1},
-                                    {"head_v_dim", 1}};
-       },
+      {[](Json& j) { j["model"]["recurrent"] = RecurrentDimsJson(1, 2, 3, 1, 1); },
        "/model/recurrent: recurrent num_v_heads (3) must be a multiple of num_k_heads (2)"},
       {[](Json& j) { j["source"] = 3; }, "/source: expected a string, got 3"},
       {[](Json& j) { j.erase("chunk"); }, "/chunk: missing required field"},
