@@ -23,15 +23,15 @@ namespace {
 sim::StackConfig MemoryStack() {
   Result<sim::StackConfig> c = sim::StackFromPreset("recurrent", 4, 1, DType::kBFloat16);
   KV_CHECK(c.ok(), c.status().ToString());
-  c->kv_heads = 8;
-  c->head_dim = 128;
-  c->value_dim = 128;
+  c->dims.kv_heads = 8;
+  c->dims.head_dim = 128;
+  c->dims.value_dim = 128;
   // Small recurrent dims keep the gated-delta kernels (scalar loops) from dominating the
   // run time; the states are counted in the raw bytes either way.
-  c->recurrent.num_k_heads = 1;
-  c->recurrent.num_v_heads = 2;
-  c->recurrent.head_k_dim = 32;
-  c->recurrent.head_v_dim = 32;
+  c->dims.recurrent.num_k_heads = 1;
+  c->dims.recurrent.num_v_heads = 2;
+  c->dims.recurrent.head_k_dim = 32;
+  c->dims.recurrent.head_v_dim = 32;
   return *c;
 }
 

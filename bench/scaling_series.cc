@@ -101,10 +101,10 @@ StackConfig TinyMixed() {
 StackConfig SmallMixed() {
   Result<sim::StackConfig> c = sim::StackFromPreset("mixed", 3, 256, DType::kBFloat16);
   KV_CHECK(c.ok(), c.status().ToString());
-  c->kv_heads = 4;
-  c->head_dim = 64;
-  c->value_dim = 64;
-  c->recurrent = kvtwin::bench::BenchRecurrentDims();
+  c->dims.kv_heads = 4;
+  c->dims.head_dim = 64;
+  c->dims.value_dim = 64;
+  c->dims.recurrent = kvtwin::bench::BenchRecurrentDims();
   return *c;
 }
 
