@@ -33,9 +33,7 @@ std::string SwarmStack(RequestOptions& o) {
   const int64_t intervals[] = {0, 4, 8, 16};
   o.capture_interval = intervals[rng.Below(4)];
   o.pre_thinking = rng.Range(0, 5);
-  // A stream of its own, so a seed's other choices are what they were before dims were drawn.
-  Rng dims_rng = Rng::Derive(o.seed, "swarm-dims");
-  o.dims = dims_rng.Chance(1, 2) ? DrawModelDims(dims_rng) : ModelDims{};
+  o.dims = SwarmDims(o.seed);
   return fmt::format(
       "preset {} layers {} window {} dtype {} {} budget {} chunk {} interval {} "
       "pre-thinking {}",

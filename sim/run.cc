@@ -24,9 +24,7 @@ void Swarm(uint64_t seed, Rng& rng, RunOptions& options, OpWeights& weights) {
   for (uint32_t* w : families) {
     if (rng.Chance(1, 4)) *w = 0;
   }
-  // A stream of its own, so a seed's other choices are what they were before dims were drawn.
-  Rng dims_rng = Rng::Derive(seed, "swarm-dims");
-  options.dims = dims_rng.Chance(1, 2) ? DrawModelDims(dims_rng) : ModelDims{};
+  options.dims = SwarmDims(seed);
 }
 
 }  // namespace

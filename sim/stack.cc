@@ -144,6 +144,11 @@ ModelDims DrawModelDims(Rng& rng) {
   return d;
 }
 
+ModelDims SwarmDims(uint64_t seed) {
+  Rng rng = Rng::Derive(seed, "swarm-dims");
+  return rng.Chance(1, 2) ? DrawModelDims(rng) : ModelDims{};
+}
+
 Status StackConfig::Validate() const {
   if (layers.empty()) return InvalidArgument("the stack has no layers");
   if (layers.size() > 127) return InvalidArgument("at most 127 layers (the provenance tag)");

@@ -85,6 +85,10 @@ Status ValidateDimsFlags(const ModelDims& dims);
 // and up to 3 more (Dk and Dv drawn apart), 1-3 key heads with 1-2 value heads each, and
 // recurrent head widths and conv tail 1-4. Always valid.
 ModelDims DrawModelDims(Rng& rng);
+// A swarm seed's dims: the defaults for half the seeds, DrawModelDims for the other half.
+// Drawn from a stream of its own (Rng::Derive(seed, "swarm-dims")), so a seed's other
+// choices are what they were before dims were drawn.
+ModelDims SwarmDims(uint64_t seed);
 
 struct StackConfig {
   std::string preset = "mixed";
