@@ -309,9 +309,7 @@ Tensor CausalCache::VRow(int64_t cell) const {
 
 void CausalCache::VRowInto(int64_t cell, Tensor& row) const {
   KV_CHECK(cell >= 0 && cell < num_cells(), "causal cache: VRow cell out of range");
-  if (row.dtype() != config_.dtype || row.rows() != 1 || row.cols() != config_.kv_cols) {
-    row = Tensor(config_.dtype, 1, config_.kv_cols);
-  }
+  row.EnsureShape(config_.dtype, 1, config_.kv_cols);
   if (!config_.permuted_v) {
     row.CopyRows(0, v_, cell, 1);
     return;

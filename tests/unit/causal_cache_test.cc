@@ -90,10 +90,14 @@ void RunStep(CausalCache& cache, const Step& s, const RowFn& row = TokenRow) {
   const std::vector<float>& want_v = s.expected_v.empty() ? s.expected : s.expected_v;
   EXPECT_EQ(AsRows(view.v), AsRows(RowsOf(want_v, row)));
   Tensor reused;  // VRowInto shapes it once, then overwrites it in place
+  const void* shaped = nullptr;
   for (int64_t cell = view.range_begin; cell < view.range_end; ++cell) {
     EXPECT_EQ(AsRows(cache.VRow(cell)), AsRows(view.v.Rows(cell - view.range_begin, 1)));
     cache.VRowInto(cell, reused);
     EXPECT_TRUE(reused.Equals(cache.VRow(cell))) << "cell " << cell;
+    // Once shaped, the buffer is written in place: a row per cell would allocate per check.
+    if (cell == view.range_begin) shaped = TensorView(reused).data();
+    EXPECT_EQ(TensorView(reused).data(), shaped) << "cell " << cell << " reallocated the buffer";
     // A buffer of another shape or dtype is reshaped, never written at its own shape.
     const CausalConfig& c = cache.config();
     const DType other = c.dtype == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
