@@ -660,6 +660,35 @@ bool ShapeRunCounts::CountRun(const AttendedShape& shape) {
   return earlier == 0 || (earlier & (earlier - 1)) == 0;
 }
 
+// Spec §2.4-2.5: only a rotating history carries an applier, and it is {K = the returned
+// length, L = the write's length (1 for a single-token write or View: ring layout), W, ringIdx
+// = the cursor}. Attention reads only some fields on some paths (a ring layout never reads W,
+// a prefill never reads ringIdx), so each is held to the spec here rather than through the
+// visibility it happens to produce.
+Check LayerOracle::CheckApplier(const History& history, int64_t query_len, bool ring) const {
+  if (spec_.kind != CacheKind::kRotating) {
+    if (!history.has_applier) return std::nullopt;
+    return Mismatch{"history applier of a non-rotating cache", "none", "present"};
+  }
+  if (!history.has_applier) return Mismatch{"rotating history applier", "present", "missing"};
+  const RotatingApplier& a = history.applier;
+  const auto field = [](const char* name, int64_t want, int64_t got) -> Check {
+    if (want == got) return std::nullopt;
+    return Mismatch{fmt::format("rotating history applier {}", name), std::to_string(want),
+                    std::to_string(got)};
+  };
+  if (Check c = field("K", history.length, a.key_len)) return c;
+  if (Check c = field("L", ring ? 1 : query_len, a.query_len)) return c;
+  if (Check c = field("W", spec_.window, a.window)) return c;
+  // The cursor of a ring layout names a slot of the K rows, or K itself for a buffer not yet
+  // wrapped; any other value only works for a kernel that reduces it modulo K.
+  if (ring && (a.ring_idx < 0 || a.ring_idx > history.length)) {
+    return Mismatch{"rotating history applier ringIdx", fmt::format("in [0, {}]", history.length),
+                    std::to_string(a.ring_idx)};
+  }
+  return std::nullopt;
+}
+
 Check LayerOracle::CheckHistoryRows(const History& history, std::span<const model::Token> log_after,
                                     int64_t start, int64_t query_len, const Op& write,
                                     int64_t trusted_rows, bool* all_compared) {
@@ -671,9 +700,7 @@ Check LayerOracle::CheckHistoryRows(const History& history, std::span<const mode
     return Mismatch{"history length", std::to_string(k_len), std::to_string(history.length)};
   }
   const bool ring = spec_.kind == CacheKind::kRotating && query_len == 1;
-  if (spec_.kind == CacheKind::kRotating && !history.has_applier) {
-    return Mismatch{"rotating history applier", "present", "missing"};
-  }
+  if (Check c = CheckApplier(history, query_len, ring)) return c;
   if (history.k == nullptr || history.v == nullptr) {
     return Mismatch{"history tensors", "K and V", "null"};
   }

@@ -202,6 +202,8 @@ class LayerOracle {
   // the reference's softmax. Smaller than the materialized-mask check's cap: it reads every
   // visible row, and a decode on a long history would make each check O(history) again.
   static constexpr int64_t kAttendedCells = 64;
+  // The applier's fields against the spec (rotating only; none for the other kinds).
+  Check CheckApplier(const History& history, int64_t query_len, bool ring) const;
   // CheckHistory without CheckAttention; *all_compared says whether every row was compared
   // (none trusted), i.e. whether attention over them may be checked.
   Check CheckHistoryRows(const History& history, std::span<const model::Token> log_after,
