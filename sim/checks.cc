@@ -660,11 +660,11 @@ bool ShapeRunCounts::CountRun(const AttendedShape& shape) {
   return earlier == 0 || (earlier & (earlier - 1)) == 0;
 }
 
-// Spec §2.4-2.5: only a rotating history carries an applier, and it is {K = the returned
-// length, L = the write's length (1 for a single-token write or View: ring layout), W, ringIdx
-// = the cursor}. Attention reads only some fields on some paths (a ring layout never reads W,
-// a prefill never reads ringIdx), so each is held to the spec here rather than through the
-// visibility it happens to produce.
+// Spec §2.1, §2.2 and §2.5: only a rotating history carries an applier, and it is {K = the
+// returned length, L = the write's length (1 for a single-token write or View: ring layout),
+// W, ringIdx = the cursor}. Attention reads only some fields on some paths (a ring layout
+// never reads W, a prefill never reads ringIdx), so each is held to the spec here rather
+// than through the visibility it happens to produce.
 Check LayerOracle::CheckApplier(const History& history, int64_t query_len, bool ring) const {
   if (spec_.kind != CacheKind::kRotating) {
     if (!history.has_applier) return std::nullopt;
