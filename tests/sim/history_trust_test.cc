@@ -4,7 +4,8 @@
 // re-reads them only on credit, while every live check at a session call reads every row.
 // Method: (1) LayerOracle::CheckHistory with trusted rows: a wrong row inside the trusted
 // prefix is the caller's to have verified, a wrong row after it is reported at its own
-// index, and a rotating history ignores the trust. (2) Long-context requests through the
+// index, and a rotating history ignores the trust; the rotating applier is held to the spec
+// field by field. (2) Long-context requests through the
 // RequestDriver, amortized and with every call audited: both pass with the same digest, and
 // only the amortized run trusts rows (so the schedule engages where it should).
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "sim/checks.h"
@@ -83,6 +85,48 @@ TEST(HistoryTrust, ARotatingHistoryIsAlwaysReadWhole) {
   const Check c = l.oracle->CheckHistory(h, log, 0, 3, Op{}, 3);
   ASSERT_TRUE(c.has_value());
   EXPECT_NE(c->what.find("history row 0"), std::string::npos) << c->what;
+}
+
+// The rotating applier is held to the spec field by field (§2.2, §2.5), also where attention
+// would never read the field: each wrong field is reported by name, before anything that
+// resolves the applier could abort on it. No other kind may carry one.
+TEST(HistoryTrust, TheApplierIsHeldToTheSpecFieldByField) {
+  OneLayer l("sliding");
+  const model::TokenLog log = Tokens(3, l.synth.seed());
+  const History h = l.WriteAll(log);  // a prefill: {K 3, L 3, W 4}
+  ASSERT_FALSE(l.oracle->CheckHistory(h, log, 0, 3, Op{}).has_value());
+  const auto wrong = [&](const History& bad, const char* field) {
+    const Check c = l.oracle->CheckHistory(bad, log, 0, 3, Op{});
+    ASSERT_TRUE(c.has_value()) << field;
+    EXPECT_EQ(c->what, std::string("rotating history applier ") + field);
+  };
+  History bad = h;
+  bad.applier.key_len += 1;
+  wrong(bad, "K");
+  bad = h;
+  bad.applier.query_len = 1;
+  wrong(bad, "L");
+  bad = h;
+  bad.applier.window += 1;
+  wrong(bad, "W");
+  // A View is a ring layout; its cursor names one of the K rows or K itself.
+  const History view = static_cast<const AttentionCache&>(*l.cache).View();
+  ASSERT_FALSE(l.oracle->CheckView(view, log).has_value());
+  bad = view;
+  bad.applier.ring_idx = view.length + 1;
+  const Check ring = l.oracle->CheckView(bad, log);
+  ASSERT_TRUE(ring.has_value());
+  EXPECT_EQ(ring->what, "View(): rotating history applier ringIdx");
+
+  OneLayer dense("dense");
+  const History kv = dense.WriteAll(log);
+  ASSERT_FALSE(dense.oracle->CheckHistory(kv, log, 0, 3, Op{}).has_value());
+  bad = kv;
+  bad.has_applier = true;
+  bad.applier = {3, 3, 4, 0};
+  const Check c = dense.oracle->CheckHistory(bad, log, 0, 3, Op{});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->what, "history applier of a non-rotating cache");
 }
 
 // A long conversation: a prompt past kHistoryAlwaysRows, a continuation of it, and a
