@@ -5,9 +5,9 @@
 // Method: (1) LayerOracle::CheckHistory with trusted rows: a wrong row inside the trusted
 // prefix is the caller's to have verified, a wrong row after it is reported at its own
 // index, and a rotating history ignores the trust; the rotating applier is held to the spec
-// field by field. (2) Long-context requests through the
-// RequestDriver, amortized and with every call audited: both pass with the same digest, and
-// only the amortized run trusts rows (so the schedule engages where it should).
+// field by field. (2) Long-context requests through the RequestDriver, amortized and with
+// every call audited: both pass with the same digest, and only the amortized run trusts rows
+// (so the schedule engages where it should).
 #include <gtest/gtest.h>
 
 #include <cstdint>
