@@ -413,9 +413,10 @@ void RefPrefixCache::AttachPrefillSnapshots() {
   EnforceEvictionPolicy();
 }
 
-void RefPrefixCache::Close() {
+std::optional<int64_t> RefPrefixCache::Close() {
   KV_CHECK(open_, "Close without an open session");
   AttachPrefillSnapshots();
+  std::optional<int64_t> paged_out_from;
   const int64_t offset = MinOffset(caches_);
   if (offset > 0) {
     const Keys stored = StoredKeys(inputs_, outputs_);
@@ -425,7 +426,10 @@ void RefPrefixCache::Close() {
     KV_CHECK(f->end <= offset, "the active path ends beyond the caches");
     if (offset > f->end) {
       RefNode* n = AdvancePath(active_path_, f, SliceKeys(stored, f->end, offset), offset, caches_);
-      if (PageOut(n, caches_)) EnforceEvictionPolicy();
+      if (PageOut(n, caches_)) {
+        paged_out_from = n->start();
+        EnforceEvictionPolicy();
+      }
       CompactPath(active_path_, caches_);
     }
     active_path_.back()->last_used = ++clock_;
@@ -434,6 +438,7 @@ void RefPrefixCache::Close() {
   scheduled_ = false;
   inputs_.clear();
   outputs_.clear();
+  return paged_out_from;
 }
 
 void RefPrefixCache::set_budget(int64_t budget, std::vector<int64_t> unit_bytes) {

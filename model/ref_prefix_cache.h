@@ -86,7 +86,10 @@ class RefPrefixCache {
   // Sampled tokens of this session (stored keys = inputs ++ outputs).
   void AddOutputs(std::span<const Token> tokens);
   // spec §3.4 close: attach, frontier advance, pageOut, compactPath, frontier tick.
-  void Close();
+  // Returns the start offset of the node pageOut snapshotted (one Snapshot per non-null
+  // cache), or nullopt when it took none, so a driver can hold the production manager's
+  // cache calls to it.
+  std::optional<int64_t> Close();
   // The eviction policy, run now (a driver's pass between sessions after lowering the
   // budget, as production's EnforceEvictionPolicy): charge every slot, tell the hook, and
   // run the pass when the paged-out bytes are over the budget.

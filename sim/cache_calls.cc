@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <string>
+
 #include "src/core/check.h"
 
 namespace kvtwin::sim {
@@ -25,6 +27,15 @@ CacheCall CacheCall::Free(int32_t cache) {
   CacheCall c;
   c.op = Op::kFree;
   c.cache = cache;
+  return c;
+}
+
+CacheCall CacheCall::Snapshot(int32_t cache, CacheKind kind, int64_t from) {
+  CacheCall c;
+  c.op = Op::kSnapshot;
+  c.cache = cache;
+  c.kind = kind;
+  c.target = from;
   return c;
 }
 
@@ -74,6 +85,57 @@ bool SameStateMovingCalls(std::span<const CacheCall> calls, std::span<const Cach
     ++i;
   }
   return i == want.size();
+}
+
+Check CheckAttachCalls(std::span<const CacheCall> calls, const char* call) {
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const CacheCall& c = calls[j];
+    if (c.moves_state()) {
+      return Mismatch{
+          fmt::format("{} cache calls (spec §3.4: an attach neither restores nor frees a cache)",
+                      call),
+          "no restore or free", DescribeCalls(calls.first(j + 1))};
+    }
+    if (c.op != CacheCall::Op::kSnapshot) continue;
+    const CacheCall* split = j > 0 ? &calls[j - 1] : nullptr;
+    const bool justified = split != nullptr && split->op == CacheCall::Op::kSplit &&
+                           split->cache == c.cache && c.kind == CacheKind::kFullKv &&
+                           split->from > split->target && c.target == split->target;
+    if (!justified) {
+      return Mismatch{fmt::format("{} cache calls (spec §3.4: one Split per capture; a live KV "
+                                  "slice only after a Split whose tail starts past the node)",
+                                  call),
+                      "no live snapshot here", DescribeCalls(calls.first(j + 1))};
+    }
+  }
+  return std::nullopt;
+}
+
+Check CheckCloseCalls(std::span<const CacheCall> calls, std::span<const int32_t> caches,
+                      std::optional<int64_t> paged_out_from) {
+  const size_t n = paged_out_from ? caches.size() : 0;
+  bool same = calls.size() >= n;
+  const size_t head = same ? calls.size() - n : 0;
+  for (size_t j = 0; same && j < n; ++j) {
+    const CacheCall& got = calls[head + j];
+    same = got.op == CacheCall::Op::kSnapshot && got.cache == caches[j] &&
+           got.target == *paged_out_from;
+  }
+  if (!same) {
+    std::string want = "no pageOut snapshot";
+    if (n > 0) {
+      want.clear();
+      for (int32_t c : caches) {
+        want += fmt::format("{}c{} snapshot({})", want.empty() ? "" : ", ", c, *paged_out_from);
+      }
+      want += " last";
+    }
+    return Mismatch{
+        "Close cache calls (spec §3.4 close: pageOut takes one Snapshot per cache "
+        "from the new node's start, only when the node has none)",
+        want, DescribeCalls(calls)};
+  }
+  return CheckAttachCalls(calls.first(head), "Close");
 }
 
 LoggedCache::LoggedCache(LayerCache* inner, int32_t index, std::vector<CacheCall>* log)

@@ -4,16 +4,19 @@
 // refusal, align), and a call that the spec does not make can leave every state equal —
 // a restore into a cache already at its target rewrites identical rows — so comparing
 // states alone misses it (mutant 97). The request driver hands the manager LoggedCaches
-// around its real caches and compares Begin's log with the calls ExpectBegin made.
+// around its real caches, compares Begin's log with the calls ExpectBegin made, and holds
+// the attach's and Close's logs to the spec's discipline (CheckAttachCalls, CheckCloseCalls).
 // Single-threaded.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "sim/checks.h"
 #include "src/cache.h"
 
 namespace kvtwin::sim {
@@ -35,6 +38,7 @@ struct CacheCall {
 
   static CacheCall Restore(int32_t cache, const CacheSnapshot* snap, int64_t target, bool ok);
   static CacheCall Free(int32_t cache);
+  static CacheCall Snapshot(int32_t cache, CacheKind kind, int64_t from);
   bool moves_state() const { return op == Op::kRestore || op == Op::kFree; }
   bool operator==(const CacheCall&) const = default;
 };
@@ -45,6 +49,21 @@ std::string DescribeCalls(std::span<const CacheCall> calls);
 std::vector<CacheCall> StateMovingCalls(std::span<const CacheCall> calls);
 // StateMovingCalls(calls) == want, without building the list (every Begin compares).
 bool SameStateMovingCalls(std::span<const CacheCall> calls, std::span<const CacheCall> want);
+
+// Spec §3.4 attachCapturedSnapshots over one session call's log (`call` names the call in
+// a report): nothing restores or frees a cache, and a live Snapshot comes only right after
+// a Split of the same KV cache whose tail starts past the split point (the documented
+// evicted-head re-slice, src/prefix_cache.h). Why: a rewind to where a cache already is,
+// or a capture re-copied from the live cache, leaves every state equal, so only the calls
+// show it (mutant 104).
+Check CheckAttachCalls(std::span<const CacheCall> calls, const char* call);
+// Spec §3.4 close over its log: the attach's calls (CheckAttachCalls), the frontier's
+// advance (Splits only), then, when pageOut installed (`paged_out_from` = the node's start,
+// from the reference), one Snapshot(paged_out_from) per cache of `caches` (the non-null
+// cache indexes, ascending) as the last calls; nullopt = no pageOut, so no trailing
+// Snapshot. The eviction and compactPath after pageOut only merge.
+Check CheckCloseCalls(std::span<const CacheCall> calls, std::span<const int32_t> caches,
+                      std::optional<int64_t> paged_out_from);
 
 // Forwards every call to `inner` and appends each Restore, Free, Snapshot and Split to `log`.
 class LoggedCache final : public LayerCache {

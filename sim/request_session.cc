@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "model/ref_session.h"
+#include "sim/cache_calls.h"
 #include "sim/request_driver.h"
 #include "sim/switch_reference.h"
 #include "sim/trie_checks.h"
@@ -322,30 +325,10 @@ class RequestDriver::Session {
     return ProbeMisuse("after AttachPrefillSnapshots");
   }
 
-  // Spec §3.4 attachCapturedSnapshots clips each capture with one Split at its node's start
-  // and takes nothing from the live caches. The one documented exception
-  // (src/prefix_cache.h): a KV capture whose tail starts after the node's start, because
-  // the edge's head was evicted after Begin, is replaced by a slice of the live cache made
-  // right after that Split, from the node's start. Any other live Snapshot during the
-  // attach copies state for nothing (mutant 104: every capture re-sliced; the trie ends up
-  // equal, so only the calls show it).
+  // Spec §3.4's attach discipline (sim/cache_calls.h): one Split per capture, a live KV
+  // slice only for the documented evicted-head case, no restore or free.
   Check CheckAttachCalls() const {
-    const std::vector<CacheCall>& calls = d_.manager_calls_;
-    for (size_t j = 0; j < calls.size(); ++j) {
-      const CacheCall& c = calls[j];
-      if (c.op != CacheCall::Op::kSnapshot) continue;
-      const CacheCall* split = j > 0 ? &calls[j - 1] : nullptr;
-      const bool justified = split != nullptr && split->op == CacheCall::Op::kSplit &&
-                             split->cache == c.cache && c.kind == CacheKind::kFullKv &&
-                             split->from > split->target && c.target == split->target;
-      if (!justified) {
-        return Mismatch{
-            "AttachPrefillSnapshots cache calls (spec §3.4: one Split per capture; a "
-            "live KV slice only after a Split whose tail starts past the node)",
-            "no live snapshot here", DescribeCalls(std::span<const CacheCall>(calls).first(j + 1))};
-      }
-    }
-    return std::nullopt;
+    return sim::CheckAttachCalls(d_.manager_calls_, "AttachPrefillSnapshots");
   }
 
   // Forwards the seed and every sampled token but the last; reports each sampled token. A
@@ -387,11 +370,17 @@ class RequestDriver::Session {
     const bool audit = d_.StartCall();
     phase_ = "Close";
     ++d_.steps_;
+    d_.manager_calls_.clear();
     if (Check c = StatusIsOk(d_.manager_->Close(), "Close")) return c;
     phase_ = "after Close";
     rules_.Closed();
     if (Check c = AfterEvictionPoint(audit)) return c;
-    d_.reference_->manager().Close();
+    const std::optional<int64_t> paged_out_from = d_.reference_->manager().Close();
+    std::vector<int32_t> caches;
+    for (size_t i = 0; i < d_.caches_.size(); ++i) {
+      if (d_.caches_[i] != nullptr) caches.push_back(static_cast<int32_t>(i));
+    }
+    if (Check c = CheckCloseCalls(d_.manager_calls_, caches, paged_out_from)) return c;
     if (Check c = d_.reference_->FinishCall("Close", &pc())) return c;
     if (audit) {
       if (Check c = d_.reference_->CheckTrie(pc(), "Close")) return c;

@@ -4,11 +4,15 @@
 // named the wrong snapshot would make that check lie. Method: drive a KvCache through the
 // wrapper and directly side by side; compare offsets, outcomes and the log entry by entry.
 // The driver-level check itself is exercised by every request test and shown to fail by
-// mutant 97 (an extra page-in restore into a cache already at its target).
+// mutant 97 (an extra page-in restore into a cache already at its target). The attach and
+// Close disciplines are pure functions of a log, tested here on hand-written logs, and in
+// the driver by mutants 104, 180 and 181.
 #include "sim/cache_calls.h"
 
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "src/core/rng.h"
@@ -153,6 +157,88 @@ TEST(CacheCalls, CallsDifferInEveryField) {
   EXPECT_NE(base, CacheCall::Restore(1, a.get(), 2, false));
   EXPECT_NE(base, CacheCall::Restore(1, nullptr, 2, true));
   EXPECT_NE(CacheCall::Free(1), CacheCall::Restore(1, nullptr, 0, true));
+}
+
+CacheCall SplitCall(int32_t cache, int64_t at, int64_t tail_from, int64_t tail_to) {
+  CacheCall c;
+  c.op = CacheCall::Op::kSplit;
+  c.cache = cache;
+  c.target = at;
+  c.from = tail_from;
+  c.to = tail_to;
+  return c;
+}
+
+// Spec §3.4 attachCapturedSnapshots: one Split per capture, a live Snapshot only for the
+// evicted-head KV re-slice (right after its Split, from the split point, the tail starting
+// past it), and never a restore or free.
+TEST(CacheCalls, TheAttachDisciplineAllowsOnlySplitsAndTheEvictedHeadReslice) {
+  const CacheCall kv_slice = CacheCall::Snapshot(0, CacheKind::kFullKv, 4);
+  EXPECT_FALSE(CheckAttachCalls({}, "Attach").has_value());
+  const std::vector<CacheCall> plain = {SplitCall(0, 4, 4, 8), SplitCall(1, 4, 4, 8)};
+  EXPECT_FALSE(CheckAttachCalls(plain, "Attach").has_value());
+  const std::vector<CacheCall> reslice = {SplitCall(0, 4, 6, 8), kv_slice, SplitCall(0, 8, -1, -1)};
+  EXPECT_FALSE(CheckAttachCalls(reslice, "Attach").has_value());
+
+  const std::vector<std::vector<CacheCall>> refused = {
+      {kv_slice},                                                              // no Split before
+      {SplitCall(0, 4, 4, 8), kv_slice},                                       // tail at the node
+      {SplitCall(1, 4, 6, 8), kv_slice},                                       // another cache's
+      {SplitCall(0, 4, 6, 8), CacheCall::Snapshot(0, CacheKind::kFullKv, 5)},  // not from 4
+      {SplitCall(0, 4, 6, 8), CacheCall::Snapshot(0, CacheKind::kRotating, 4)},
+      {SplitCall(0, 4, 4, 8), CacheCall::Restore(0, nullptr, 8, true)},
+      {CacheCall::Free(1)},
+  };
+  for (const std::vector<CacheCall>& calls : refused) {
+    const Check c = CheckAttachCalls(calls, "Attach");
+    ASSERT_TRUE(c.has_value()) << DescribeCalls(calls);
+    EXPECT_EQ(c->what.rfind("Attach cache calls (spec §3.4", 0), 0u) << c->what;
+    EXPECT_EQ(c->actual, DescribeCalls(calls));  // the log up to the offending call
+  }
+  const Check restore = CheckAttachCalls(refused[5], "Close");
+  ASSERT_TRUE(restore.has_value());
+  EXPECT_EQ(restore->expected, "no restore or free");
+  EXPECT_NE(restore->what.find("Close"), std::string::npos);
+}
+
+// Spec §3.4 close: the attach's calls, then pageOut's one Snapshot(node start) per non-null
+// cache in cache order as the last calls, or none when it did not install.
+TEST(CacheCalls, CloseEndsWithOnePageOutSnapshotPerCacheOrNone) {
+  const std::vector<int32_t> caches = {0, 2};
+  const CacheCall s0 = CacheCall::Snapshot(0, CacheKind::kFullKv, 5);
+  const CacheCall s2 = CacheCall::Snapshot(2, CacheKind::kRecurrent, 5);
+  const CacheCall split = SplitCall(0, 3, 3, 5);
+  EXPECT_FALSE(CheckCloseCalls({}, caches, std::nullopt).has_value());
+  EXPECT_FALSE(CheckCloseCalls(std::vector<CacheCall>{split}, caches, std::nullopt).has_value());
+  EXPECT_FALSE(CheckCloseCalls(std::vector<CacheCall>{s0, s2}, caches, 5).has_value());
+  EXPECT_FALSE(CheckCloseCalls(std::vector<CacheCall>{split, s0, s2}, caches, 5).has_value());
+
+  struct Case {
+    std::vector<CacheCall> calls;
+    std::optional<int64_t> from;
+  };
+  const std::vector<Case> refused = {
+      {{s0}, 5},                                               // one cache not paged out
+      {{s2, s0}, 5},                                           // out of cache order
+      {{s0, s2}, 4},                                           // from the wrong offset
+      {{s0, s2, split}, 5},                                    // a call after the page-out
+      {{s0, s2}, std::nullopt},                                // the node already had snapshots
+      {{s0, s0, s2}, 5},                                       // a second snapshot
+      {{CacheCall::Restore(0, nullptr, 5, true), s0, s2}, 5},  // a re-alignment
+      {{split, CacheCall::Free(2)}, std::nullopt},
+  };
+  for (const Case& r : refused) {
+    const Check c = CheckCloseCalls(r.calls, caches, r.from);
+    ASSERT_TRUE(c.has_value()) << DescribeCalls(r.calls);
+    EXPECT_EQ(c->what.rfind("Close cache calls (spec §3.4", 0), 0u) << c->what;
+  }
+  const Check missing = CheckCloseCalls(refused[0].calls, caches, 5);
+  ASSERT_TRUE(missing.has_value());
+  EXPECT_EQ(missing->expected, "c0 snapshot(5), c2 snapshot(5) last");
+  EXPECT_EQ(missing->actual, "c0 snapshot(5)");
+  const Check extra = CheckCloseCalls(refused[4].calls, caches, std::nullopt);
+  ASSERT_TRUE(extra.has_value());
+  EXPECT_EQ(extra->expected, "no live snapshot here");  // the attach rule sees the extra one
 }
 
 }  // namespace
