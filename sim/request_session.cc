@@ -439,7 +439,14 @@ class RequestDriver::Session {
                             [](model::RefNode& n) { n.last_used -= n.last_used % 4; });
     }
     ++d_.steps_;
+    d_.manager_calls_.clear();
     d_.manager_->EnforceEvictionPolicy();
+    // Spec §3.4 eviction only drops a node's snapshots or merges them into its child: a
+    // live cache is never restored, freed, sliced or split by it.
+    if (!d_.manager_calls_.empty()) {
+      return Mismatch{"eviction pass cache calls (spec §3.4: a pass only drops and merges)", "none",
+                      DescribeCalls(d_.manager_calls_)};
+    }
     if (Check c = AfterEvictionPoint(audit)) return c;
     d_.reference_->manager().EnforceEvictionPolicy();
     if (Check c = d_.reference_->FinishCall("EnforceEvictionPolicy", &pc())) return c;
