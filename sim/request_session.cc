@@ -167,6 +167,11 @@ class RequestDriver::Session {
                       DescribeCalls(want.calls),
                       DescribeCalls(StateMovingCalls(d_.manager_calls_))};
     }
+    // Nor does a switch (or the eviction at its end) snapshot or split a live cache.
+    if (d_.manager_calls_.size() != want.calls.size()) {
+      return Mismatch{"Begin cache calls (spec §3.4: a switch takes no snapshot and splits none)",
+                      DescribeCalls(want.calls), DescribeCalls(d_.manager_calls_)};
+    }
     d_.live_.assign(stored_.begin(), stored_.begin() + report_.cached);
     if (Check c = CheckLive()) return c;
     if (Check c = CheckContinuation(want)) return c;
