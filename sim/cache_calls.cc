@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <vector>
 
 #include "src/core/check.h"
 
@@ -122,18 +123,15 @@ Check CheckCloseCalls(std::span<const CacheCall> calls, std::span<const int32_t>
            got.target == *paged_out_from;
   }
   if (!same) {
-    std::string want = "no pageOut snapshot";
-    if (n > 0) {
-      want.clear();
-      for (int32_t c : caches) {
-        want += fmt::format("{}c{} snapshot({})", want.empty() ? "" : ", ", c, *paged_out_from);
-      }
-      want += " last";
+    std::vector<CacheCall> want;  // the kind is not part of the description
+    for (size_t j = 0; j < n; ++j) {
+      want.push_back(CacheCall::Snapshot(caches[j], CacheKind::kFullKv, *paged_out_from));
     }
     return Mismatch{
         "Close cache calls (spec §3.4 close: pageOut takes one Snapshot per cache "
         "from the new node's start, only when the node has none)",
-        want, DescribeCalls(calls)};
+        n == 0 ? std::string("no pageOut snapshot") : DescribeCalls(want) + " last",
+        DescribeCalls(calls)};
   }
   return CheckAttachCalls(calls.first(head), "Close");
 }

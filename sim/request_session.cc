@@ -317,7 +317,7 @@ class RequestDriver::Session {
       return c;
     }
     phase_ = "after AttachPrefillSnapshots";
-    if (Check c = CheckAttachCalls()) return c;
+    if (Check c = CheckAttachCalls(d_.manager_calls_, "AttachPrefillSnapshots")) return c;
     rules_.Attached();
     if (Check c = AfterEvictionPoint(audit)) return c;
     d_.reference_->manager().AttachPrefillSnapshots();
@@ -328,12 +328,6 @@ class RequestDriver::Session {
     if (Check c = CheckLive()) return c;
     if (audit) d_.UpdateCensus();
     return ProbeMisuse("after AttachPrefillSnapshots");
-  }
-
-  // Spec §3.4's attach discipline (sim/cache_calls.h): one Split per capture, a live KV
-  // slice only for the documented evicted-head case, no restore or free.
-  Check CheckAttachCalls() const {
-    return sim::CheckAttachCalls(d_.manager_calls_, "AttachPrefillSnapshots");
   }
 
   // Forwards the seed and every sampled token but the last; reports each sampled token. A
