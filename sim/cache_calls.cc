@@ -155,12 +155,7 @@ bool LoggedCache::Restore(const CacheSnapshot* snap, int64_t target) {
 }
 
 SnapshotPtr LoggedCache::Snapshot(int64_t from) {
-  CacheCall call;
-  call.op = CacheCall::Op::kSnapshot;
-  call.cache = index_;
-  call.kind = inner_->kind();
-  call.target = from;
-  log_->push_back(call);
+  log_->push_back(CacheCall::Snapshot(index_, inner_->kind(), from));
   return inner_->Snapshot(from);
 }
 
