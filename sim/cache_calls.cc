@@ -40,6 +40,18 @@ CacheCall CacheCall::Snapshot(int32_t cache, CacheKind kind, int64_t from) {
   return c;
 }
 
+CacheCall CacheCall::Split(int32_t cache, CacheKind kind, int64_t at, int64_t tail_from,
+                           int64_t tail_to) {
+  CacheCall c;
+  c.op = Op::kSplit;
+  c.cache = cache;
+  c.kind = kind;
+  c.target = at;
+  c.from = tail_from;
+  c.to = tail_to;
+  return c;
+}
+
 std::string DescribeCalls(std::span<const CacheCall> calls) {
   if (calls.empty()) return "none";
   std::string out;
@@ -160,15 +172,11 @@ SnapshotPtr LoggedCache::Snapshot(int64_t from) {
 }
 
 std::pair<SnapshotPtr, SnapshotPtr> LoggedCache::Split(SnapshotPtr snap, int64_t at) {
-  CacheCall call;
-  call.op = CacheCall::Op::kSplit;
-  call.cache = index_;
-  call.kind = inner_->kind();
-  call.target = at;
+  const CacheKind kind = inner_->kind();
   std::pair<SnapshotPtr, SnapshotPtr> halves = inner_->Split(std::move(snap), at);
-  call.from = halves.second != nullptr ? halves.second->from() : -1;
-  call.to = halves.second != nullptr ? halves.second->to() : -1;
-  log_->push_back(call);
+  const CacheSnapshot* tail = halves.second.get();
+  log_->push_back(CacheCall::Split(index_, kind, at, tail != nullptr ? tail->from() : -1,
+                                   tail != nullptr ? tail->to() : -1));
   return halves;
 }
 

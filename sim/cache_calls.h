@@ -39,6 +39,9 @@ struct CacheCall {
   static CacheCall Restore(int32_t cache, const CacheSnapshot* snap, int64_t target, bool ok);
   static CacheCall Free(int32_t cache);
   static CacheCall Snapshot(int32_t cache, CacheKind kind, int64_t from);
+  // The tail's range [tail_from, tail_to), or -1, -1 for a null tail.
+  static CacheCall Split(int32_t cache, CacheKind kind, int64_t at, int64_t tail_from,
+                         int64_t tail_to);
   bool moves_state() const { return op == Op::kRestore || op == Op::kFree; }
   bool operator==(const CacheCall&) const = default;
 };

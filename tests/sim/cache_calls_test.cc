@@ -160,13 +160,7 @@ TEST(CacheCalls, CallsDifferInEveryField) {
 }
 
 CacheCall SplitCall(int32_t cache, int64_t at, int64_t tail_from, int64_t tail_to) {
-  CacheCall c;
-  c.op = CacheCall::Op::kSplit;
-  c.cache = cache;
-  c.target = at;
-  c.from = tail_from;
-  c.to = tail_to;
-  return c;
+  return CacheCall::Split(cache, CacheKind::kFullKv, at, tail_from, tail_to);
 }
 
 // Spec §3.4 attachCapturedSnapshots: one Split per capture, a live Snapshot only for the
