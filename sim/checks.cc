@@ -592,9 +592,9 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
 
 Check LayerOracle::CheckHistory(const History& history, std::span<const model::Token> log_after,
                                 int64_t start, int64_t query_len, const Op& write,
-                                int64_t trusted_rows) {
+                                int64_t trusted_rows, HistorySource source) {
   bool all_compared = false;
-  if (Check c = CheckHistoryRows(history, log_after, start, query_len, write, trusted_rows,
+  if (Check c = CheckHistoryRows(history, log_after, start, query_len, write, trusted_rows, source,
                                  &all_compared)) {
     return c;
   }
@@ -665,7 +665,8 @@ bool ShapeRunCounts::CountRun(const AttendedShape& shape) {
 // W, ringIdx = the cursor}. Attention reads only some fields on some paths (a ring layout
 // never reads W, a prefill never reads ringIdx), so each is held to the spec here rather
 // than through the visibility it happens to produce.
-Check LayerOracle::CheckApplier(const History& history, int64_t query_len, bool ring) const {
+Check LayerOracle::CheckApplier(const History& history, int64_t query_len, bool ring,
+                                HistorySource source) const {
   if (spec_.kind != CacheKind::kRotating) {
     if (!history.has_applier) return std::nullopt;
     return Mismatch{"history applier of a non-rotating cache", "none", "present"};
@@ -686,12 +687,20 @@ Check LayerOracle::CheckApplier(const History& history, int64_t query_len, bool 
     return Mismatch{"rotating history applier ringIdx", fmt::format("in [0, {}]", history.length),
                     std::to_string(a.ring_idx)};
   }
+  // A live batched write concatenates: the buffer it returns is in logical order and the
+  // cursor after it is idx := Dim = K (spec §2.2, concat step 5; Update step 4 returns
+  // ringIdx = idx after the write). Attention never reads it there, so only this shows a
+  // wrong one before the next decode does. A wrapper's batched history has no fixed cursor.
+  if (!ring && source == HistorySource::kLiveCache) {
+    if (Check c = field("ringIdx of a batched write", history.length, a.ring_idx)) return c;
+  }
   return std::nullopt;
 }
 
 Check LayerOracle::CheckHistoryRows(const History& history, std::span<const model::Token> log_after,
                                     int64_t start, int64_t query_len, const Op& write,
-                                    int64_t trusted_rows, bool* all_compared) {
+                                    int64_t trusted_rows, HistorySource source,
+                                    bool* all_compared) {
   const model::RefKind kind = ToRefKind(spec_.kind);
   const model::PositionRange expected =
       model::ExpectedHistoryRange(kind, spec_.window, start, query_len);
@@ -700,7 +709,7 @@ Check LayerOracle::CheckHistoryRows(const History& history, std::span<const mode
     return Mismatch{"history length", std::to_string(k_len), std::to_string(history.length)};
   }
   const bool ring = spec_.kind == CacheKind::kRotating && query_len == 1;
-  if (Check c = CheckApplier(history, query_len, ring)) return c;
+  if (Check c = CheckApplier(history, query_len, ring, source)) return c;
   if (history.k == nullptr || history.v == nullptr) {
     return Mismatch{"history tensors", "K and V", "null"};
   }
@@ -741,7 +750,8 @@ Check LayerOracle::CheckView(const History& view, std::span<const model::Token> 
   }
   // A view is what the decode of the last token saw: same rows, same visibility.
   bool all_compared = false;
-  Check c = CheckHistoryRows(view, log, offset - 1, 1, Op{}, 0, &all_compared);
+  Check c =
+      CheckHistoryRows(view, log, offset - 1, 1, Op{}, 0, HistorySource::kLiveCache, &all_compared);
   if (!c && all_compared) c = CheckAttentionOnce(view, log, offset - 1, 1);
   if (c) c->what = "View(): " + c->what;
   return c;

@@ -43,6 +43,10 @@ struct Mismatch {
 };
 using Check = std::optional<Mismatch>;
 
+// What returned a history: a live cache's write or View (spec §2.1, §2.2) or a speculation
+// wrapper's forward (spec §2.7, which fixes the rows and the mask but no rotating cursor).
+enum class HistorySource : uint8_t { kLiveCache, kSpeculation };
+
 // Bit-equality of `n` rows of two tensors of one element type (a memcmp); false for
 // differing dtypes or widths, or rows out of range.
 bool SameBits(TensorView a, int64_t ra, TensorView b, int64_t rb, int64_t n);
@@ -147,7 +151,8 @@ class LayerOracle {
   // re-reading them (RequestDriver::TrustedHistoryRows); their visibility still is, but
   // not what attention computes over them (CheckAttention runs on untrusted histories).
   Check CheckHistory(const History& history, std::span<const model::Token> log_after, int64_t start,
-                     int64_t query_len, const Op& write, int64_t trusted_rows = 0);
+                     int64_t query_len, const Op& write, int64_t trusted_rows = 0,
+                     HistorySource source = HistorySource::kLiveCache);
 
   // What View() returned with `log` (its size is the offset) in the cache: the history a
   // decode query at the last position would see, i.e. all of it (full KV) or the newest
@@ -203,12 +208,13 @@ class LayerOracle {
   // visible row, and a decode on a long history would make each check O(history) again.
   static constexpr int64_t kAttendedCells = 64;
   // The applier's fields against the spec (rotating only; none for the other kinds).
-  Check CheckApplier(const History& history, int64_t query_len, bool ring) const;
+  Check CheckApplier(const History& history, int64_t query_len, bool ring,
+                     HistorySource source) const;
   // CheckHistory without CheckAttention; *all_compared says whether every row was compared
   // (none trusted), i.e. whether attention over them may be checked.
   Check CheckHistoryRows(const History& history, std::span<const model::Token> log_after,
                          int64_t start, int64_t query_len, const Op& write, int64_t trusted_rows,
-                         bool* all_compared);
+                         HistorySource source, bool* all_compared);
   // CheckAttention for forwards up to kAttendedCells cells, but for a zero or plain causal
   // mask only on the forwards ShapeRunCounts describes (why: see the definition).
   Check CheckAttentionOnce(const History& history, std::span<const model::Token> log_after,

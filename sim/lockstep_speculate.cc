@@ -138,7 +138,8 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
         }
         continue;
       }
-      if (Check c = layer.oracle->CheckHistory(history, through, start, to - from, op)) {
+      if (Check c = layer.oracle->CheckHistory(history, through, start, to - from, op, 0,
+                                               HistorySource::kSpeculation)) {
         c->what = fmt::format("speculative{} {}",
                               split > 0 ? fmt::format(" forward [{}, {})", from, to) : "", c->what);
         return c;

@@ -552,7 +552,9 @@ class RequestDriver::Session {
         continue;
       }
       d_.Fold(static_cast<uint64_t>(history.length));
-      if (Check c = d_.oracles_[i]->CheckHistory(history, after, start, n, Op{}, trusted)) {
+      const HistorySource source =
+          spec != nullptr ? HistorySource::kSpeculation : HistorySource::kLiveCache;
+      if (Check c = d_.oracles_[i]->CheckHistory(history, after, start, n, Op{}, trusted, source)) {
         c->what = fmt::format("layer {} history: {}", i, c->what);
         return c;
       }

@@ -109,6 +109,13 @@ TEST(HistoryTrust, TheApplierIsHeldToTheSpecFieldByField) {
   bad = h;
   bad.applier.window += 1;
   wrong(bad, "W");
+  // A live batched write leaves the cursor at the end of its logical buffer (K); a
+  // speculation wrapper's batched history fixes none (spec §2.7).
+  bad = h;
+  bad.applier.ring_idx = 0;
+  wrong(bad, "ringIdx of a batched write");
+  EXPECT_FALSE(
+      l.oracle->CheckHistory(bad, log, 0, 3, Op{}, 0, HistorySource::kSpeculation).has_value());
   // A View is a ring layout; its cursor names one of the K rows or K itself.
   const History view = static_cast<const AttentionCache&>(*l.cache).View();
   ASSERT_FALSE(l.oracle->CheckView(view, log).has_value());
