@@ -682,16 +682,22 @@ Check LayerOracle::CheckApplier(const History& history, int64_t query_len, bool 
   if (Check c = field("L", ring ? 1 : query_len, a.query_len)) return c;
   if (Check c = field("W", spec_.window, a.window)) return c;
   // The cursor of a ring layout names a slot of the K rows, or K itself for a buffer not yet
-  // wrapped; any other value only works for a kernel that reduces it modulo K.
-  if (ring && (a.ring_idx < 0 || a.ring_idx > history.length)) {
-    return Mismatch{"rotating history applier ringIdx", fmt::format("in [0, {}]", history.length),
-                    std::to_string(a.ring_idx)};
+  // wrapped; any other value only works for a kernel that reduces it modulo K. The rows'
+  // order pins it modulo K (CheckHistoryRows); the range pins it whole. A live decode leaves
+  // it one past the slot it wrote (spec §2.2 update step 5: idx += 1 after a wrap to 0), so
+  // never at 0; a View's may be 0 (an oversize window, §2.2 View), a wrapper's is unfixed.
+  if (ring) {
+    const int64_t lo = source == HistorySource::kWrite ? 1 : 0;
+    if (a.ring_idx < lo || a.ring_idx > history.length) {
+      return Mismatch{"rotating history applier ringIdx",
+                      fmt::format("in [{}, {}]", lo, history.length), std::to_string(a.ring_idx)};
+    }
   }
   // A live batched write concatenates: the buffer it returns is in logical order and the
   // cursor after it is idx := Dim = K (spec §2.2, concat step 5; Update step 4 returns
   // ringIdx = idx after the write). Attention never reads it there, so only this shows a
   // wrong one before the next decode does. A wrapper's batched history has no fixed cursor.
-  if (!ring && source == HistorySource::kLiveCache) {
+  if (!ring && source == HistorySource::kWrite) {
     if (Check c = field("ringIdx of a batched write", history.length, a.ring_idx)) return c;
   }
   return std::nullopt;
@@ -751,7 +757,7 @@ Check LayerOracle::CheckView(const History& view, std::span<const model::Token> 
   // A view is what the decode of the last token saw: same rows, same visibility.
   bool all_compared = false;
   Check c =
-      CheckHistoryRows(view, log, offset - 1, 1, Op{}, 0, HistorySource::kLiveCache, &all_compared);
+      CheckHistoryRows(view, log, offset - 1, 1, Op{}, 0, HistorySource::kView, &all_compared);
   if (!c && all_compared) c = CheckAttentionOnce(view, log, offset - 1, 1);
   if (c) c->what = "View(): " + c->what;
   return c;

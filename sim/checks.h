@@ -45,7 +45,7 @@ using Check = std::optional<Mismatch>;
 
 // What returned a history: a live cache's write or View (spec §2.1, §2.2) or a speculation
 // wrapper's forward (spec §2.7, which fixes the rows and the mask but no rotating cursor).
-enum class HistorySource : uint8_t { kLiveCache, kSpeculation };
+enum class HistorySource : uint8_t { kWrite, kView, kSpeculation };
 
 // Bit-equality of `n` rows of two tensors of one element type (a memcmp); false for
 // differing dtypes or widths, or rows out of range.
@@ -152,7 +152,7 @@ class LayerOracle {
   // not what attention computes over them (CheckAttention runs on untrusted histories).
   Check CheckHistory(const History& history, std::span<const model::Token> log_after, int64_t start,
                      int64_t query_len, const Op& write, int64_t trusted_rows = 0,
-                     HistorySource source = HistorySource::kLiveCache);
+                     HistorySource source = HistorySource::kWrite);
 
   // What View() returned with `log` (its size is the offset) in the cache: the history a
   // decode query at the last position would see, i.e. all of it (full KV) or the newest

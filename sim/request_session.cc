@@ -553,7 +553,7 @@ class RequestDriver::Session {
       }
       d_.Fold(static_cast<uint64_t>(history.length));
       const HistorySource source =
-          spec != nullptr ? HistorySource::kSpeculation : HistorySource::kLiveCache;
+          spec != nullptr ? HistorySource::kSpeculation : HistorySource::kWrite;
       if (Check c = d_.oracles_[i]->CheckHistory(history, after, start, n, Op{}, trusted, source)) {
         c->what = fmt::format("layer {} history: {}", i, c->what);
         return c;

@@ -116,12 +116,27 @@ TEST(HistoryTrust, TheApplierIsHeldToTheSpecFieldByField) {
   wrong(bad, "ringIdx of a batched write");
   EXPECT_FALSE(
       l.oracle->CheckHistory(bad, log, 0, 3, Op{}, 0, HistorySource::kSpeculation).has_value());
+  // A decode that fills the window leaves the cursor at K (idx += 1 after the write), never
+  // at 0, though 0 names the same rotation of the K rows.
+  const model::TokenLog full = Tokens(4, l.synth.seed());  // log and one more token
+  const History decode =
+      ForwardSynthetic(*l.cache, l.config, l.synth, 0, 3, std::span(full).subspan(3));
+  ASSERT_EQ(decode.applier.ring_idx, 4);
+  ASSERT_FALSE(l.oracle->CheckHistory(decode, full, 3, 1, Op{}).has_value());
+  bad = decode;
+  bad.applier.ring_idx = 0;
+  const Check zero = l.oracle->CheckHistory(bad, full, 3, 1, Op{});
+  ASSERT_TRUE(zero.has_value());
+  EXPECT_EQ(zero->what, "rotating history applier ringIdx");
+  EXPECT_EQ(zero->expected, "in [1, 4]");
+  // A View's cursor may be 0 (an oversize window's is), so the same history passes as one.
+  EXPECT_FALSE(l.oracle->CheckView(bad, full).has_value());
   // A View is a ring layout; its cursor names one of the K rows or K itself.
   const History view = static_cast<const AttentionCache&>(*l.cache).View();
-  ASSERT_FALSE(l.oracle->CheckView(view, log).has_value());
+  ASSERT_FALSE(l.oracle->CheckView(view, full).has_value());
   bad = view;
   bad.applier.ring_idx = view.length + 1;
-  const Check ring = l.oracle->CheckView(bad, log);
+  const Check ring = l.oracle->CheckView(bad, full);
   ASSERT_TRUE(ring.has_value());
   EXPECT_EQ(ring->what, "View(): rotating history applier ringIdx");
 
