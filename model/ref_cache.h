@@ -24,14 +24,15 @@ enum class RefKind : uint8_t { kKv, kRotating, kRecurrent };
 
 struct RefSnapshot {
   RefKind kind = RefKind::kKv;
-  int64_t from = 0;  // KV: first position; whole-state kinds: informational
+  int64_t from = 0;  // KV: first position; rotating: the label spec §2.2 gives the range
   int64_t to = 0;    // KV: end (exclusive); whole-state kinds: the state's offset
   // KV: the tokens of [from, to); whole-state kinds: tokens [0, to), sharing their prefix
   // with the log they were taken from (SharedLog), so a snapshot per block stays linear.
   SharedLog tokens;
   // Rotating: the buffer rows the snapshot holds (spec §7: a clone of State() or a window
   // slice of min(o, W)), what its bytes and a restore's buffer follow; 0 = not modeled (a
-  // snapshot built from a range alone) and always 0 for the other kinds.
+  // snapshot built from a range alone, whose `from` is not modeled either) and always 0
+  // for the other kinds.
   int64_t rows = 0;
 };
 // What a snapshot's bytes are a multiple of (spec §7): KV rows to - from, a rotating

@@ -44,7 +44,7 @@ std::string SlotText(const RefNode& node, size_t i, bool with_bytes) {
         out << "kv[" << s.from << "," << s.to << ")";
         break;
       case RefKind::kRotating:
-        out << "rot@" << s.to;
+        out << "rot[" << s.from << "," << s.to << ")";
         break;
       case RefKind::kRecurrent:
         out << "rec@" << s.to;

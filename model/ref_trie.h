@@ -80,7 +80,7 @@ void ForEachRefNode(Node& node, F&& f) {
 // where <tick> is last_used itself when `raw_ticks` (tries on one clock) or else its dense
 // rank among all nodes of the trie (0 = oldest), so two tries with the same LRU order
 // render alike whatever their clocks' values. A node without any snapshot shows no slots;
-// otherwise every slot of its set is "-" (none), "kv[from,to)", "rot@to" or "rec@to",
+// otherwise every slot of its set is "-" (none), "kv[from,to)", "rot[from,to)" or "rec@to",
 // followed by " <bytes>B" when `with_bytes`. A line depends on its node (and, for ranks,
 // on the set of ticks) only, so the first differing line names a differing node. Keys are
 // shown in full.

@@ -121,7 +121,7 @@ bool SameSlot(const CacheSnapshot* got, const model::RefSnap& want, int64_t want
   if (got == nullptr) return true;
   const model::RefKind kind = ToRefKind(got->kind());
   if (kind != want->kind || got->to() != want->to) return false;
-  return kind != model::RefKind::kKv || got->from() == want->from;
+  return kind == model::RefKind::kRecurrent || got->from() == want->from;
 }
 
 bool SameNode(const TrieNode& got, const model::RefNode& want, bool with_bytes,

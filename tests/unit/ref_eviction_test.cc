@@ -174,14 +174,14 @@ TEST(RenderRefTrie, RanksAreDenseAndNodesWithoutSnapshotsShowNoSlots) {
   Add(&root, {9}, 30, {Kv(0, 1), Rot(1), Rec(1)}, {16, 4, 8});
   EXPECT_EQ(RenderRefTrie(root, false),
             Trie({"[0,0) keys t0", "  [0,2) keys 1 2 user t2", "    [2,3) keys 3 t1",
-                  "  [0,1) keys 9 t2 | kv[0,1) | rot@1 | rec@1"}));
+                  "  [0,1) keys 9 t2 | kv[0,1) | rot[0,1) | rec@1"}));
   EXPECT_EQ(RenderRefTrie(root, true),
             Trie({"[0,0) keys t0", "  [0,2) keys 1 2 user t2", "    [2,3) keys 3 t1",
-                  "  [0,1) keys 9 t2 | kv[0,1) 16B | rot@1 4B | rec@1 8B"}));
+                  "  [0,1) keys 9 t2 | kv[0,1) 16B | rot[0,1) 4B | rec@1 8B"}));
   // Tries on one clock compare the ticks themselves.
   EXPECT_EQ(RenderRefTrie(root, false, /*raw_ticks=*/true),
             Trie({"[0,0) keys t10", "  [0,2) keys 1 2 user t30", "    [2,3) keys 3 t20",
-                  "  [0,1) keys 9 t30 | kv[0,1) | rot@1 | rec@1"}));
+                  "  [0,1) keys 9 t30 | kv[0,1) | rot[0,1) | rec@1"}));
   EXPECT_FALSE(a->HasSnapshots());
   EXPECT_EQ(RefTrieBytes(root), 28);
 }

@@ -314,10 +314,13 @@ TEST(RefPrefixCache, WholeStateLayersLandOnNodeEnds) {
   EXPECT_EQ(PendingText(pc), "7");
   Finish(pc, b, rep);
   EXPECT_EQ(Render(pc),
-            Trie({"[0,0) keys t0", "  [0,4) keys 1 2 3 4 user t2 | kv[0,4) | rot@4 | rec@4",
-                  "    [4,7) keys 5 6 7 t3 | kv[4,7) | rot@7 | rec@7",
-                  "      [7,9) keys 8 20 t1 | kv[7,9) | rot@9 | rec@9",
-                  "      [7,9) keys 50 51 t4 | kv[7,9) | rot@9 | rec@9"}));
+            Trie({"[0,0) keys t0", "  [0,4) keys 1 2 3 4 user t2 | kv[0,4) | rot[0,4) | rec@4",
+                  "    [4,7) keys 5 6 7 t3 | kv[4,7) | rot[3,7) | rec@7",
+                  "      [7,9) keys 8 20 t1 | kv[7,9) | rot[4,9) | rec@9",
+                  "      [7,9) keys 50 51 t4 | kv[7,9) | rot[7,9) | rec@9"}));
+  // The window snapshots' labels (spec §2.2): a capture at o covers [o - min(o, W), o), a
+  // page-out is Snapshot(node start), and a split hands the whole window to the child, so
+  // the first leaf keeps the label of the page-out [4, 9) it was cut from.
 }
 
 TEST(RefPrefixCache, RotatingLayerRewindsLiveOnlyWithinItsWindow) {
