@@ -115,6 +115,11 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     TokensInto(layer, op, forwards[static_cast<size_t>(i)]);
     const model::TokenLog& tokens = forwards[static_cast<size_t>(i)];
     LayerCache& w = spec->layer(static_cast<size_t>(i));
+    // A wrapper stands in for its layer wherever a model dispatches on the kind (here too).
+    if (w.kind() != layer.cache->kind()) {
+      return Mismatch{"speculation wrapper kind (its layer's)", CacheKindName(layer.cache->kind()),
+                      CacheKindName(w.kind())};
+    }
     const bool attention = w.kind() != CacheKind::kRecurrent;
     // A draft model reads the target through the wrapper's View, before and after.
     auto view = [&w] { return static_cast<const AttentionCache&>(w).View(); };

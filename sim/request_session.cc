@@ -539,6 +539,10 @@ class RequestDriver::Session {
     for (size_t i = 0; i < d_.caches_.size(); ++i) {
       if (d_.caches_[i] == nullptr) continue;
       LayerCache& target = spec != nullptr ? spec->layer(wrapper++) : *d_.caches_[i];
+      if (target.kind() != d_.caches_[i]->kind()) {  // a wrapper stands in for its layer
+        return Mismatch{fmt::format("layer {} speculation wrapper kind", i),
+                        CacheKindName(d_.caches_[i]->kind()), CacheKindName(target.kind())};
+      }
       const History history = ForwardSynthetic(
           target, d_.config_, d_.synth_, static_cast<int32_t>(i), start, tokens,
           &d_.conv_weights_[i], &d_.gdn_params_[i], 0, false, &d_.forward_scratch_);
