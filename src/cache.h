@@ -36,7 +36,8 @@ class CacheSnapshot {
   // Bytes this snapshot owns (spec §7).
   virtual int64_t SizeBytes() const = 0;
   // The range the snapshot names: KV [from, to) exactly; whole-state kinds report the
-  // state's end as to() (from() is informational).
+  // state's end as to(). A window snapshot's from() is the label spec §2.2 gives its path
+  // (restores ignore it); a recurrent snapshot's is its offset (spec §2.3 keeps none).
   virtual int64_t from() const = 0;
   virtual int64_t to() const = 0;
 };
