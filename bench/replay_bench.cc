@@ -262,7 +262,7 @@ bool WriteJson(const std::string& path, const Json& j) {
 }
 
 Result<Work> RunOnce(const Flags& f, const sim::TraceHeader& setup, const Work& window) {
-  const sim::MooncakeOptions m{f.scale, 0, f.limit};
+  const sim::MooncakeOptions m{.block_scale = f.scale, .skip = 0, .limit = f.limit};
   if (f.mode == "lru") return RunLru(f, setup);
   if (f.mode == "production") return RunProduction(f, m, setup, window);
   return RunDifferential(f, m, setup, window);
