@@ -548,6 +548,13 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
     return Mismatch{"snapshot range", fmt::format("[{}, {})", ref->from, ref->to),
                     fmt::format("[{}, {})", prod->from(), prod->to())};
   }
+  // The reference labels a recurrent state [0, offset); the production interface names its
+  // one offset as both ends (src/cache.h), so a from() drifting from it is a wrong label.
+  if (spec_.kind == CacheKind::kRecurrent && prod->from() != prod->to()) {
+    return Mismatch{"recurrent snapshot range (its offset at both ends)",
+                    fmt::format("[{}, {})", prod->to(), prod->to()),
+                    fmt::format("[{}, {})", prod->from(), prod->to())};
+  }
   // Sizes first: the trie's byte counter and the eviction budget are sums of SizeBytes(), so
   // a wrong size is consistent everywhere else and only shows as evictions coming late.
   if (prod->kind() == CacheKind::kRotating) {
