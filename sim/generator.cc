@@ -118,6 +118,22 @@ int64_t OpGenerator::WriteLength(const LockstepDriver& driver) {
   // from a step-aligned offset below it (after a rewind) grows by ceil(L / 256) * 256
   // slots, which only a long append distinguishes from growing by the shortfall.
   if (rng_.Below(48) == 0) return rng_.Range(257, 600);
+  // Sometimes exactly the length that brings a layer back to where one of its held
+  // snapshots ends, after a restore or rewind took it below: the same position on another
+  // branch, where that snapshot must still be told from the live state (MakeRestore). Layers
+  // may stand at different offsets (a recurrent layer does not rewind with a KV one), so the
+  // length is the layer's own distance, and a short one: every layer writes it, and a
+  // layer far ahead would otherwise double its offset with each such write.
+  if (rng_.Chance(1, 8)) {
+    const auto layer = static_cast<int32_t>(rng_.Below(driver.config().layers.size()));
+    const int32_t n = driver.pool_size(layer);
+    if (n > 0) {
+      const model::RefSnap& s =
+          driver.pool_ref(layer, static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(n))));
+      const int64_t gap = s->to - driver.ref(layer).Offset();
+      if (gap > 0 && gap <= 2 * w + 16) return gap;
+    }
+  }
   switch (rng_.Below(6)) {
     case 0:
     case 1:
@@ -177,6 +193,20 @@ Op OpGenerator::MakeRestore(const LockstepDriver& driver, int32_t layer) {
     return op;
   }
   op.slot = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(n)));
+  // Often a snapshot that ends exactly where the layer is: taken on another branch, its
+  // state differs from the live one at the same position, so a cache that skips the install
+  // when the offsets agree (spec §2.3: the current offset is irrelevant) keeps the wrong
+  // conversation's state.
+  if (rng_.Chance(1, 3)) {
+    const auto first = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(n)));
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t slot = (first + i) % n;
+      if (driver.pool_ref(layer, slot)->to != offset) continue;
+      op.slot = slot;
+      op.value = offset;
+      return op;
+    }
+  }
   const model::RefSnap& s = driver.pool_ref(layer, op.slot);
   switch (rng_.Below(6)) {
     case 0:
