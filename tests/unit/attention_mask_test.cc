@@ -248,6 +248,27 @@ TEST(AttentionMask, IntersectKeepsRelaxAgainstNonCausalArray) {
   ExpectSameMask(m.AsArray(0, 4, 6), want);
 }
 
+// The causal flag decides, not the side's purity: a causal side that also carries an array
+// (a padding array on a causal mask) blocks every cell the other side's rectangles reopen,
+// as plain causal does (spec §2.5), and its array still adds.
+TEST(AttentionMask, IntersectDropsRelaxAgainstCausalWithArray) {
+  MatF pad = MatF::Zero(4, 1);
+  pad(3, 0) = -kInf;
+  const AttentionMask causal_pad =
+      AttentionMask::Intersect(AttentionMask::Causal(), AttentionMask::Array(pad));
+  ASSERT_TRUE(causal_pad.causal());
+  ASSERT_FALSE(causal_pad.IsPureCausal());
+  const AttentionMask relaxed = Relaxed(AttentionMask::Causal(), {{1, 3, 2, 5}});
+  MatF want = CausalReference(0, 4, 6);
+  want.row(3).setConstant(-kInf);
+  for (const AttentionMask& m : {AttentionMask::Intersect(relaxed, causal_pad),
+                                 AttentionMask::Intersect(causal_pad, relaxed)}) {
+    EXPECT_TRUE(m.rects().empty());
+    EXPECT_TRUE(m.causal());
+    ExpectSameMask(m.AsArray(0, 4, 6), want);
+  }
+}
+
 TEST(AttentionMask, IntersectAddsArrays) {
   MatF b(2, 2);
   b << 1, 2, 3, 4;

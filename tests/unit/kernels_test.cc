@@ -475,14 +475,17 @@ TEST(GatedDeltaStep, EachValueHeadReadsTheKeyHeadOfItsGroup) {
 
 // As for the conv: one GdnResult reused across calls of different shapes and split counts,
 // including the rotation RunRecurrentForward does (the last state's buffer handed back
-// holding an older state), equals the value form bit for bit.
+// holding an older state), equals the value form bit for bit. A forward of padding alone
+// (real length 0) passes the state through: its end state is the input state, not what
+// the reused buffer held.
 TEST(GatedDelta, IntoWithReusedBuffersEqualsTheValueFormAcrossShapes) {
   Rng rng = Rng::Derive(kSeed, "gdn-into");
   const GdnParams params = MakeParams(Dims(1, 2, 4, 3), rng);
   MatF state = MatF::Zero(params.dims.delta_rows(), params.dims.head_k_dim);
   GdnResult into;
   const std::vector<std::pair<int64_t, std::vector<int64_t>>> calls = {
-      {5, {2, 3}}, {1, {}}, {1, {}}, {4, {1}}, {1, {}}, {6, {1, 2, 4, 5}}, {3, {}}};
+      {5, {2, 3}}, {1, {}}, {0, {}},           {1, {}}, {4, {1}},
+      {0, {}},     {1, {}}, {6, {1, 2, 4, 5}}, {3, {}}};
   for (size_t i = 0; i < calls.size(); ++i) {
     const auto& [len, splits] = calls[i];
     const GdnInputs inputs = MakeInputs(params.dims, rng, len + 1);  // one padded row
@@ -493,7 +496,12 @@ TEST(GatedDelta, IntoWithReusedBuffersEqualsTheValueFormAcrossShapes) {
     EXPECT_TRUE(fresh.y.cwiseEqual(into.y).all());
     ASSERT_EQ(into.states.size(), fresh.states.size());
     for (size_t k = 0; k < fresh.states.size(); ++k) {
+      ASSERT_EQ(into.states[k].rows(), fresh.states[k].rows()) << "state " << k;
+      ASSERT_EQ(into.states[k].cols(), fresh.states[k].cols()) << "state " << k;
       EXPECT_TRUE(into.states[k].cwiseEqual(fresh.states[k]).all()) << "state " << k;
+    }
+    if (len == 0) {
+      EXPECT_TRUE(into.states.back().cwiseEqual(state).all());
     }
     std::swap(state, into.states.back());  // what RecurrentCache::Put does
   }

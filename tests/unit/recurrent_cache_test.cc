@@ -359,6 +359,24 @@ TEST(RecurrentCache, SchedulePersistsAcrossPutsUntilTaken) {
   EXPECT_TRUE(cache.TakeSnapshots().empty());
 }
 
+// The schedule captures at Prepare and at the boundaries a Put reaches (spec §2.3), never at
+// a restore: restoring onto a scheduled offset the writes have not reached leaves its slot
+// empty, and the first write from there does not fill it either (it starts past it).
+TEST(RecurrentCache, ARestoreOntoAScheduledOffsetCapturesNothing) {
+  RecurrentCache cache = CacheAt(3, 1.0f);
+  SnapshotPtr early = cache.Snapshot(0);
+  PutFilled(cache, 2, 2.0f);
+  SnapshotPtr late = cache.Snapshot(0);  // offset 5
+  ASSERT_TRUE(cache.Restore(early.get(), 3));
+  ASSERT_TRUE(cache.PrepareSnapshots({5, 8}).ok());
+  ASSERT_TRUE(cache.Restore(late.get(), 5));
+  PutFilled(cache, 1, 3.0f);  // [5,6)
+  std::vector<SnapshotPtr> entries = cache.TakeSnapshots();
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0], nullptr) << "captured at a restore";
+  EXPECT_EQ(entries[1], nullptr);  // 8 never reached
+}
+
 TEST(RecurrentCache, SnapshotSplitsExcludeTheEndpoints) {
   RecurrentCache cache = CacheAt(4, 0.0f);
   EXPECT_TRUE(cache.SnapshotSplits(8).empty());  // nothing scheduled
