@@ -361,7 +361,8 @@ TEST(RecurrentCache, SchedulePersistsAcrossPutsUntilTaken) {
 
 // The schedule captures at Prepare and at the boundaries a Put reaches (spec §2.3), never at
 // a restore: restoring onto a scheduled offset the writes have not reached leaves its slot
-// empty, and the first write from there does not fill it either (it starts past it).
+// empty, and the first write from there does not fill it either (a Put captures the
+// boundaries it reaches, not the one it starts from).
 TEST(RecurrentCache, ARestoreOntoAScheduledOffsetCapturesNothing) {
   RecurrentCache cache = CacheAt(3, 1.0f);
   SnapshotPtr early = cache.Snapshot(0);
