@@ -541,18 +541,15 @@ Check LayerOracle::CheckSnapshot(const CacheSnapshot* prod, const model::RefSnap
   // The range's start: a KV snapshot's first position; a window snapshot's label, which
   // spec §2.2 fixes per path (the caller's `from`, 0 at a capture's start boundary, o -
   // min(o, W) at a capture's end) and restores ignore, compared where the reference models
-  // the snapshot (rows known); a recurrent snapshot carries only its offset (§2.3).
-  const bool from_fixed =
-      spec_.kind == CacheKind::kFullKv || (spec_.kind == CacheKind::kRotating && ref->rows > 0);
-  if (prod->to() != ref->to || (from_fixed && prod->from() != ref->from)) {
-    return Mismatch{"snapshot range", fmt::format("[{}, {})", ref->from, ref->to),
-                    fmt::format("[{}, {})", prod->from(), prod->to())};
-  }
-  // The reference labels a recurrent state [0, offset); the production interface names its
-  // one offset as both ends (src/cache.h), so a from() drifting from it is a wrong label.
-  if (spec_.kind == CacheKind::kRecurrent && prod->from() != prod->to()) {
-    return Mismatch{"recurrent snapshot range (its offset at both ends)",
-                    fmt::format("[{}, {})", prod->to(), prod->to()),
+  // the snapshot (rows known); a recurrent snapshot carries only its offset (§2.3), which
+  // the production interface names at both ends (src/cache.h) while the reference labels
+  // the state [0, offset).
+  const bool recurrent = spec_.kind == CacheKind::kRecurrent;
+  const bool from_fixed = recurrent || spec_.kind == CacheKind::kFullKv ||
+                          (spec_.kind == CacheKind::kRotating && ref->rows > 0);
+  const int64_t want_from = recurrent ? ref->to : ref->from;
+  if (prod->to() != ref->to || (from_fixed && prod->from() != want_from)) {
+    return Mismatch{"snapshot range", fmt::format("[{}, {})", want_from, ref->to),
                     fmt::format("[{}, {})", prod->from(), prod->to())};
   }
   // Sizes first: the trie's byte counter and the eviction budget are sums of SizeBytes(), so
