@@ -267,6 +267,26 @@ Op OpGenerator::MakePrepare(const LockstepDriver& driver, int32_t layer) {
   const int64_t offset = driver.ref(layer).Offset();
   const auto count = rng_.Below(5);
   for (uint64_t i = 0; i < count; ++i) op.offsets.push_back(offset + rng_.Range(0, 10));
+  // Sometimes a schedule that names a held snapshot's end ahead of the layer, and then a
+  // restore of that snapshot before any write reaches it: the restore moves the layer onto a
+  // scheduled offset, but only a write or the prepare itself captures (spec §2.1-§2.3), so a
+  // cache that fills the slot on landing there hands the restored state back as a capture.
+  if (rng_.Chance(1, 4)) {
+    const int32_t n = driver.pool_size(layer);
+    const auto first = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(std::max(n, 1))));
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t slot = (first + i) % n;
+      const int64_t to = driver.pool_ref(layer, slot)->to;
+      if (to <= offset) continue;
+      op.offsets.push_back(to);
+      Pending restore;
+      restore.op = OpFor(OpKind::kRestore, layer);
+      restore.op.slot = slot;
+      restore.op.value = to;
+      pending_.push_back(restore);
+      break;
+    }
+  }
   std::sort(op.offsets.begin(), op.offsets.end());
   op.offsets.erase(std::unique(op.offsets.begin(), op.offsets.end()), op.offsets.end());
   if (rng_.Chance(1, 10) && !op.offsets.empty()) {  // malformed: behind, duplicate or unsorted

@@ -1,6 +1,7 @@
 // OpGenerator: seeded adversarial op sequences for a LockstepDriver. It reads the reference
 // state (offsets, pool ranges) to aim arguments at boundaries (W-1, W, W+1, snapshot ends,
-// one past the offset, negative targets), mixes in malformed capture schedules, runs
+// one past the offset, negative targets, a held snapshot's end where the layer stands or
+// where its schedule names), mixes in malformed capture schedules, runs
 // speculation through the capture protocol of spec §2.6 as a macro (schedule
 // before+1..before+D, one batched write of D+1 tokens, take, restore the accepted prefix)
 // across every layer, and speculation transactions (kSpeculate: D drafts around the
