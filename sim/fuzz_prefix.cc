@@ -63,8 +63,9 @@ constexpr int64_t kMaxPromptTokens = 56;
 // reference to the lock-step reference manager (exact trie, active path and pending).
 constexpr std::array<int64_t, 16> kBudgets = {0,    100,  200,  300,  400,  600,  800,  1000,
                                               1300, 1600, 2000, 2500, 3000, 4000, 6000, 8000};
-// budget_pct: mostly the run's budget, sometimes pressure or headroom.
-constexpr std::array<int64_t, 8> kBudgetPcts = {100, 100, 100, 100, 10, 25, 200, 400};
+// budget_pct: mostly the run's budget, sometimes pressure (0 %: a budget of exactly 0) or
+// headroom.
+constexpr std::array<int64_t, 8> kBudgetPcts = {100, 100, 100, 0, 10, 25, 200, 400};
 
 // Record fields, k = byte kFields - 1 - k. Each is one whole byte; how it is reduced:
 enum Field : size_t {

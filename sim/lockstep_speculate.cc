@@ -92,7 +92,24 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
   std::vector<LayerCache*>& live = spec_live_;
   live.clear();
   for (Layer& l : layers_) live.push_back(l.cache.get());
-  Result<Speculation> spec = op.isolated ? BeginIsolatedSpeculation(live) : BeginSpeculation(live);
+  auto begin = [&op](std::span<LayerCache* const> list) {
+    return op.isolated ? BeginIsolatedSpeculation(list) : BeginSpeculation(list);
+  };
+  // Spec §2.7: a layer listed twice is InvalidArgument (two wrappers would commit it twice).
+  // The repeat goes at the end, naming a layer that is not the last, so a check that looks
+  // only at neighbours lets it through.
+  if (live.size() >= 2) {
+    const auto k = static_cast<size_t>(op.tokens.size()) % (live.size() - 1);
+    live.push_back(live[k]);
+    const Result<Speculation> twice = begin(live);
+    live.pop_back();
+    if (twice.ok() || twice.status().code() != StatusCode::kInvalidArgument) {
+      *layer_index = static_cast<int32_t>(k);
+      return Mismatch{fmt::format("BeginSpeculation with layer {} listed again at the end", k),
+                      "InvalidArgument", twice.ok() ? "ok" : twice.status().ToString()};
+    }
+  }
+  Result<Speculation> spec = begin(live);
   // Every kind a stack can hold is wrappable; a refusal here is a production bug.
   if (!spec.ok()) {
     *layer_index = 0;

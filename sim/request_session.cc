@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -54,7 +55,7 @@ class RequestDriver::Session {
     if (!c && !cancelled_) c = Attach();
     if (!c && !cancelled_) c = Decode();
     if (!c) c = Close();
-    if (!c && budget_bytes_ > 0) c = Squeeze();
+    if (!c && d_.options_.budget_bytes > 0) c = Squeeze();
     if (!c) return std::nullopt;
     return RequestDivergence{d_.steps_,
                              plan_.index,
@@ -132,7 +133,9 @@ class RequestDriver::Session {
     phase_ = "Begin";
     // Memory pressure takes effect at the manager's next eviction pass (end of the switch).
     if (d_.options_.budget_bytes > 0) {
-      budget_bytes_ = std::max<int64_t>(1, d_.options_.budget_bytes * plan_.budget_pct / 100);
+      // A pressure of 0 % is a budget of exactly 0: every evictable node goes (spec: a pass
+      // runs while the counter is strictly greater), not "no budget".
+      budget_bytes_ = d_.options_.budget_bytes * plan_.budget_pct / 100;
       d_.SetBudget(budget_bytes_);
     }
     const std::span<const size_t> positions =
@@ -423,7 +426,7 @@ class RequestDriver::Session {
       held.emplace_back(n, n->snapshots().size());
       for (const SnapshotPtr& s : n->snapshots()) slots.push_back(s.get());
     }
-    budget_bytes_ = std::max<int64_t>(1, budget_bytes_ / 2);
+    budget_bytes_ /= 2;
     d_.SetBudget(budget_bytes_);
     const bool audit = d_.StartCall();
     // A coarse clock (a server stamping time.Now() at low resolution): every other squeeze
@@ -604,7 +607,8 @@ class RequestDriver::Session {
   model::RefSession rules_;  // the session contract's state: closed until Begin succeeds
   ManagerState &probe_before_, &probe_after_;  // ProbeMisuse scratch
   bool cancelled_ = false;
-  int64_t budget_bytes_ = 0;  // this request's budget; 0 = unlimited
+  // This request's budget; the largest int64 without one (the counter never exceeds it).
+  int64_t budget_bytes_ = std::numeric_limits<int64_t>::max();
 };
 
 void StoredTokensInto(const RequestPlan& plan, uint64_t hash_seed, model::TokenLog& stored) {

@@ -166,7 +166,7 @@ void RequestWorkload::AddDecoration(RequestPlan& plan) {
   }
   plan.schedule = !rng_.Chance(options_.unscheduled_pct, 100);
   if (rng_.Chance(options_.pressure_pct, 100)) {
-    const int64_t scales[] = {10, 25, 200, 400};
+    const int64_t scales[] = {0, 25, 200, 400};  // 0: a budget of exactly 0
     plan.budget_pct = scales[rng_.Below(4)];
   }
   if (rng_.Chance(options_.cancel_pct, 100)) {

@@ -60,7 +60,8 @@ struct RequestPlan {
   // cancelled.
   std::vector<SpeculativeStep> speculation;
   // Memory pressure: the eviction budget for this request, in percent of the run's budget
-  // (a server whose headroom changes between requests).
+  // (a server whose headroom changes between requests); 0 is a budget of exactly 0, every
+  // evictable node goes. A run without a budget ignores it.
   int64_t budget_pct = 100;
   std::string ToString() const;  // one summary line
 };

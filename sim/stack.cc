@@ -14,9 +14,9 @@ namespace kvtwin::sim {
 
 namespace {
 
-Status DimInRange(const char* name, int64_t value, int64_t hi) {
-  if (value >= 1 && value <= hi) return Status::Ok();
-  return InvalidArgument(fmt::format("{} must be in 1..{}, got {}", name, hi, value));
+Status DimInRange(const char* name, int64_t value, int64_t hi, int64_t lo = 1) {
+  if (value >= lo && value <= hi) return Status::Ok();
+  return InvalidArgument(fmt::format("{} must be in {}..{}, got {}", name, lo, hi, value));
 }
 
 // `text` as exactly `n` comma-separated decimal integers.
@@ -59,7 +59,7 @@ Status ModelDims::ValidateKv() const {
 
 Status ModelDims::ValidateRecurrent() const {
   const RecurrentDims& r = recurrent;
-  KV_RETURN_IF_ERROR(DimInRange("recurrent conv_tail", r.conv_tail, kMaxConvTail));
+  KV_RETURN_IF_ERROR(DimInRange("recurrent conv_tail", r.conv_tail, kMaxConvTail, 0));
   KV_RETURN_IF_ERROR(DimInRange("recurrent num_k_heads", r.num_k_heads, kMaxHeads));
   KV_RETURN_IF_ERROR(DimInRange("recurrent num_v_heads", r.num_v_heads, kMaxHeads));
   KV_RETURN_IF_ERROR(DimInRange("recurrent head_k_dim", r.head_k_dim, kMaxHeadWidth));
@@ -140,6 +140,7 @@ ModelDims DrawModelDims(Rng& rng) {
   r.head_k_dim = rng.Range(1, 4);
   r.head_v_dim = rng.Range(1, 4);
   r.conv_tail = rng.Range(1, 4);
+  if (rng.Chance(1, 6)) r.conv_tail = 0;
   KV_CHECK(d.Validate().ok(), d.Describe());
   return d;
 }

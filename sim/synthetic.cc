@@ -95,8 +95,12 @@ void SyntheticForward::FillGdnInput(MatF& qkv, MatF& ba, int64_t row, DType dtyp
   for (int64_t c = 0; c < dims.conv_dim(); ++c) {
     qkv(row, c) = RoundTo(dtype, Uniform(state, -1.0f, 1.0f));
   }
+  // Mostly in [-3, 3); one cell in 16 twelve times wider, so the gate's softplus and beta's
+  // sigmoid also run saturated (|x| past 20, where kernels switch to a linear or constant
+  // branch) and a decay reaches 0 or 1 in float, as a real model's outliers do.
   for (int64_t c = 0; c < 2 * dims.num_v_heads; ++c) {
-    ba(row, c) = RoundTo(dtype, Uniform(state, -3.0f, 3.0f));
+    const float x = Uniform(state, -3.0f, 3.0f);
+    ba(row, c) = RoundTo(dtype, SplitMix64(state) % 16 == 0 ? 12.0f * x : x);
   }
 }
 

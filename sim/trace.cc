@@ -89,7 +89,7 @@ Status DecodeDims(const Fields& m, ModelDims* dims) {
                                                     "num_k_heads", "num_v_heads"};
     KV_RETURN_IF_ERROR(r.OnlyKeys(kRecKeys));
     RecurrentDims& d = dims->recurrent;
-    KV_RETURN_IF_ERROR(r.Int("conv_tail", 1, kMaxConvTail, &d.conv_tail, Need::kRequired));
+    KV_RETURN_IF_ERROR(r.Int("conv_tail", 0, kMaxConvTail, &d.conv_tail, Need::kRequired));
     KV_RETURN_IF_ERROR(r.Int("num_k_heads", 1, kMaxHeads, &d.num_k_heads, Need::kRequired));
     KV_RETURN_IF_ERROR(r.Int("num_v_heads", 1, kMaxHeads, &d.num_v_heads, Need::kRequired));
     KV_RETURN_IF_ERROR(r.Int("head_k_dim", 1, kMaxHeadWidth, &d.head_k_dim, Need::kRequired));
@@ -379,7 +379,7 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
   // Before the outputs: whether the request may have none depends on it.
   KV_RETURN_IF_ERROR(f.Length("cancel_after", 0, &plan->cancel_after_tokens, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeOutputs(f, index, plan->cancel_after_tokens >= 0, &plan->outputs));
-  KV_RETURN_IF_ERROR(f.Int("budget_pct", 1, kMaxBudgetPct, &plan->budget_pct, Need::kOptional));
+  KV_RETURN_IF_ERROR(f.Int("budget_pct", 0, kMaxBudgetPct, &plan->budget_pct, Need::kOptional));
   KV_RETURN_IF_ERROR(f.Int("conversation", 0, kMaxInt32, &plan->conversation, Need::kOptional));
   KV_RETURN_IF_ERROR(f.Length("dropped", 0, &plan->dropped, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeRequestKind(f, &plan->kind));

@@ -533,7 +533,7 @@ Check CheckLiveBuffersAgainst(std::span<LayerCache* const> caches,
 
 Check CheckEvictionBound(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
                          int64_t budget_bytes) {
-  if (budget_bytes <= 0 || trie.paged_out_bytes() <= budget_bytes) return std::nullopt;
+  if (trie.paged_out_bytes() <= budget_bytes) return std::nullopt;
   const TrieNode* eligible = nullptr;
   trie.Walk([&](TrieNode* n) {
     if (eligible == nullptr && !n->is_root() && n->num_children() <= 1 &&

@@ -137,8 +137,8 @@ Check CheckLiveBuffersAgainst(std::span<LayerCache* const> caches,
                               std::span<LayerOracle* const> oracles,
                               std::span<const std::optional<model::RefCache>> refs);
 
-// With a byte budget: after an eviction pass the counter is within the budget, or no node
-// is eligible (not the root, not on the active path, at most one child).
+// After an eviction pass the counter is within the budget (0 included; the largest int64
+// for none), or no node is eligible (not the root, not on the active path, at most one child).
 Check CheckEvictionBound(const PrefixTrie& trie, std::span<TrieNode* const> active_path,
                          int64_t budget_bytes);
 

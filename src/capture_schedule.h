@@ -28,7 +28,6 @@ class CaptureSchedule {
   void Reset();
 
   bool active() const { return active_; }
-  int64_t base() const { return base_; }
 
   // Scheduled offsets o with start <= o <= end, ascending: a view of the schedule, valid until
   // the next Prepare, Take or Reset (CaptureReached leaves it valid). A view and not a copy:

@@ -138,7 +138,7 @@ inline void GenDecoration(const RequestModel& m, RequestPlan& plan) {
   }
   plan.schedule = !Chance(15);
   // A server whose headroom changes between requests (ignored with an unlimited budget).
-  if (Chance(10)) plan.budget_pct = Chance(50) ? 200 : 25;
+  if (Chance(10)) plan.budget_pct = Chance(50) ? 200 : (Chance(50) ? 25 : 0);
   if (Chance(15)) {
     plan.cancel_after_tokens = Pick<int64_t>(0, 16);
     // No decode, so no speculation; the planned outputs are never used, and a recorded

@@ -27,7 +27,8 @@ expect 0 '^PASS: 2 runs'            -- sweep --seeds 1..2 --steps 200 --kv-dims 
 expect 2 '^kvtwin: --kv-dims must be HEADS,DK,DV'       -- sweep --seeds 1 --kv-dims 2,4
 expect 2 '^kvtwin: --kv-dims: kv heads x head_dim = 6'  -- sweep --seeds 1 --kv-dims 1,6,9
 expect 2 '^kvtwin: --recurrent-dims: recurrent num_v_heads \(3\) must be a multiple' -- requests --seeds 1 --recurrent-dims 1,2,3,1,1
-expect 2 '^kvtwin: --recurrent-dims: recurrent conv_tail must be in 1..16, got 0' -- requests --seeds 1 --recurrent-dims 0,1,1,1,1
+expect 2 '^kvtwin: --recurrent-dims: recurrent conv_tail must be in 0..16, got -1' -- requests --seeds 1 --recurrent-dims -1,1,1,1,1
+expect 0 '^PASS: 1 runs, 60 requests' -- requests --seeds 1 --preset mixed --recurrent-dims 0,1,1,1,1
 expect 2 '.'                        -- frobnicate
 expect 0 '^PASS: 3 runs, 180 requests' -- requests --seeds 1..3 --preset mixed
 expect 0 '^PASS: 2 runs, 80 requests'  -- requests --seeds 4..5 --preset sliding --dtype bf16 --budget 3000 --requests 40

@@ -161,7 +161,7 @@ void ExpectValidPlan(const RequestPlan& p, size_t position) {
     for (const int32_t t : *tokens) EXPECT_TRUE(t >= 1 && t <= kVocab) << t;
   }
   for (const int64_t u : p.user_offsets) EXPECT_GE(u, 1);
-  EXPECT_TRUE(p.budget_pct >= 1 && p.budget_pct <= 10000);
+  EXPECT_TRUE(p.budget_pct >= 0 && p.budget_pct <= 10000);
   EXPECT_TRUE(p.speculation.empty() || !cancelled);
   int64_t from = 0;
   for (const SpeculativeStep& s : p.speculation) {

@@ -139,7 +139,7 @@ TEST(ModelDims, DrawnDimsAreValidAndCoverEveryWidthRange) {
                      d.recurrent.conv_tail != d.recurrent.head_v_dim && d.head_dim != d.value_dim);
   }
   EXPECT_EQ(kv_heads, (std::set<int64_t>{1, 2, 3}));
-  EXPECT_EQ(conv_tails, (std::set<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(conv_tails, (std::set<int64_t>{0, 1, 2, 3, 4}));  // 0: a kernel of one tap
   EXPECT_EQ(k_heads, (std::set<int64_t>{1, 2, 3}));
   EXPECT_TRUE(unequal_pairs);
 }

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -570,7 +571,9 @@ TEST(EvictionBound, ReportsAnEvictableNodeOverBudgetOnly) {
   trie.SetSnapshots(node, rig.SnapshotAll());
   const std::vector<TrieNode*> root_only{trie.root()};
   EXPECT_TRUE(CheckEvictionBound(trie, root_only, 1).has_value());
-  EXPECT_FALSE(CheckEvictionBound(trie, root_only, 0).has_value());  // unlimited
+  EXPECT_TRUE(CheckEvictionBound(trie, root_only, 0).has_value());  // a budget of 0 is one
+  EXPECT_FALSE(
+      CheckEvictionBound(trie, root_only, std::numeric_limits<int64_t>::max()).has_value());
   EXPECT_FALSE(CheckEvictionBound(trie, root_only, trie.paged_out_bytes()).has_value());
   // On the active path the node is protected: over budget with nothing evictable is fine.
   EXPECT_FALSE(CheckEvictionBound(trie, std::vector<TrieNode*>{trie.root(), node}, 1).has_value());

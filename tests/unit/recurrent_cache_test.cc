@@ -378,6 +378,29 @@ TEST(RecurrentCache, ARestoreOntoAScheduledOffsetCapturesNothing) {
   EXPECT_EQ(entries[1], nullptr);  // 8 never reached
 }
 
+// Put commits and then captures the boundary it ends on (spec §2.3), and a forward of
+// padding alone ends where it started (the offset advances by the real length only). So
+// after a restore onto a scheduled offset, such a forward fills that slot, with the state
+// it committed.
+TEST(RecurrentCache, AnAllPaddingPutCapturesTheOffsetItEndsOn) {
+  RecurrentCache cache = CacheAt(3, 1.0f);
+  SnapshotPtr early = cache.Snapshot(0);
+  PutFilled(cache, 2, 2.0f);
+  SnapshotPtr late = cache.Snapshot(0);  // offset 5
+  ASSERT_TRUE(cache.Restore(early.get(), 3));
+  ASSERT_TRUE(cache.PrepareSnapshots({5}).ok());
+  ASSERT_TRUE(cache.Restore(late.get(), 5));
+  PutFilled(cache, 0, 4.0f);
+  EXPECT_EQ(cache.Offset(), 5);
+  EXPECT_EQ(FilledValue(cache.delta()), 4.0f);
+  std::vector<SnapshotPtr> entries = cache.TakeSnapshots();
+  ASSERT_EQ(entries.size(), 1u);
+  ASSERT_NE(entries[0], nullptr) << "the end boundary of a padding-only forward not captured";
+  EXPECT_EQ(entries[0]->to(), 5);
+  const auto& captured = static_cast<const RecurrentSnapshot&>(*entries[0]);
+  EXPECT_EQ(FilledValue(captured.delta()), 4.0f);
+}
+
 TEST(RecurrentCache, SnapshotSplitsExcludeTheEndpoints) {
   RecurrentCache cache = CacheAt(4, 0.0f);
   EXPECT_TRUE(cache.SnapshotSplits(8).empty());  // nothing scheduled

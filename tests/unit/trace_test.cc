@@ -545,6 +545,8 @@ TEST(TraceReaderErrors, HeaderFields) {
        "rows carry their provenance"},
       {[](Json& j) { j["model"]["recurrent"] = RecurrentDimsJson(17, 1, 1, 1, 1); },
        "/model/recurrent/conv_tail: must be <= 16, got 17"},
+      {[](Json& j) { j["model"]["recurrent"] = RecurrentDimsJson(-1, 1, 1, 1, 1); },
+       "/model/recurrent/conv_tail: must be >= 0, got -1"},
       {[](Json& j) {
          j["model"]["recurrent"] = RecurrentDimsJson(1, 1, 1, 1, 1);
          j["model"]["recurrent"].erase("head_v_dim");
@@ -613,7 +615,7 @@ TEST(TraceReaderErrors, RequestFields) {
       {R"({"inputs":[1],"outputs":[2],"schedule":1})", "/schedule: expected true or false, got 1"},
       {R"({"inputs":[1],"outputs":[2],"user_points":[0]})", "/user_points/0: must be >= 1, got 0"},
       {R"({"cancel_after":-1,"inputs":[1],"outputs":[2]})", "/cancel_after: must be >= 0, got -1"},
-      {R"({"budget_pct":0,"inputs":[1],"outputs":[2]})", "/budget_pct: must be >= 1, got 0"},
+      {R"({"budget_pct":-1,"inputs":[1],"outputs":[2]})", "/budget_pct: must be >= 0, got -1"},
       {R"({"dropped":-3,"inputs":[1],"outputs":[2]})", "/dropped: must be >= 0, got -3"},
       {R"({"inputs":[1],"outputs":[2],"request_kind":"resume"})",
        R"(/request_kind: unknown request kind "resume" (expected new, extend, diverge, repeat or retry))"},

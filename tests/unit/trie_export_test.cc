@@ -71,6 +71,23 @@ TEST(TrieExport, DumpShowsEveryNodeIndentedWithItsState) {
   EXPECT_EQ(Lines(DumpTrie(f.trie, active)), want);
 }
 
+// The abbreviation's boundary: eight keys are all shown, a ninth is elided with the count,
+// so a dump never hides a key without saying so.
+TEST(TrieExport, DumpAbbreviatesExactlyTheEdgesPastEightKeys) {
+  KvCache kv;
+  PrefixTrie trie{{&kv}, Tick{1}};
+  std::vector<TrieKey> edge;
+  for (TrieKey k = 1; k <= 9; ++k) edge.push_back(k);
+  trie.AppendChild(trie.root(), std::vector<TrieKey>(edge.begin(), edge.end() - 1), 8);
+  edge.front() = 100;
+  trie.AppendChild(trie.root(), edge, 9);
+  const std::vector<TrieNode*> active = {trie.root()};
+  const std::vector<std::string> lines = Lines(DumpTrie(trie, active));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[2].rfind("  [0,8) keys=1 2 3 4 5 6 7 8 last=", 0), 0u) << lines[2];
+  EXPECT_EQ(lines[3].rfind("  [0,9) keys=100 2 3 4 5 6 7 8 ... (9 keys) last=", 0), 0u) << lines[3];
+}
+
 // A rotating snapshot restores to its to(); its from() is only the window's first position,
 // so the dump must name to() (a recurrent snapshot's from() and to() are equal).
 TEST(TrieExport, DumpNamesWholeStateSnapshotsByTheOffsetTheyRestoreTo) {
