@@ -359,18 +359,25 @@ TEST(RecurrentCache, SchedulePersistsAcrossPutsUntilTaken) {
   EXPECT_TRUE(cache.TakeSnapshots().empty());
 }
 
+// From a cache at 3: a state at 5 held aside, back at 3, `offsets` (starting with 5)
+// scheduled, then that state restored, so the cache stands on a scheduled offset that no
+// write has reached since the schedule began.
+void RestoreOntoScheduled(RecurrentCache& cache, const std::vector<int64_t>& offsets) {
+  SnapshotPtr early = cache.Snapshot(0);
+  PutFilled(cache, 2, 2.0f);
+  SnapshotPtr late = cache.Snapshot(0);  // offset 5
+  ASSERT_TRUE(cache.Restore(early.get(), 3));
+  ASSERT_TRUE(cache.PrepareSnapshots(offsets).ok());
+  ASSERT_TRUE(cache.Restore(late.get(), 5));
+}
+
 // The schedule captures at Prepare and at the boundaries a Put reaches (spec §2.3), never at
 // a restore: restoring onto a scheduled offset the writes have not reached leaves its slot
 // empty, and the first write from there does not fill it either (a Put captures the
 // boundaries it reaches, not the one it starts from).
 TEST(RecurrentCache, ARestoreOntoAScheduledOffsetCapturesNothing) {
   RecurrentCache cache = CacheAt(3, 1.0f);
-  SnapshotPtr early = cache.Snapshot(0);
-  PutFilled(cache, 2, 2.0f);
-  SnapshotPtr late = cache.Snapshot(0);  // offset 5
-  ASSERT_TRUE(cache.Restore(early.get(), 3));
-  ASSERT_TRUE(cache.PrepareSnapshots({5, 8}).ok());
-  ASSERT_TRUE(cache.Restore(late.get(), 5));
+  ASSERT_NO_FATAL_FAILURE(RestoreOntoScheduled(cache, {5, 8}));
   PutFilled(cache, 1, 3.0f);  // [5,6)
   std::vector<SnapshotPtr> entries = cache.TakeSnapshots();
   ASSERT_EQ(entries.size(), 2u);
@@ -384,12 +391,7 @@ TEST(RecurrentCache, ARestoreOntoAScheduledOffsetCapturesNothing) {
 // it committed.
 TEST(RecurrentCache, AnAllPaddingPutCapturesTheOffsetItEndsOn) {
   RecurrentCache cache = CacheAt(3, 1.0f);
-  SnapshotPtr early = cache.Snapshot(0);
-  PutFilled(cache, 2, 2.0f);
-  SnapshotPtr late = cache.Snapshot(0);  // offset 5
-  ASSERT_TRUE(cache.Restore(early.get(), 3));
-  ASSERT_TRUE(cache.PrepareSnapshots({5}).ok());
-  ASSERT_TRUE(cache.Restore(late.get(), 5));
+  ASSERT_NO_FATAL_FAILURE(RestoreOntoScheduled(cache, {5}));
   PutFilled(cache, 0, 4.0f);
   EXPECT_EQ(cache.Offset(), 5);
   EXPECT_EQ(FilledValue(cache.delta()), 4.0f);
