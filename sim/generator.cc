@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace kvtwin::sim {
@@ -313,8 +314,12 @@ Op OpGenerator::MakeSpeculate(const LockstepDriver& driver) {
   Op op = MakeWrite(driver, drafts + 1);
   op.kind = OpKind::kSpeculate;
   op.isolated = rng_.Chance(1, 6);
-  // Mostly a real acceptance count; sometimes one the commit must clamp.
-  op.value = rng_.Chance(7, 8) ? rng_.Range(0, drafts) : Pick({-2, -1, drafts + 1, drafts + 5});
+  // Mostly a real acceptance count; sometimes one the commit must clamp: just outside the
+  // forward, or the extremes of the count's type (a runner's "accept all" sentinel), which
+  // a cache that adds before it clamps overflows on.
+  op.value = rng_.Chance(7, 8) ? rng_.Range(0, drafts)
+                               : Pick({std::numeric_limits<int64_t>::min(), -1, drafts + 1,
+                                       std::numeric_limits<int64_t>::max()});
   // Sometimes the caller drops the transaction before its commit, mid-stack or after the
   // whole forward, and only the destructor's rollback stands between the drafts and the cache.
   if (!op.isolated && rng_.Chance(1, 8)) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -191,7 +192,8 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
     }
     return std::nullopt;
   }
-  const int64_t keep = op.value + 1;  // current plus the accepted drafts
+  // Current plus the accepted drafts; the largest count stays itself (still "everything").
+  const int64_t keep = op.value == std::numeric_limits<int64_t>::max() ? op.value : op.value + 1;
   spec->Commit(keep);
   for (int32_t i = 0; i < num_layers(); ++i) {
     layers_[static_cast<size_t>(i)].ref.CommitSpeculation(forwards[static_cast<size_t>(i)], keep,

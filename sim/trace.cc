@@ -452,7 +452,9 @@ Status DecodeForward(const Fields& f, int32_t layers, Op* op) {
   KV_RETURN_IF_ERROR(f.Bool("segmented", &op->segmented, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeMask(f, op));
   if (!speculate) return Status::Ok();
-  KV_RETURN_IF_ERROR(f.Int("accepted", -kMaxProbe, kMaxProbe, &op->value, Need::kRequired));
+  // Any count the commit takes (it clamps), the extremes of its type included.
+  KV_RETURN_IF_ERROR(f.Int("accepted", std::numeric_limits<int64_t>::min(),
+                           std::numeric_limits<int64_t>::max(), &op->value, Need::kRequired));
   KV_RETURN_IF_ERROR(f.Int("abandon_after", 0, layers, &op->abandon_after, Need::kOptional));
   return f.Bool("isolated", &op->isolated, Need::kOptional);
 }

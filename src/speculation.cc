@@ -119,7 +119,8 @@ void KvSpeculation::Commit(int64_t accepted) {
   KV_CHECK(!done_, "speculation wrapper committed twice");
   done_ = true;
   KV_CHECK(live_.Offset() == end_, "live KV cache used directly during a speculation");
-  const int64_t target = std::clamp(start_ + std::max<int64_t>(accepted, 0), start_, end_);
+  // Clamp the count, not the sum: start_ + a count near INT64_MAX would overflow.
+  const int64_t target = start_ + std::clamp<int64_t>(accepted, 0, end_ - start_);
   // A live KV rewind within the written range always succeeds (spec §1.2).
   KV_CHECK(live_.Restore(nullptr, target), "KV rewind to the accepted prefix failed");
 }

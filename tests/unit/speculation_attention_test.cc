@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "src/attention_mask.h"
@@ -284,7 +285,7 @@ TEST(RotatingSpeculation, ForwardSeesWhatABatchedForwardSees) {
 
 TEST(SpeculationCommit, NonPositiveCountsCommitNothing) {
   for (const int64_t d : kDrafts) {
-    for (const int64_t n : {int64_t{0}, int64_t{-1}}) {
+    for (const int64_t n : {int64_t{0}, int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
       SCOPED_TRACE(testing::Message() << "D " << d << " n " << n);
       KvCache kv;
       FillKv(kv, 7);
@@ -311,7 +312,8 @@ TEST(SpeculationCommit, NonPositiveCountsCommitNothing) {
 
 TEST(SpeculationCommit, TheBonusTokenIsNeverCommitted) {
   for (const int64_t d : kDrafts) {
-    for (const int64_t n : {d + 1, d + 7}) {
+    // Any count past the forward is clamped, up to the largest (no overflow on the way).
+    for (const int64_t n : {d + 1, d + 7, std::numeric_limits<int64_t>::max()}) {
       SCOPED_TRACE(testing::Message() << "D " << d << " n " << n);
       KvCache kv;
       FillKv(kv, 7);

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -332,6 +333,17 @@ TEST(SpeculationStack, MixedStackCommitsConsistently) {
     twin.Append(a + 1);
     ExpectSameStack(live, twin);
   }
+}
+
+// Every kind clamps a count past the forward, the largest included, to the whole forward.
+TEST(SpeculationStack, TheLargestCountCommitsTheWholeForwardOnEveryKind) {
+  Stack live;
+  Speculation spec = Begin(live.layers());
+  live.Forward(spec, 4);
+  spec.Commit(std::numeric_limits<int64_t>::max());
+  Stack twin;
+  twin.Append(4);
+  ExpectSameStack(live, twin);
 }
 
 TEST(SpeculationStack, AnUncommittedSpeculationRollsBackWhenDestroyed) {
