@@ -97,7 +97,8 @@ void SyntheticForward::FillGdnInput(MatF& qkv, MatF& ba, int64_t row, DType dtyp
   }
   // Mostly in [-3, 3); one cell in 16 twelve times wider, so the gate's softplus and beta's
   // sigmoid also run saturated (|x| past 20, where kernels switch to a linear or constant
-  // branch) and a decay reaches 0 or 1 in float, as a real model's outliers do.
+  // branch), as a real model's outliers do: a decay then rounds to 1 in float, or falls to
+  // about 1e-43, a denormal.
   for (int64_t c = 0; c < 2 * dims.num_v_heads; ++c) {
     const float x = Uniform(state, -3.0f, 3.0f);
     ba(row, c) = RoundTo(dtype, SplitMix64(state) % 16 == 0 ? 12.0f * x : x);
