@@ -37,7 +37,7 @@ refused = {
     "kv heads 65": edited(lambda h: h["model"]["kv"].update(heads=65)),
     "recurrent without head_v_dim": edited(lambda h: h["model"]["recurrent"].pop("head_v_dim")),
     "unknown model field": edited(lambda h: h["model"].update(heads=2)),
-    "conv_tail 0": edited(lambda h: h["model"]["recurrent"].update(conv_tail=0)),
+    "conv_tail -1": edited(lambda h: h["model"]["recurrent"].update(conv_tail=-1)),
 }
 for name, line in refused.items():
     if validator.is_valid(line):

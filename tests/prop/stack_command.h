@@ -78,9 +78,9 @@ struct OpCommand : rc::state::Command<StackModel, LockstepDriver> {
 };
 
 // Recurrent dims for one case, degenerate ones (a single head, one-wide heads, a conv tail
-// of one row or none, a one-tap kernel) included. StackConfig's defaults have num_k_heads = head_k_dim = 2 and
-// conv_tail = head_v_dim = 3: code that takes one of such a pair for the other matches the
-// reference in every run with the defaults, so only other shapes can tell them apart.
+// of one row or none, a one-tap kernel) included. StackConfig's defaults have num_k_heads =
+// head_k_dim = 2 and conv_tail = head_v_dim = 3: code that takes one of such a pair for the other
+// matches the reference in every run with the defaults, so only other shapes can tell them apart.
 inline RecurrentDims GenRecurrentDims() {
   RecurrentDims d;
   d.num_k_heads = *rc::gen::inRange<int64_t>(1, 4);
