@@ -77,8 +77,13 @@ void SyntheticForward::FillKvRow(Tensor& out, int64_t row, int32_t layer, int64_
 
 void SyntheticForward::FillQueryRow(MatF& out, int64_t row, int32_t layer, int64_t p) const {
   uint64_t state = RowSeed(seed_, kQuery, layer, p, 0);
+  // One query in 8 is 256 times larger, so its scores reach the hundreds, as a real model's
+  // attention sinks do: a softmax that does not subtract the row's maximum (or starts it at
+  // 0) overflows exp past 88 there, where scores of a few units never would (64 times was
+  // not enough with the default widths: scores stayed under 88).
+  const float gain = SplitMix64(state) % 8 == 0 ? 256.0f : 1.0f;
   for (int64_t c = 0; c < out.cols(); ++c) {
-    const float bound = c < kTagElements ? 1.0f / 256.0f : 1.0f;
+    const float bound = gain * (c < kTagElements ? 1.0f / 256.0f : 1.0f);
     out(row, c) = Uniform(state, -bound, bound);
   }
 }
