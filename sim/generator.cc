@@ -119,6 +119,16 @@ int64_t OpGenerator::WriteLength(const LockstepDriver& driver) {
   // from a step-aligned offset below it (after a rewind) grows by ceil(L / 256) * 256
   // slots, which only a long append distinguishes from growing by the shortfall.
   if (rng_.Below(48) == 0) return rng_.Range(257, 600);
+  // Often when a KV layer stands at such an offset now (a rewind kept its capacity), since
+  // the state is short-lived: the next short write leaves it.
+  for (int32_t l = 0; l < driver.num_layers(); ++l) {
+    const model::RefCache& ref = driver.ref(l);
+    const int64_t off = ref.Offset();
+    if (ref.kind() == model::RefKind::kKv && off % 256 == 0 && off < ref.kv_capacity()) {
+      if (rng_.Chance(1, 4)) return rng_.Range(257, 600);
+      break;
+    }
+  }
   // Sometimes exactly the length that brings a layer back to where one of its held
   // snapshots ends, after a restore or rewind took it below: the same position on another
   // branch, where that snapshot must still be told from the live state (MakeRestore). Layers
