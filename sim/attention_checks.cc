@@ -72,9 +72,14 @@ std::string FormatRanges(const std::vector<model::PositionRange>& ranges) {
 // Spec §2.5's arrays are additive: a finite value other than 0 leaves its cell open and
 // biases its score, and two arrays add cell by cell. With only 0 and -inf, adding, taking
 // the minimum and dropping the array's finite part all give the same cells and scores.
-// Multiples of 1/4 in [-0.75, 0.75]: exact in float.
+// Multiples of 1/4 in [-0.75, 0.75], and on one query row in four 256 lower, on another
+// 128 higher: a constant per row leaves the softmax as it was, but only a kernel that takes
+// its maximum over the biased scores keeps exp in range (a row of visible scores all 256
+// below the unbiased maximum underflows to 0 / 0, one 128 above overflows). Every value is
+// exact in float, and the sums production rounds stay within 1e-5 of the reference's.
 double BlockBias(int64_t q, int64_t k) {
-  return 0.25 * static_cast<double>((3 * q + 5 * k) % 7 - 3);
+  const double shift = q % 4 == 1 ? -256.0 : q % 4 == 3 ? 128.0 : 0.0;
+  return shift + 0.25 * static_cast<double>((3 * q + 5 * k) % 7 - 3);
 }
 
 // Whether a blocked rectangle spans every query of the forward, and every key of its
@@ -293,6 +298,18 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
       logical = (block.k_lo + query_len + static_cast<int64_t>(i)) % 2 == 0
                     ? AttentionMask::Intersect(logical, array)
                     : AttentionMask::Intersect(array, logical);
+    }
+    // A block array in a broadcast shape meets, one forward in three, an all-zero array of
+    // the other broadcast shape first: the same mask, but Intersect has to add [L x 1] and
+    // [1 x K] into [L x K] (when L == K the two hold as many cells and only their shapes
+    // tell them apart).
+    const std::optional<MatF>& array = logical.array();
+    const bool per_key = array->rows() == 1 && query_len > 1;
+    const bool per_query = array->cols() == 1 && key_len > 1;
+    if ((per_key || per_query) && (start + query_len + block.q_hi) % 3 == 0) {
+      logical = AttentionMask::Intersect(
+          AttentionMask::Array(per_key ? MatF::Zero(query_len, 1) : MatF::Zero(1, key_len)),
+          logical);
     }
     ref_mask.blocks.push_back(block);  // the reference states the block whole
   }
