@@ -61,8 +61,15 @@ RefCache RefCache::Rotating(int64_t window) {
 RefCache RefCache::Recurrent() { return RefCache(RefKind::kRecurrent, 0); }
 
 void RefCache::Write(std::span<const Token> tokens, const RefCache* leader) {
-  KV_CHECK(!tokens.empty(), "a forward writes at least one token");
   const int64_t start = Offset();
+  if (tokens.empty()) {
+    KV_CHECK(kind_ == RefKind::kRecurrent, "only a recurrent layer takes padding alone");
+    // Put's captureBoundary(offset, live) after an advance of 0: the start itself, filled
+    // only if its slot is still empty (Prepare's immediate capture was null without state).
+    has_state_ = true;
+    if (schedule_active_ && WantsCapture(start)) CaptureAt(start, false);
+    return;
+  }
   // Rotating (§2.2 Update step 1): the start boundary is cloned before the write, because
   // the write may evict tokens of the window that the boundary state still needs.
   // Built only when a slot takes it: a whole-state snapshot is the log so far, and making

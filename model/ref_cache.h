@@ -67,7 +67,10 @@ class RefCache {
   int64_t rotating_rows() const { return rotating_rows_; }
 
   // Appends the tokens of one forward (recurrent: only the real, unpadded tokens) and runs
-  // the capture rules of the kind. REQUIRES: !tokens.empty().
+  // the capture rules of the kind. REQUIRES: !tokens.empty(), except on a recurrent layer:
+  // a forward of padding alone (spec §2.3 Put: the offset advances by the real length, 0)
+  // leaves the log as it is, makes the state exist, and captures the offset it ends on,
+  // which is where it started.
   void Write(std::span<const Token> tokens) { Write(tokens, nullptr); }
   // The same, where `leader` is another layer that has just written these tokens and whose
   // log held what this one holds before it did (LogSameAs): this log then takes the

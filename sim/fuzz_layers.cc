@@ -23,7 +23,8 @@
 //   3 slot2     as slot (merge child)
 //   4 count     forward length / speculation drafts D (LengthOf: b < 128: 1 + b % 4;
 //               b < 192: W - 1 + b % 3; else 1 + b % (2 W + 4)), or prepare offsets b % 4
-//   5 pad       b % 5 == 0: 1 + (b / 5) % 3, else 0
+//   5 pad       b % 5 == 0: 1 + (b / 5) % 3, else 0; kRecurrent: a padded write with
+//               (b / 15) % 4 == 3 has no tokens (padding alone)
 //   6 segmented b % 2
 //   7 mask      b % 10: 0-6 causal, 7 block, 8 zero (b / 10 even) or array, 9 relax
 //               (b / 10 even) or relax_block
@@ -243,6 +244,11 @@ void Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Sha
     op.tokens.push_back(1 + static_cast<int32_t>((b + i / kTokenFields) % kVocabulary));
   }
   op.pad = r.pad % 5 == 0 ? 1 + (r.pad / 5) % 3 : 0;
+  // The recurrent target's stacks are recurrent layers only, where a write may be padding
+  // alone: the state then exists at an offset that did not move (offset 0 on a fresh layer).
+  if (kind == OpKind::kWrite && s.preset == "recurrent" && op.pad > 0 && (r.pad / 15) % 4 == 3) {
+    op.tokens.clear();
+  }
   op.segmented = r.segmented % 2 == 1;
   const int m = r.mask % 10;
   const bool even = (r.mask / 10) % 2 == 0;

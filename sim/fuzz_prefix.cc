@@ -8,7 +8,8 @@
 // read from a byte: which conversation, what the prompt is relative to that conversation's
 // history (extend it exactly or with a dropped tail, diverge inside it, start over from the
 // shared system prompt, repeat or retry it), the new tokens, the outputs and the
-// decorations (user points, no captures, a cancel, one speculative step, memory pressure).
+// decorations (user points, no captures, a cancel, one speculative step, memory pressure,
+// how many sampled tokens stay unforwarded at the close).
 // Tokens come mostly from 1..4 so branches hold equal tokens at equal positions (partial
 // edge matches, splits, look-alike snapshots); one token byte in 16 is a rare token 5..8,
 // so a node can grow past four children. The plans run are recorded as a kind-"requests"
@@ -79,7 +80,7 @@ enum Field : size_t {
   kOutputCount = kTurnToken + kTurnMax,    // 1 + byte % kOutputsMax outputs ...
   kOutputToken,                            // ... from these kOutputsMax fields
   kSchedule = kOutputToken + kOutputsMax,  // % 4 == 0: no SchedulePrefillSnapshots
-  kCancel,                                 // % 4 == 0: cancelled ...
+  kCancel,                                 // % 4 == 0: cancelled ... (else Unforwarded)
   kCancelMode,                             // ... value field: cancel_after, in [0, len]
   kCancelArg,
   kUserCount,  // % 3 user points ...
@@ -258,6 +259,21 @@ class PlanDecoder {
       return;
     }
     AddSpeculation(f, plan);
+    plan.unforwarded = Unforwarded(f[kCancel], plan);
+  }
+
+  // An uncancelled request's RequestPlan::unforwarded from the rest of its cancel byte:
+  // (byte / 4) % 8 == 0 forwards the last sampled token too, == 1 reports 2 + (byte / 32)
+  // % 3 tokens unforwarded (as many as the outputs and the speculative step leave room
+  // for), else the usual 1.
+  static int64_t Unforwarded(uint8_t byte, const RequestPlan& plan) {
+    if ((byte / 4) % 8 == 0) return 0;
+    if ((byte / 4) % 8 != 1) return 1;
+    int64_t last_end = 0;
+    for (const SpeculativeStep& s : plan.speculation) last_end = std::max(last_end, s.end());
+    const auto n = static_cast<int64_t>(plan.outputs.size());
+    const int64_t k = std::min({int64_t{2} + (byte / 32) % 3, n, n + 1 - last_end});
+    return k >= 2 ? k : 1;
   }
 
   // One step within the outputs: it samples outputs [step, step + accepted + 1), so

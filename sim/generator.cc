@@ -78,7 +78,7 @@ Op OpGenerator::Fresh(const LockstepDriver& driver) {
   op.layer = layer;
   switch (family) {
     case 0:
-      return MakeWrite(driver, WriteLength(driver));
+      return MaybePaddingAlone(driver, MakeWrite(driver, WriteLength(driver)));
     case 1:
       op.kind = OpKind::kSnapshot;
       op.value = rng_.Range(0, driver.ref(layer).Offset() + 1);
@@ -191,6 +191,28 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
   const bool blocks = op.mask == MaskForm::kBlock || op.mask == MaskForm::kArray;
   if (HasRect(op.mask)) op.rect = rect(blocks ? 8 : 4);
   if (HasBlockRect(op.mask)) op.block = rect(8);
+  return op;
+}
+
+// One write in three while some layer has no state (fresh or freed: the only way to state
+// at offset 0), one in sixteen otherwise. Half of the first kind queue a snapshot of such a
+// layer right after, of the state at offset 0 it then holds.
+Op OpGenerator::MaybePaddingAlone(const LockstepDriver& driver, Op write) {
+  int32_t stateless = -1;
+  for (int32_t l = 0; l < driver.num_layers(); ++l) {
+    if (driver.config().layers[static_cast<size_t>(l)].kind != CacheKind::kRecurrent) return write;
+    if (!driver.ref(l).HasState()) stateless = l;
+  }
+  if (!padding_rng_.Chance(1, stateless >= 0 ? 3 : 16)) return write;
+  if (stateless >= 0 && padding_rng_.Chance(1, 2)) {
+    Pending snapshot;
+    snapshot.op = OpFor(OpKind::kSnapshot, stateless);
+    pending_.push_back(snapshot);
+  }
+  Op op;
+  op.kind = OpKind::kWrite;
+  op.pad = padding_rng_.Range(1, 3);
+  op.segmented = write.segmented;
   return op;
 }
 

@@ -29,7 +29,8 @@ struct OpWeights {
 
 class OpGenerator {
  public:
-  OpGenerator(Rng rng, OpWeights weights) : rng_(rng), weights_(weights) {}
+  OpGenerator(Rng rng, OpWeights weights)
+      : rng_(rng), padding_rng_(Rng(rng).Fork("padding-alone")), weights_(weights) {}
   // The next valid op for the driver's current state.
   Op Next(const LockstepDriver& driver);
 
@@ -40,6 +41,10 @@ class OpGenerator {
   };
   Op Fresh(const LockstepDriver& driver);
   Op MakeWrite(const LockstepDriver& driver, int64_t length);
+  // On a stack of recurrent layers only, sometimes turns a drawn write into one of padding
+  // alone (no tokens, pad 1..3): the state then exists at an offset that did not move,
+  // offset 0 on a fresh layer. Its own stream decides, so the main stream draws as before.
+  Op MaybePaddingAlone(const LockstepDriver& driver, Op write);
   Op MakeRestore(const LockstepDriver& driver, int32_t layer);
   Op MakeMerge(const LockstepDriver& driver, int32_t layer);
   Op MakeSplit(const LockstepDriver& driver, int32_t layer);
@@ -51,6 +56,7 @@ class OpGenerator {
   int64_t Pick(std::initializer_list<int64_t> values);
 
   Rng rng_;
+  Rng padding_rng_;
   OpWeights weights_;
   std::deque<Pending> pending_;
 };

@@ -106,9 +106,17 @@ bool LockstepDriver::Valid(const Op& op) const {
   if (op.kind == OpKind::kWrite || op.kind == OpKind::kSpeculate) {
     // What the trace reader accepts, so every valid op can be written and read back: a
     // speculation forwards the current token and at least one draft, and a relaxed mask's
-    // rectangle is non-negative and ordered.
+    // rectangle is non-negative and ordered; a write of padding alone (no tokens) runs on
+    // recurrent layers only (attention caches advance by every row they are given).
     const size_t min_tokens = op.kind == OpKind::kSpeculate ? 2 : 1;
-    if (op.tokens.size() < min_tokens || op.pad < 0 || op.pad > 64) return false;
+    if (op.pad < 0 || op.pad > 64) return false;
+    if (op.tokens.size() < min_tokens) {
+      const bool padding_alone = op.kind == OpKind::kWrite && op.tokens.empty() && op.pad > 0;
+      if (!padding_alone) return false;
+      for (const Layer& l : layers_) {
+        if (l.cache->kind() != CacheKind::kRecurrent) return false;
+      }
+    }
     if (op.abandon_after < -1 || op.abandon_after > num_layers()) return false;
     if (op.kind == OpKind::kWrite && op.abandon_after != -1) return false;
     if ((HasRect(op.mask) && !op.rect.Valid()) || (HasBlockRect(op.mask) && !op.block.Valid())) {

@@ -77,7 +77,7 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
   }
   if (!cancelled) {
     if (Status s = manager_->AttachPrefillSnapshots(); !s.ok()) return s;
-    const auto n = static_cast<int64_t>(plan.outputs.size());
+    const int64_t n = plan.decoded_outputs();
     auto next = plan.speculation.begin();
     model::TokenLog& drafts = drafts_;
     for (int64_t i = 0; i < n;) {
@@ -99,6 +99,18 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
       const auto first = plan.outputs.begin() + i;
       if (Status s = manager_->AddOutputs({first, first + sampled}); !s.ok()) return s;
       i += sampled;
+    }
+    // The unforwarded count (RequestPlan): the last sampled token forwarded too, or the
+    // outputs past the decode reported without a forward.
+    const auto all = static_cast<int64_t>(plan.outputs.size());
+    if (plan.unforwarded == 0) {
+      Forward({stored.data() + len - 1 + n, 1}, nullptr);
+      ++offset_;
+    } else if (n < all) {
+      if (Status s = manager_->AddOutputs({plan.outputs.begin() + n, plan.outputs.end()});
+          !s.ok()) {
+        return s;
+      }
     }
   }
   if (Status s = manager_->Close(); !s.ok()) return s;

@@ -64,6 +64,7 @@ Status TraceRecorder::Cancel(int64_t prefill_tokens) {
   if (Status s = NeedRequest("Cancel"); !s.ok()) return s;
   if (prefill_tokens < 0) return InvalidArgument("Cancel: negative prefill token count");
   if (!open_->outputs.empty()) return FailedPrecondition("Cancel: decode already started");
+  if (open_->unforwarded != 1) return FailedPrecondition("Cancel: Unforwarded was set");
   open_->cancel_after_tokens = prefill_tokens;
   return EndRequest();
 }
@@ -98,10 +99,30 @@ Status TraceRecorder::Speculated(std::span<const int32_t> drafts, int64_t accept
   return Status::Ok();
 }
 
+Status TraceRecorder::Unforwarded(int64_t count) {
+  if (Status s = NeedRequest("Unforwarded"); !s.ok()) return s;
+  if (count < 0) return InvalidArgument("Unforwarded: negative count");
+  open_->unforwarded = count;
+  return Status::Ok();
+}
+
 Status TraceRecorder::EndRequest() {
   if (Status s = NeedRequest("EndRequest"); !s.ok()) return s;
   if (open_->outputs.empty() && open_->cancel_after_tokens < 0) {
     return FailedPrecondition("EndRequest: no sampled token");
+  }
+  // The reader's rules for "unforwarded" (sim/trace.cc): the request stays open on a refusal.
+  const auto n = static_cast<int64_t>(open_->outputs.size());
+  if (open_->cancel_after_tokens < 0 && open_->unforwarded > n) {
+    return FailedPrecondition(
+        fmt::format("EndRequest: {} unforwarded of {} sampled tokens", open_->unforwarded, n));
+  }
+  for (const SpeculativeStep& step : open_->speculation) {
+    if (step.end() > open_->decoded_outputs()) {
+      return FailedPrecondition(
+          fmt::format("EndRequest: {} unforwarded tokens include the speculative step at {}",
+                      open_->unforwarded, step.step));
+    }
   }
   if (Status s = writer_->Write(*open_); !s.ok()) return s;
   open_.reset();

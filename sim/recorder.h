@@ -11,6 +11,7 @@
 //   rec->Sampled(first_token);                // after the prefill
 //   rec->Speculated(drafts, accepted, bonus); // a speculative decode step (any number)
 //   rec->Sampled(token); ...
+//   rec->Unforwarded(0);                      // optional: the last token was forwarded too
 //   rec->EndRequest();
 //   rec->Finish();
 //
@@ -47,6 +48,11 @@ class TraceRecorder {
   // plus the target model's `bonus` token. A request may have any number of them, between
   // and after ordinary samples (each starts where the tokens sampled so far end).
   Status Speculated(std::span<const int32_t> drafts, int64_t accepted, int32_t bonus);
+  // How many of the sampled tokens the server never forwarded before closing the request
+  // (RequestPlan::unforwarded; 1 unless called: the last sampled token). 0 when it forwards
+  // that token too; more when it reported tokens past a stop. Checked at EndRequest against
+  // the sampled tokens and the speculative steps; refused on a cancelled request.
+  Status Unforwarded(int64_t count);
   Status EndRequest();
 
   // Op-level traces.

@@ -335,8 +335,10 @@ class RequestDriver::Session {
 
   // Forwards the seed and every sampled token but the last; reports each sampled token. A
   // speculative step forwards drafts too and reports its accepted drafts and bonus token.
+  // Then, by the plan's unforwarded count: 0 forwards the last sampled token as well; k >= 2
+  // ends the decode k - 1 outputs early and reports those without forwarding them.
   Check Decode() {
-    const int64_t n = static_cast<int64_t>(plan_.outputs.size());
+    const int64_t n = plan_.decoded_outputs();
     auto next = plan_.speculation.begin();
     for (int64_t i = 0; i < n;) {
       const int64_t pos = len() - 1 + i;  // the forward's current token
@@ -363,6 +365,18 @@ class RequestDriver::Session {
     // A step skipped over was unsorted, overlapping or past the outputs (the reader and
     // the generators never make one).
     KV_CHECK(next == plan_.speculation.end(), "a speculative step the decode never reached");
+    const auto all = static_cast<int64_t>(plan_.outputs.size());
+    if (plan_.unforwarded == 0) {
+      phase_ = {"forward of the last sampled token at {}", {len() - 1 + n}};
+      if (Check c = ForwardLive(len() - 1 + n, 1)) return c;
+    } else if (n < all) {
+      phase_ = "AddOutputs past the decode";
+      ++d_.steps_;
+      const std::vector<int32_t> tokens(plan_.outputs.begin() + n, plan_.outputs.end());
+      if (Check c = StatusIsOk(d_.manager_->AddOutputs(tokens), "AddOutputs")) return c;
+      d_.reference_->manager().AddOutputs(
+          std::span(stored_).subspan(static_cast<size_t>(len() + n), static_cast<size_t>(all - n)));
+    }
     return std::nullopt;
   }
 
@@ -394,6 +408,8 @@ class RequestDriver::Session {
     }
     if (audit) d_.UpdateCensus();
     d_.coverage_.completed += !cancelled_;
+    d_.coverage_.forwarded_last += !cancelled_ && plan_.unforwarded == 0;
+    d_.coverage_.past_stop += !cancelled_ && plan_.unforwarded >= 2;
     d_.coverage_.cancelled += cancelled_;
     d_.previous_stored_ = plan_.inputs;
     if (!cancelled_) {

@@ -62,6 +62,7 @@ std::string RequestPlan::ToString() const {
   if (!user_offsets.empty()) s += fmt::format(" user {}", fmt::join(user_offsets, ","));
   if (!schedule) s += " unscheduled";
   if (cancel_after_tokens >= 0) s += fmt::format(" cancel after {} tokens", cancel_after_tokens);
+  if (unforwarded != 1) s += fmt::format(" unforwarded {}", unforwarded);
   for (size_t k = 0; k < speculation.size(); ++k) {
     const SpeculativeStep& spec = speculation[k];
     s += fmt::format("{}step {} accept {} reject {}", k == 0 ? " spec(" : "; ", spec.step,
@@ -71,7 +72,8 @@ std::string RequestPlan::ToString() const {
   return s;
 }
 
-RequestWorkload::RequestWorkload(Rng rng, WorkloadOptions options) : rng_(rng), options_(options) {
+RequestWorkload::RequestWorkload(Rng rng, WorkloadOptions options)
+    : rng_(rng), tail_rng_(rng.Fork("unforwarded")), options_(options) {
   KV_CHECK(options_.conversations >= 1 && options_.vocab >= 2,
            "a workload needs a conversation and two tokens");
   system_ = Tokens(rng_.Range(4, 10));
@@ -100,6 +102,7 @@ RequestPlan RequestWorkload::Next() {
   const bool cancelled = plan.cancel_after_tokens >= 0;
   // A cancelled request samples nothing (the outputs were drawn before the cancel was).
   if (cancelled) plan.outputs.clear();
+  if (!cancelled) AddUnforwarded(plan);
   c.started = true;
   c.cancelled = cancelled;
   c.inputs = plan.inputs;
@@ -197,6 +200,24 @@ void RequestWorkload::AddSpeculation(RequestPlan& plan) {
     from = spec.end();
     plan.speculation.push_back(std::move(spec));
   }
+}
+
+// One request in six forwards its last sampled token too; one in eight reports two to four
+// tokens past a stop, as far as its speculative steps leave room (they end by the
+// decoded outputs).
+void RequestWorkload::AddUnforwarded(RequestPlan& plan) {
+  const auto n = static_cast<int64_t>(plan.outputs.size());
+  const uint64_t roll = tail_rng_.Below(48);
+  if (roll < 8) {
+    plan.unforwarded = 0;
+    return;
+  }
+  if (roll >= 14 || n < 2) return;
+  int64_t last_end = 0;
+  for (const SpeculativeStep& s : plan.speculation) last_end = std::max(last_end, s.end());
+  const int64_t room = n + 1 - last_end;  // the largest count the steps leave
+  plan.unforwarded = std::min(tail_rng_.Range(2, std::min<int64_t>(n, 4)), room);
+  if (plan.unforwarded < 2) plan.unforwarded = 1;
 }
 
 }  // namespace kvtwin::sim

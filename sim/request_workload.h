@@ -17,6 +17,7 @@
 // them as the sampled tokens. Single-threaded.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,9 +47,16 @@ struct RequestPlan {
   RequestKind kind = RequestKind::kNew;
   int32_t conversation = 0;
   std::vector<int32_t> inputs;
-  // Every sampled token; the last is never forwarded. At least one unless cancelled (a
-  // cancelled request never decodes, so it may have none).
+  // Every sampled token. At least one unless cancelled (a cancelled request never
+  // decodes, so it may have none).
   std::vector<int32_t> outputs;
+  // How many of the last outputs are never forwarded before Close (spec §3 close: the
+  // caches rest at or below the stored tokens): 1, the usual decode loop (the last sampled
+  // token is reported, not forwarded); 0, a server that forwards that token too (it streams
+  // its stop token through the model), so the caches end at every stored token; k >= 2,
+  // tokens reported past a stop without being forwarded (the decode ends k - 1 forwards
+  // early and reports the rest). At most outputs.size(); 1 when cancelled.
+  int64_t unforwarded = 1;
   int64_t dropped = 0;  // kExtend: tokens of the last response left out
   std::vector<int64_t> user_offsets;
   bool schedule = true;  // call SchedulePrefillSnapshots at all
@@ -63,6 +71,11 @@ struct RequestPlan {
   // (a server whose headroom changes between requests); 0 is a budget of exactly 0, every
   // evictable node goes. A run without a budget ignores it.
   int64_t budget_pct = 100;
+  // The outputs the decode forwards sample, the speculative steps' included: every
+  // output but the unforwarded ones past the first (so the speculative steps end by it).
+  int64_t decoded_outputs() const {
+    return static_cast<int64_t>(outputs.size()) - std::max<int64_t>(unforwarded, 1) + 1;
+  }
   std::string ToString() const;  // one summary line
 };
 
@@ -107,7 +120,12 @@ class RequestWorkload {
   std::vector<int32_t> Tokens(int64_t count);
   int32_t Token();
 
+  // How many outputs stay unforwarded (RequestPlan::unforwarded), from a stream of its
+  // own, so every other choice of a seed's stream is what it was before the draw existed.
+  void AddUnforwarded(RequestPlan& plan);
+
   Rng rng_;
+  Rng tail_rng_;
   WorkloadOptions options_;
   std::vector<int32_t> system_;
   std::vector<Conversation> conversations_;

@@ -259,6 +259,9 @@ class Shrinker {
     TryEvent(
         i, [](TraceEvent& e) { return std::exchange(Plan(e).budget_pct, 100) != 100; },
         "run budget");
+    TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(Plan(e).unforwarded, 1) != 1; },
+        "last output unforwarded");
     ShrinkList(
         i, [](TraceEvent& e) -> std::vector<int32_t>& { return Plan(e).inputs; }, 1,
         "shorter prompt");
@@ -294,10 +297,14 @@ class Shrinker {
   }
 
   // The outputs a request must keep: what its speculative steps sample (a speculative step
-  // reports outputs up to its end), at least one unless it is cancelled (no decode at all).
+  // reports outputs up to its end) and the unforwarded ones past them, at least one unless
+  // it is cancelled (no decode at all).
   static size_t MinOutputs(const RequestPlan& plan) {
     int64_t min = plan.cancel_after_tokens >= 0 ? 0 : 1;
     for (const SpeculativeStep& s : plan.speculation) min = std::max(min, s.end());
+    if (plan.cancel_after_tokens < 0) {
+      min = std::max(min + std::max<int64_t>(plan.unforwarded, 1) - 1, plan.unforwarded);
+    }
     return static_cast<size_t>(min);
   }
 
@@ -308,8 +315,11 @@ class Shrinker {
           i, [](TraceEvent& e) -> std::vector<int32_t>& { return OpOf(e).tokens; },
           kind == OpKind::kWrite ? 1 : 2, "shorter forward");
     }
+    // A write of padding alone keeps its padding (without it, it would forward nothing).
     TryEvent(
-        i, [](TraceEvent& e) { return std::exchange(OpOf(e).pad, 0) != 0; }, "no padding");
+        i,
+        [](TraceEvent& e) { return !OpOf(e).tokens.empty() && std::exchange(OpOf(e).pad, 0) != 0; },
+        "no padding");
     TryEvent(
         i, [](TraceEvent& e) { return std::exchange(OpOf(e).segmented, false); },
         "plain recurrent form");

@@ -294,9 +294,12 @@ Status DecodeOutputs(const Fields& f, int64_t index, bool cancelled,
 // step must fit the decode (request_session.cc Decode): it forwards at step `step` and
 // reports outputs [step, step + accepted + 1) as sampled, so all of them must exist, and the
 // next step can start only after them. `rejected` may be empty (every draft accepted, or
-// none drafted). `previous`: the step before (null for the first).
+// none drafted). `previous`: the step before (null for the first). `outputs`: what the
+// decode forwards sample (RequestPlan::decoded_outputs), `unforwarded` how many of the
+// outputs are never forwarded.
 Status DecodeStep(const Fields& f, const Json& v, const std::string& ptr,
-                  const SpeculativeStep* previous, int64_t outputs, SpeculativeStep* step) {
+                  const SpeculativeStep* previous, int64_t outputs, int64_t unforwarded,
+                  SpeculativeStep* step) {
   if (!v.is_object()) return f.where().Error(ptr, Expected("an object", v));
   const Fields s(f.where(), v, ptr);
   static constexpr std::string_view kKeys[] = {"accepted", "rejected", "step"};
@@ -319,8 +322,11 @@ Status DecodeStep(const Fields& f, const Json& v, const std::string& ptr,
                    fmt::format("step {} is past the last of the {} outputs", step->step, outputs));
   }
   if (step->end() > outputs) {
-    return s.Error("accepted", fmt::format("step {} + accepted {} + 1 exceeds the {} outputs",
-                                           step->step, step->accepted, outputs));
+    const std::string decoded =
+        unforwarded >= 2 ? fmt::format(" the decode samples (\"unforwarded\" is {})", unforwarded)
+                         : std::string();
+    return s.Error("accepted", fmt::format("step {} + accepted {} + 1 exceeds the {} outputs{}",
+                                           step->step, step->accepted, outputs, decoded));
   }
   return Status::Ok();
 }
@@ -338,14 +344,31 @@ Status DecodeSpeculation(const Fields& f, RequestPlan* plan) {
     return f.Error("speculation",
                    "not allowed with \"cancel_after\" (a cancelled request has no decode)");
   }
-  const auto n = static_cast<int64_t>(plan->outputs.size());
+  const int64_t n = plan->decoded_outputs();
   std::vector<SpeculativeStep>& steps = plan->speculation;
   steps.clear();
   for (size_t k = 0; k < v->size(); ++k) {
     SpeculativeStep step;
     KV_RETURN_IF_ERROR(DecodeStep(f, (*v)[k], fmt::format("{}/{}", f.Ptr("speculation"), k),
-                                  steps.empty() ? nullptr : &steps.back(), n, &step));
+                                  steps.empty() ? nullptr : &steps.back(), n, plan->unforwarded,
+                                  &step));
     steps.push_back(std::move(step));
+  }
+  return Status::Ok();
+}
+
+// 1 unless given: the last sampled token is not forwarded. A cancelled request has no
+// decode, so only the default; otherwise up to every output.
+Status DecodeUnforwarded(const Fields& f, RequestPlan* plan) {
+  if (!f.Has("unforwarded")) return Status::Ok();
+  if (plan->cancel_after_tokens >= 0) {
+    return f.Error("unforwarded",
+                   "not allowed with \"cancel_after\" (a cancelled request has no decode)");
+  }
+  KV_RETURN_IF_ERROR(f.Length("unforwarded", 0, &plan->unforwarded, Need::kRequired));
+  const auto n = static_cast<int64_t>(plan->outputs.size());
+  if (plan->unforwarded > n) {
+    return f.Error("unforwarded", fmt::format("{} exceeds the {} outputs", plan->unforwarded, n));
   }
   return Status::Ok();
 }
@@ -372,7 +395,7 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
   static constexpr std::string_view kKeys[] = {
       "block_len",    "blocks",   "budget_pct",  "cancel_after", "conversation",
       "dropped",      "inputs",   "output_len",  "outputs",      "prompt_len",
-      "request_kind", "schedule", "speculation", "user_points"};
+      "request_kind", "schedule", "speculation", "unforwarded",  "user_points"};
   KV_RETURN_IF_ERROR(f.OnlyKeys(kKeys));
   plan->index = index;
   KV_RETURN_IF_ERROR(DecodePrompt(f, &plan->inputs));
@@ -384,6 +407,7 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
   KV_RETURN_IF_ERROR(f.Length("dropped", 0, &plan->dropped, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeRequestKind(f, &plan->kind));
   KV_RETURN_IF_ERROR(f.Bool("schedule", &plan->schedule, Need::kOptional));
+  KV_RETURN_IF_ERROR(DecodeUnforwarded(f, plan));
   KV_RETURN_IF_ERROR(DecodeSpeculation(f, plan));
   return f.Ints("user_points", 1, kMaxLength, 0, &plan->user_offsets, Need::kOptional);
 }
@@ -444,11 +468,16 @@ Status DecodeMask(const Fields& f, Op* op) {
 
 // write and speculate: forwards through every layer, so no "layer" (an abandoned
 // speculation names how many layers its forward reached, at most the stack's).
-Status DecodeForward(const Fields& f, int32_t layers, Op* op) {
+// `padding_alone`: every layer is recurrent, so a write may have no tokens and only padding
+// (spec §2.3 Put advances by the real length); attention layers need a row per write.
+Status DecodeForward(const Fields& f, int32_t layers, bool padding_alone, Op* op) {
   const bool speculate = op->kind == OpKind::kSpeculate;
-  KV_RETURN_IF_ERROR(
-      f.Ints("tokens", 0, kMaxInt32, speculate ? 2 : 1, &op->tokens, Need::kRequired));
+  const size_t min_tokens = speculate ? 2 : padding_alone ? 0 : 1;
+  KV_RETURN_IF_ERROR(f.Ints("tokens", 0, kMaxInt32, min_tokens, &op->tokens, Need::kRequired));
   KV_RETURN_IF_ERROR(f.Length("pad", 0, &op->pad, Need::kOptional));
+  if (op->tokens.empty() && op->pad == 0) {
+    return f.Error("tokens", "empty with no \"pad\" (a write forwards at least one row)");
+  }
   KV_RETURN_IF_ERROR(f.Bool("segmented", &op->segmented, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeMask(f, op));
   if (!speculate) return Status::Ok();
@@ -527,7 +556,7 @@ Keys OpKeys(OpKind kind) {
   return kLayerOnly;
 }
 
-Status DecodeOp(const Where& w, const Json& j, int32_t layers, Op* op) {
+Status DecodeOp(const Where& w, const Json& j, int32_t layers, bool padding_alone, Op* op) {
   const Fields f(w, j, "");
   std::string name;
   KV_RETURN_IF_ERROR(f.String("op", &name, Need::kRequired));
@@ -539,7 +568,7 @@ Status DecodeOp(const Where& w, const Json& j, int32_t layers, Op* op) {
   if (!known) return f.Error("op", fmt::format("unknown op {}", Quote(name)));
   KV_RETURN_IF_ERROR(f.OnlyKeys(OpKeys(op->kind), fmt::format(" for op \"{}\"", name)));
   if (op->kind == OpKind::kWrite || op->kind == OpKind::kSpeculate) {
-    return DecodeForward(f, layers, op);
+    return DecodeForward(f, layers, padding_alone, op);
   }
   return DecodeLayerOp(f, layers, op);
 }
@@ -578,6 +607,18 @@ Result<std::unique_ptr<TraceReader>> TraceReader::Start(const std::string& path,
   Json j;
   KV_RETURN_IF_ERROR(ParseLine(w, text, &j));
   KV_RETURN_IF_ERROR(DecodeHeader(w, j, &reader->header_));
+  const TraceHeader& h = reader->header_;
+  if (h.kind == TraceKind::kOps) {
+    // The header decoded, so its stack builds (DecodeHeader validates it the same way).
+    const Result<DType> dtype = ParseDType(h.dtype);
+    const Result<StackConfig> stack =
+        dtype.ok() ? StackFromPreset(h.preset, h.layers, h.window, *dtype, h.dims)
+                   : Result<StackConfig>(dtype.status());
+    reader->padding_alone_ =
+        stack.ok() && std::ranges::all_of(stack->layers, [](const LayerSpec& l) {
+          return l.kind == CacheKind::kRecurrent;
+        });
+  }
   return reader;
 }
 
@@ -607,7 +648,7 @@ Result<std::optional<TraceEvent>> TraceReader::Next() {
   }
   if (header_.kind == TraceKind::kOps) {
     Op op;
-    KV_RETURN_IF_ERROR(DecodeOp(w, j, header_.layers, &op));
+    KV_RETURN_IF_ERROR(DecodeOp(w, j, header_.layers, padding_alone_, &op));
     return std::optional<TraceEvent>(std::move(op));
   }
   RequestPlan plan;

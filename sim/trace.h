@@ -161,6 +161,8 @@ class TraceReader {
   std::string path_;
   std::unique_ptr<std::istream> in_;
   TraceHeader header_;
+  // Ops traces over recurrent layers only: a write may forward padding alone (no tokens).
+  bool padding_alone_ = false;
   int64_t line_ = 0;
   int64_t next_index_ = 0;
 };

@@ -31,6 +31,7 @@ Json RequestJson(const RequestPlan& plan) {
   if (!plan.user_offsets.empty()) j["user_points"] = plan.user_offsets;
   if (!plan.schedule) j["schedule"] = false;
   if (plan.cancel_after_tokens != -1) j["cancel_after"] = plan.cancel_after_tokens;
+  if (plan.unforwarded != 1) j["unforwarded"] = plan.unforwarded;
   if (!plan.speculation.empty()) {
     Json steps = Json::array();
     for (const SpeculativeStep& step : plan.speculation) {

@@ -144,7 +144,7 @@ TEST(PrefixFuzz, RandomInputsReachEvictionsSplitsCancelsSpeculationAndPageIns) {
         c.cache_hits,        c.completed,       c.extensions,    c.dropped_tails, c.divergent,
         c.new_conversations, c.repeats,         c.retries,       c.user_offsets,  c.unscheduled,
         c.continuations,     c.resumed_exactly, c.branch_points, page_ins,        unlimited,
-        rare_tokens}) {
+        rare_tokens,         c.forwarded_last,  c.past_stop}) {
     EXPECT_GT(counter, 0);
   }
 }
@@ -163,11 +163,14 @@ void ExpectValidPlan(const RequestPlan& p, size_t position) {
   for (const int64_t u : p.user_offsets) EXPECT_GE(u, 1);
   EXPECT_TRUE(p.budget_pct >= 0 && p.budget_pct <= 10000);
   EXPECT_TRUE(p.speculation.empty() || !cancelled);
+  EXPECT_TRUE(p.unforwarded == 1 || !cancelled);
+  EXPECT_TRUE(cancelled || (p.unforwarded >= 0 && p.unforwarded <= std::ssize(p.outputs)))
+      << p.unforwarded;
   int64_t from = 0;
   for (const SpeculativeStep& s : p.speculation) {
     EXPECT_GE(s.step, from);
     EXPECT_GE(s.accepted, 0);
-    EXPECT_LE(s.end(), static_cast<int64_t>(p.outputs.size()));
+    EXPECT_LE(s.end(), p.decoded_outputs());
     from = s.end();
     if (!s.rejected.empty() && s.end() <= static_cast<int64_t>(p.outputs.size())) {
       EXPECT_NE(s.rejected.front(), p.outputs[static_cast<size_t>(s.step + s.accepted)]);

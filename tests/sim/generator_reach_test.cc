@@ -71,6 +71,40 @@ TEST_P(GeneratorReach, DrawsTheDirectedRestoresOnEveryKind) {
   EXPECT_GT(r.restore_onto_scheduled_offset_ahead, 0);
 }
 
+// Writes of padding alone come only on stacks of recurrent layers, and there they give
+// state at offset 0, which a snapshot then takes (a layer that reads offset 0 as "no state"
+// hands back null).
+TEST(GeneratorReachPadding, PadsAloneOnlyOnRecurrentStacksAndSnapshotsTheStateAtZero) {
+  for (const std::string preset : {"recurrent", "mixed"}) {
+    int64_t padding_alone = 0, snapshots_of_state_at_zero = 0;
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      StackConfig config = StackFromPreset(preset, 3, 8, DType::kFloat32).value();
+      LockstepDriver driver(config, seed);
+      OpGenerator gen(Rng::Derive(seed, "generator-reach"), OpWeights{});
+      for (int i = 0; i < 1000; ++i) {
+        const Op op = gen.Next(driver);
+        if (op.kind == OpKind::kWrite && op.tokens.empty()) {
+          ++padding_alone;
+          EXPECT_GT(op.pad, 0);
+        }
+        if (op.kind == OpKind::kSnapshot && driver.ref(op.layer).HasState() &&
+            driver.ref(op.layer).Offset() == 0) {
+          ++snapshots_of_state_at_zero;
+        }
+        auto d = driver.Apply(op);
+        ASSERT_FALSE(d.has_value()) << d->ToString() << "\n(" << preset << " seed " << seed << ")";
+      }
+    }
+    SCOPED_TRACE(preset);
+    if (preset == "recurrent") {
+      EXPECT_GT(padding_alone, 0);
+      EXPECT_GT(snapshots_of_state_at_zero, 0);
+    } else {
+      EXPECT_EQ(padding_alone, 0);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPresets, GeneratorReach,
                          ::testing::Combine(::testing::Values("dense", "sliding", "recurrent",
                                                               "mixed"),

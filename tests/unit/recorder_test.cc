@@ -93,6 +93,50 @@ TEST(TraceRecorder, ACancelledRequestHasNoOutputs) {
   EXPECT_EQ(r.coverage.completed, 1);
 }
 
+// A server that forwards its last sampled token, then one that reports tokens past a
+// stop: the counts reach the trace, and the replay closes with the caches at every stored
+// token, then three tokens short of them.
+TEST(TraceRecorder, RecordsHowManySampledTokensWereNeverForwarded) {
+  const std::string path = TracePath();
+  std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);
+  ASSERT_NE(rec, nullptr);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(rec->BeginRequest(0, prompt).ok());
+  ASSERT_TRUE(rec->Sampled(std::vector<int32_t>{6, 7}).ok());
+  ASSERT_TRUE(rec->Unforwarded(0).ok());
+  ASSERT_TRUE(rec->EndRequest().ok());
+  ASSERT_TRUE(rec->BeginRequest(0, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}).ok());
+  ASSERT_TRUE(rec->Speculated(std::vector<int32_t>{9, 10}, 1, 11).ok());  // 9 11
+  ASSERT_TRUE(rec->Sampled(std::vector<int32_t>{12, 13, 14}).ok());
+  ASSERT_TRUE(rec->Unforwarded(5).ok());  // reaches into the speculative step
+  EXPECT_EQ(rec->EndRequest().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(rec->Unforwarded(6).ok());  // more than were sampled
+  EXPECT_EQ(rec->EndRequest().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rec->Unforwarded(-1).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rec->Unforwarded(3).ok());
+  ASSERT_TRUE(rec->EndRequest().ok());
+  ASSERT_TRUE(rec->BeginRequest(0, prompt).ok());
+  ASSERT_TRUE(rec->Unforwarded(0).ok());
+  EXPECT_EQ(rec->Cancel(2).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(rec->Unforwarded(1).ok());
+  ASSERT_TRUE(rec->Cancel(2).ok());
+  ASSERT_TRUE(rec->Finish().ok());
+
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  ASSERT_EQ(trace->events.size(), 3u);
+  EXPECT_EQ(PlanAt(*trace, 0).unforwarded, 0);
+  EXPECT_EQ(PlanAt(*trace, 1).unforwarded, 3);
+  EXPECT_EQ(PlanAt(*trace, 1).outputs, (std::vector<int32_t>{9, 11, 12, 13, 14}));
+  EXPECT_EQ(PlanAt(*trace, 2).unforwarded, 1);
+  EXPECT_EQ(EventToJson(trace->events[0]), R"({"inputs":[1,2,3,4,5],"outputs":[6,7],)"
+                                           R"("unforwarded":0})");
+  const ReplayResult r = ReplayFile(path, {});
+  EXPECT_TRUE(r.passed()) << r.verdict() << "\n" << r.divergence.value_or("");
+  EXPECT_EQ(r.coverage.forwarded_last, 1);
+  EXPECT_EQ(r.coverage.past_stop, 1);
+}
+
 TEST(TraceRecorder, MisuseIsAStatusAndRecordsNothing) {
   const std::string path = TracePath();
   std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);

@@ -111,7 +111,7 @@ std::string Header(const std::function<void(Json&)>& edit) {
 
 auto Tie(const RequestPlan& p) {
   return std::tie(p.index, p.kind, p.conversation, p.inputs, p.outputs, p.dropped, p.user_offsets,
-                  p.schedule, p.cancel_after_tokens, p.speculation, p.budget_pct);
+                  p.schedule, p.cancel_after_tokens, p.speculation, p.budget_pct, p.unforwarded);
 }
 auto Tie(const Op& o) {
   return std::tie(o.kind, o.layer, o.tokens, o.pad, o.segmented, o.mask, o.rect, o.block, o.value,
@@ -188,7 +188,8 @@ std::vector<Op> EveryOpKind() {
 
 // Requests with every optional field away from its default (a cancel and a speculation
 // cannot share a request): two speculative steps back to back, one that accepts every
-// draft, a cancel without outputs and one that keeps its planned outputs.
+// draft, a cancel without outputs and one that keeps its planned outputs; a close with
+// the last output forwarded too, and one with every output unforwarded.
 std::vector<RequestPlan> EveryRequestField() {
   RequestPlan a;
   a.index = 0;
@@ -213,10 +214,12 @@ std::vector<RequestPlan> EveryRequestField() {
   c.inputs = {3};
   c.outputs = {4, 5};
   c.speculation = {SpeculativeStep{0, 1, {}}};  // every draft accepted: nothing rejected
+  c.unforwarded = 0;
   RequestPlan d = c;
   d.index = 3;
   d.kind = RequestKind::kRepeat;
   d.speculation = {};
+  d.unforwarded = 2;
   RequestPlan e = b;
   e.index = 4;
   e.outputs = {1};
@@ -632,6 +635,15 @@ TEST(TraceReaderErrors, SpeculationMustFitTheDecode) {
        R"(/speculation: not allowed with "cancel_after" (a cancelled request has no decode))"},
       {R"({"inputs":[1],"outputs":[2,3,4],"speculation":[{"accepted":2,"rejected":[],"step":1}]})",
        "/speculation/0/accepted: step 1 + accepted 2 + 1 exceeds the 3 outputs"},
+      {R"({"inputs":[1],"outputs":[2,3],"unforwarded":3})",
+       "/unforwarded: 3 exceeds the 2 outputs"},
+      {R"({"inputs":[1],"outputs":[2,3],"unforwarded":-1})", "/unforwarded: must be >= 0, got -1"},
+      {R"({"cancel_after":0,"inputs":[1],"unforwarded":1})",
+       R"(/unforwarded: not allowed with "cancel_after" (a cancelled request has no decode))"},
+      {R"({"inputs":[1],"outputs":[2,3,4],"unforwarded":3,)"
+       R"("speculation":[{"accepted":1,"rejected":[],"step":0}]})",
+       R"(/speculation/0/accepted: step 0 + accepted 1 + 1 exceeds the 1 outputs the decode )"
+       R"(samples ("unforwarded" is 3))"},
       {R"({"inputs":[1],"outputs":[2,3],"speculation":[{"accepted":0,"rejected":[],"step":2}]})",
        "/speculation/0/step: step 2 is past the last of the 2 outputs"},
       {R"({"inputs":[1],"outputs":[2,3],"speculation":[{"accepted":0,"step":0}]})",
@@ -713,6 +725,26 @@ TEST(TraceReader, ACancelledRequestMayHaveNoOutputs) {
             R"(FILE:2: /outputs: missing required field (or "output_len"))");
   EXPECT_EQ(ErrorOf({kRequestsHeader, R"({"inputs":[1],"output_len":0})"}),
             "FILE:2: /output_len: must be >= 1, got 0");
+}
+
+// A write of padding alone (no tokens) is read only on a stack of recurrent layers only,
+// and only with padding; a speculation always forwards tokens.
+TEST(TraceReaderErrors, PaddingAloneNeedsRecurrentLayersAndPadding) {
+  const std::string recurrent =
+      R"({"format":"kvtwin-trace","kind":"ops",)"
+      R"("model":{"dtype":"f32","layers":3,"preset":"recurrent","window":4},"seed":1,"version":1})";
+  EXPECT_EQ(ErrorOf({recurrent, R"({"op":"write","pad":2,"tokens":[]})"}), "(read without error)");
+  EXPECT_EQ(ErrorOf({recurrent, R"({"op":"write","tokens":[]})"}),
+            R"(FILE:2: /tokens: empty with no "pad" (a write forwards at least one row))");
+  EXPECT_EQ(ErrorOf({recurrent, R"({"accepted":0,"op":"speculate","pad":1,"tokens":[1]})"}),
+            "FILE:2: /tokens: needs at least 2 entries, got 1");
+  // Four layers of the recurrent preset hold a full KV layer.
+  std::string four = recurrent;
+  four.replace(four.find(R"("layers":3)"), 10, R"("layers":4)");
+  EXPECT_EQ(ErrorOf({four, R"({"op":"write","pad":2,"tokens":[]})"}),
+            "FILE:2: /tokens: must not be empty");
+  EXPECT_EQ(ErrorOf({kOpsHeader, R"({"op":"write","pad":1,"tokens":[]})"}),
+            "FILE:2: /tokens: must not be empty");
 }
 
 TEST(TraceReaderErrors, OpFields) {
