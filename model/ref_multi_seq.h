@@ -299,6 +299,12 @@ class RefHybridCache {
   void FinishForward();
   // All three; reads_conv = false: a model without conv layers (no ConvState).
   Status Forward(const MsBatch& batch, bool reads_conv = true);
+  // A reserve pass whose graph runs (the KV side and the allocator do not move): its conv
+  // update writes the fake slots 0..n-1 (spec 2.9.1: "write rows for the current slots"),
+  // slot i taking the i-th sequence of the batch (first appearance) shifted in over the rows
+  // the slot held, whoever holds it. Unknown rows stay unknown. REQUIRES: a batch the
+  // hybrid's StartForward accepts (equal, contiguous token counts per sequence).
+  void ReserveConvWrite(const MsBatch& batch);
   void CopyPrefix(SeqId src, SeqId dst, int64_t len);
   // KV Remove; on success the sequence's slot is released (any range).
   Status Remove(SeqId seq, int64_t begin, int64_t end);
@@ -318,6 +324,8 @@ class RefHybridCache {
   // is handed out next), and the current forward's slots (after copy-on-write once it ran).
   std::optional<int32_t> SlotOf(SeqId seq) const;
   int32_t RefCount(int32_t slot) const;
+  // The rows `slot` holds into `out`; false when they are unknown.
+  bool SlotRowsInto(int32_t slot, ConvRows& out) const;
   const std::vector<int32_t>& FreeSlots() const { return free_; }
   const std::vector<int32_t>& CurrentSlots() const { return cur_slots_; }
 
@@ -334,7 +342,10 @@ class RefHybridCache {
   std::optional<int32_t> Pop();
   // Marks the rows of the slots this forward took unknown (its graph never ran).
   void ForgetTaken();
-  void ShiftIn(const MsBatch& batch);
+  // Each of `seqs`' tokens of `batch`, in batch order, shifted into the rows of the slot
+  // at the same index of `slots`.
+  void ShiftIn(const MsBatch& batch, const std::vector<SeqId>& seqs,
+               const std::vector<int32_t>& slots);
 
   RefMultiSeqCache kv_;
   int64_t d_conv_;

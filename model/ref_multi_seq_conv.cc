@@ -98,7 +98,7 @@ Status RefHybridCache::ConvState() {
 void RefHybridCache::FinishForward() {
   KV_CHECK(batch_.has_value() && (!writable_ || writable_->ok()),
            "FinishForward after a forward that failed");
-  if (writable_) ShiftIn(*batch_);
+  if (writable_) ShiftIn(*batch_, cur_seqs_, cur_slots_);
   kv_.Put();
   batch_.reset();
 }
@@ -116,12 +116,24 @@ void RefHybridCache::ForgetTaken() {
   batch_.reset();
 }
 
-void RefHybridCache::ShiftIn(const MsBatch& batch) {
-  for (size_t i = 0; i < cur_seqs_.size(); ++i) {
-    std::optional<ConvRows>& rows = slots_[static_cast<size_t>(cur_slots_[i])].rows;
+void RefHybridCache::ReserveConvWrite(const MsBatch& batch) {
+  std::vector<SeqId> order;  // first appearance
+  for (const MsToken& t : batch) {
+    if (std::find(order.begin(), order.end(), t.seq) == order.end()) order.push_back(t.seq);
+  }
+  KV_CHECK(order.size() <= slots_.size(), "a reserve pass with more sequences than slots");
+  std::vector<int32_t> fake(order.size());
+  for (size_t i = 0; i < fake.size(); ++i) fake[i] = static_cast<int32_t>(i);
+  ShiftIn(batch, order, fake);
+}
+
+void RefHybridCache::ShiftIn(const MsBatch& batch, const std::vector<SeqId>& seqs,
+                             const std::vector<int32_t>& slots) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::optional<ConvRows>& rows = slots_[static_cast<size_t>(slots[i])].rows;
     if (!rows.has_value()) continue;  // unknown rows stay unknown
     for (const MsToken& t : batch) {
-      if (t.seq != cur_seqs_[i]) continue;
+      if (t.seq != seqs[i]) continue;
       ConvRow row = inputs_(t.pos, t.token);
       KV_CHECK(static_cast<int64_t>(row.size()) == width_, "conv input of the wrong width");
       rows->erase(rows->begin());
@@ -192,6 +204,14 @@ std::optional<int32_t> RefHybridCache::SlotOf(SeqId seq) const {
   auto it = slot_of_.find(seq);
   if (it == slot_of_.end()) return std::nullopt;
   return it->second;
+}
+
+bool RefHybridCache::SlotRowsInto(int32_t slot, ConvRows& out) const {
+  KV_CHECK(slot >= 0 && slot < static_cast<int32_t>(slots_.size()), "slot out of range");
+  const std::optional<ConvRows>& rows = slots_[static_cast<size_t>(slot)].rows;
+  if (!rows.has_value()) return false;
+  out = *rows;
+  return true;
 }
 
 int32_t RefHybridCache::RefCount(int32_t slot) const {

@@ -59,6 +59,7 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
   static const std::vector<Field> fields = {
       {"forwards", &MsCoverage::forwards},
       {"reserves", &MsCoverage::reserves},
+      {"reserve_conv_writes", &MsCoverage::reserve_conv_writes},
       {"cache_full", &MsCoverage::cache_full},
       {"unequal_batches", &MsCoverage::unequal_batches},
       {"causal_off", &MsCoverage::causal_off},
@@ -335,7 +336,7 @@ Check MultiSeqDriver::CheckIdeal() {
     return Mismatch{
         fmt::format("conv state of s{} differs from the ideal semantics (documented weakness: "
                     "CopyPrefix shares the current state / Remove resets it / the KV log moved "
-                    "without the conv state)",
+                    "without the conv state / a reserve pass wrote its fake slots)",
                     s),
         fmt::format("{}", fmt::join(want, "; ")),
         spec ? fmt::format("{}", fmt::join(got, "; ")) : "stale rows"};

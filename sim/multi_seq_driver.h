@@ -78,6 +78,7 @@ struct MultiSeqConfig {
 struct MsCoverage {
   int64_t forwards = 0;  // successful, not reserving
   int64_t reserves = 0;
+  int64_t reserve_conv_writes = 0;  // reserve passes whose graph writes the fake conv slots
   int64_t cache_full = 0;
   int64_t unequal_batches = 0;  // refused Unsupported by the hybrid
   int64_t causal_off = 0;       // forwards with SetCausal indices
@@ -191,7 +192,9 @@ class MultiSeqDriver {
   void CountForward(const MsOp& op);
   // Reads, checks and writes every conv layer of a started forward (the forward's graph);
   // before_rows_ / before_known_ hold each sequence of `order`'s state before the forward.
-  Check RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order);
+  // `reserve`: a reserve pass, whose sequence i reads and writes the fake slot i.
+  Check RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order,
+                bool reserve = false);
   Status PutRows(const model::MsBatch& batch);
   // Where StartForward placed the batch and the current range it derived.
   Check CheckPlacement() const;

@@ -188,7 +188,24 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   if (Check c = CheckReserveMask(Tokens(op), op.causal_off, view)) return c;
   // A worst-case pass builds the whole graph, so its conv layers read their state too. The
   // pass maps nothing, so those reads must not unshare (copy-on-write) or move anything:
-  // every slot, refcount, free-list entry and conv row stays what the model holds.
+  // every slot, refcount and free-list entry stays what the model holds. One pass in two
+  // (by its batch alone, so a replay makes the same choice) has its graph run: each conv
+  // layer reads the fake slots' rows and writes them back shifted (spec 2.9.1: the update
+  // writes the current slots), over whatever sequences hold slots 0..n-1.
+  if (config_.num_conv_layers > 0 && (op.batch.size() + op.batch.front().pos) % 2 == 0) {
+    const std::vector<int32_t> order = BatchSequences(op.batch);
+    before_rows_.resize(order.size());
+    before_known_.resize(order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      before_known_[i] = model_.SlotRowsInto(static_cast<int32_t>(i), before_rows_[i]);
+    }
+    const model::MsBatch batch = Tokens(op);
+    if (Check c = RunConv(batch, order, /*reserve=*/true)) return c;
+    model_.ReserveConvWrite(batch);
+    ++coverage_.reserve_conv_writes;
+    if (Check c = CheckSlots(/*current=*/false)) return c;
+    return CheckConv();
+  }
   for (int32_t layer = 0; layer < config_.num_conv_layers; ++layer) {
     const Result<Tensor> state = cache_->ConvState(layer);
     if (!state.ok()) {
@@ -366,7 +383,8 @@ Check MultiSeqDriver::CheckConvStateShape(const Tensor& state, int64_t rows, int
                   state.ShapeString()};
 }
 
-Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order) {
+Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order,
+                              bool reserve) {
   const int64_t d = config_.d_conv, w = config_.hidden;
   // Every batch token's conv input, all layers side by side: a pure function of (pos, h),
   // so one computation per forward serves every layer.
@@ -382,7 +400,7 @@ Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int
       return Outcome(fmt::format("ConvState(L{})", layer), Status::Ok(), state.status());
     conv_allocated_[static_cast<size_t>(layer)] = 1;
     // The values below are read as floats, so a wider dtype or extra rows would pass there.
-    if (Check c = CheckConvStateShape(*state, static_cast<int64_t>(order.size()), layer, false)) {
+    if (Check c = CheckConvStateShape(*state, static_cast<int64_t>(order.size()), layer, reserve)) {
       return c;
     }
     state->Visit([this](const auto& m) { conv_got_ = m.template cast<float>(); });
@@ -401,7 +419,11 @@ Check MultiSeqDriver::RunConv(const model::MsBatch& batch, const std::vector<int
           const float* exp = (*want)[static_cast<size_t>(j)].data() + layer * w;
           if (!std::equal(got, got + w, exp)) {
             return Mismatch{
-                fmt::format("ConvState(L{}) of s{} row {} at the forward", layer, order[i], j),
+                reserve ? fmt::format("ConvState(L{}) of fake slot {} (s{}) row {} at a reserve "
+                                      "pass",
+                                      layer, i, order[i], j)
+                        : fmt::format("ConvState(L{}) of s{} row {} at the forward", layer,
+                                      order[i], j),
                 DescribeConv(layer, exp), DescribeConv(layer, got)};
           }
         }

@@ -311,7 +311,7 @@ TEST(MultiSeqDriver, IdealExpectationReportsTheCopyPrefixWeakness) {
   EXPECT_EQ(d->mismatch.what,
             "conv state of s1 differs from the ideal semantics (documented weakness: CopyPrefix "
             "shares the current state / Remove resets it / the KV log moved without the conv "
-            "state)");
+            "state / a reserve pass wrote its fake slots)");
   EXPECT_NE(d->mismatch.expected.find("pos 3"), std::string::npos) << d->ToString();
   EXPECT_NE(d->mismatch.actual.find("pos 4"), std::string::npos) << d->ToString();
 }
@@ -325,6 +325,30 @@ TEST(MultiSeqDriver, AsSpecifiedExpectationCountsTheWeaknessesWithoutFailing) {
   ApplyOk(driver, MsOp::Remove(0, 3, kvtwin::kUnbounded));   // resets s0's conv state
   EXPECT_EQ(driver.coverage().ideal_divergences, 2);
   EXPECT_EQ(driver.coverage().cow_copies, 1);
+}
+
+// A reserve pass whose graph runs (one token at an odd position: batch size + position is
+// even) writes fake slot 0, which s1 holds: the as-specified run follows the clobber, the
+// ideal one reports it; one at an even position only reads.
+TEST(MultiSeqDriver, AReservePassThatRunsItsGraphOverwritesTheFakeSlots) {
+  for (const ConvExpectation conv : {ConvExpectation::kAsSpecified, ConvExpectation::kIdeal}) {
+    MultiSeqDriver driver(SmallConfig(conv), kValueSeed);
+    ApplyOk(driver, MsOp::Forward(Tokens(1, 0, 2, 10)));  // slot 0
+    ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 2, 20)));  // slot 1
+    ApplyOk(driver, MsOp::Forward(Tokens(0, 2, 1, 30), {}, /*reserve=*/true));
+    EXPECT_EQ(driver.coverage().reserve_conv_writes, 0);
+    const std::optional<MsDivergence> d =
+        driver.Apply(MsOp::Forward(Tokens(0, 3, 1, 31), {}, /*reserve=*/true));
+    EXPECT_EQ(driver.coverage().reserve_conv_writes, 1);
+    if (conv == ConvExpectation::kAsSpecified) {
+      EXPECT_FALSE(d.has_value()) << d->ToString();
+      EXPECT_EQ(driver.coverage().ideal_divergences, 1);
+    } else {
+      ASSERT_TRUE(d.has_value());
+      EXPECT_EQ(d->mismatch.what.rfind("conv state of s1 differs from the ideal semantics", 0), 0u)
+          << d->ToString();
+    }
+  }
 }
 
 TEST(MultiSeqDriver, IdealExpectationReportsTheRemoveWeakness) {

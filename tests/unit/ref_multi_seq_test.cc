@@ -716,6 +716,27 @@ TEST(RefHybridCache, SlotsComeFromALifoStack) {
   EXPECT_EQ(cache.FreeSlots(), (std::vector<int32_t>{3}));
 }
 
+// A reserve pass whose graph runs writes the fake slots 0..n-1: slot i takes the i-th
+// sequence of the batch over whatever rows it held, so the sequence that owns slot 0 here
+// (seq 1, first to allocate) is overwritten with seq 0's inputs, and seq 0's own slot is not.
+TEST(RefHybridCache, AReserveConvWriteOverwritesTheFakeSlots) {
+  RefHybridCache cache = Hybrid(4);
+  ASSERT_TRUE(cache.Forward(OneSeq(1, {0, 1}, 1)).ok());  // slot 0
+  ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1}, 5)).ok());  // slot 1
+  ASSERT_EQ(cache.SlotOf(S(1)), 0);
+  const std::vector<int32_t> free_before = cache.FreeSlots();
+  cache.ReserveConvWrite(OneSeq(0, {7}, 9));
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kAsSpecified), (ConvRows{{2, 1}, {9, 7}}));
+  EXPECT_EQ(Conv(cache, 1, ConvMode::kIdeal), (ConvRows{{1, 0}, {2, 1}}));
+  EXPECT_TRUE(cache.ConvDivergesFromIdeal(S(1)));
+  EXPECT_EQ(Conv(cache, 0, ConvMode::kAsSpecified), (ConvRows{{5, 0}, {6, 1}}));
+  EXPECT_FALSE(cache.ConvDivergesFromIdeal(S(0)));
+  // Nothing is mapped or moved: slots, refcounts and the free stack stay.
+  EXPECT_EQ(cache.SlotOf(S(0)), 1);
+  EXPECT_EQ(cache.FreeSlots(), free_before);
+  EXPECT_EQ(cache.kv().RetainedPositions(S(0)), (Positions{0, 1}));
+}
+
 TEST(RefHybridCache, CopyOnWriteWaitsForTheFirstConvState) {
   RefHybridCache cache = Hybrid(4);
   ASSERT_TRUE(cache.Forward(OneSeq(0, {0, 1}, 1)).ok());
