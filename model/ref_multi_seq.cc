@@ -48,6 +48,7 @@ Result<MultiSeqConfig> ResolveMultiSeqConfig(const MultiSeqInit& init) {
   config.max_seqs = init.max_seqs;
   config.shift_supported = init.shift_supported;
   config.padding = init.padding;
+  config.max_batch = init.max_batch;
   int64_t memory = init.memory == 0 ? init.window : init.memory;
   // Room for a stop token that will not be part of the follow-on sequence.
   if (init.window != kUnbounded && init.max_seqs > 1) {

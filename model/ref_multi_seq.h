@@ -82,6 +82,9 @@ struct MultiSeqConfig {
   int64_t cells = kUnbounded;
   bool shift_supported = true;
   int64_t padding = 1;  // the current range is widened to multiples of it
+  // The cells per RoPE shift call of a Remove (§2.8: the sequence's range in windows of
+  // max_batch); unbounded: one call.
+  int64_t max_batch = kUnbounded;
 };
 
 // Init's rules (§2.8): memory defaults to the window; a finite window with several
@@ -135,6 +138,10 @@ struct MsCell {
 // A cell range: [first, last] of a sequence, or a current range [begin, end).
 using MsSpan = std::pair<int64_t, int64_t>;
 
+// The message of the ResourceExhausted a failing RoPE shift callback returns (a shift graph
+// that cannot be allocated); the drivers' callback and RefMultiSeqCache::Remove share it.
+inline constexpr const char* kShiftFailure = "RoPE shift: out of memory";
+
 class RefMultiSeqCache {
  public:
   explicit RefMultiSeqCache(MultiSeqConfig config);
@@ -159,7 +166,12 @@ class RefMultiSeqCache {
   // left stale); Unsupported "shift not supported" when end is finite, cells remain and no
   // shift callback exists (positions moved, keys not shifted); else ok (a sequence left
   // without cells returns before shifting). REQUIRES: 0 <= begin <= end.
-  Status Remove(SeqId seq, int64_t begin, int64_t end);
+  // `failing_shift_call` >= 0: the shift callback fails on that call (0-based; one call per
+  // group of max_batch cells from the sequence's first cell that holds a cell to move, spec
+  // §2.8): the groups before it are shifted, it and the rest are not, and the callback's
+  // error ResourceExhausted comes back (positions already moved). A call past the last one
+  // never happens, so nothing fails.
+  Status Remove(SeqId seq, int64_t begin, int64_t end, int64_t failing_shift_call = -1);
   // §2.8: true with unbounded memory; else false without retained entries, else
   // max(0, pos - window) >= first && pos <= last + 1 over the retained positions (what the
   // cache holds now: pruning happens lazily, at the StartForwards, not when a position
@@ -306,8 +318,9 @@ class RefHybridCache {
   // hybrid's StartForward accepts (equal, contiguous token counts per sequence).
   void ReserveConvWrite(const MsBatch& batch);
   void CopyPrefix(SeqId src, SeqId dst, int64_t len);
-  // KV Remove; on success the sequence's slot is released (any range).
-  Status Remove(SeqId seq, int64_t begin, int64_t end);
+  // KV Remove (`failing_shift_call` as there); on success the sequence's slot is released
+  // (any range).
+  Status Remove(SeqId seq, int64_t begin, int64_t end, int64_t failing_shift_call = -1);
   bool CanResume(SeqId seq, int64_t pos) const { return kv_.CanResume(seq, pos); }
 
   // nullopt: kAsSpecified and the slot's rows are unknown (a failed forward took it).

@@ -153,8 +153,8 @@ void RefHybridCache::CopyPrefix(SeqId src, SeqId dst, int64_t len) {
   slot_of_[dst] = it->second;
 }
 
-Status RefHybridCache::Remove(SeqId seq, int64_t begin, int64_t end) {
-  KV_RETURN_IF_ERROR(kv_.Remove(seq, begin, end));
+Status RefHybridCache::Remove(SeqId seq, int64_t begin, int64_t end, int64_t failing_shift_call) {
+  KV_RETURN_IF_ERROR(kv_.Remove(seq, begin, end, failing_shift_call));
   Release(seq);  // any range: the next forward starts from zero rows
   return Status::Ok();
 }

@@ -27,7 +27,7 @@ void RefMultiSeqCache::CopyPrefix(SeqId src, SeqId dst, int64_t len) {
   RecomputeRange(dst);
 }
 
-Status RefMultiSeqCache::Remove(SeqId seq, int64_t begin, int64_t end) {
+Status RefMultiSeqCache::Remove(SeqId seq, int64_t begin, int64_t end, int64_t failing_shift_call) {
   KV_CHECK(0 <= begin && begin <= end, "Remove range [" + std::to_string(begin) + ", " +
                                            std::to_string(end) + ") inverted or negative");
   EndForward();
@@ -61,12 +61,28 @@ Status RefMultiSeqCache::Remove(SeqId seq, int64_t begin, int64_t end) {
     return Unsupported("shift not supported: no RoPE shift callback (positions moved)");
   }
   // The callback moves the keys of every cell of the sequence at pos >= begin: exactly the
-  // cells the loop moved.
+  // cells the loop moved. It is called per window of max_batch cells from the sequence's
+  // first cell that holds such a cell, in index order; a failing call stops the walk.
+  const int64_t first = ranges_.at(seq).first;
+  const int64_t window = config_.max_batch;
+  std::vector<int64_t> windows;  // of the cells to move, ascending, each once: the calls
+  for (const MsEntry& e : s.entries) {
+    if (e.retained && e.pos >= begin) windows.push_back((e.index - first) / window);
+  }
+  std::sort(windows.begin(), windows.end());
+  windows.erase(std::unique(windows.begin(), windows.end()), windows.end());
+  const bool fails =
+      failing_shift_call >= 0 && failing_shift_call < static_cast<int64_t>(windows.size());
   for (MsEntry& e : s.entries) {
     if (!e.retained || e.pos < begin) continue;
+    const int64_t call =
+        std::lower_bound(windows.begin(), windows.end(), (e.index - first) / window) -
+        windows.begin();
+    if (fails && call >= failing_shift_call) continue;
     e.shifts.push_back(delta);
     if (auto rows = rows_.find(e.index); rows != rows_.end()) rows->second.shifts.push_back(delta);
   }
+  if (fails) return ResourceExhausted(kShiftFailure);
   return Status::Ok();
 }
 

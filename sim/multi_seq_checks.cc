@@ -70,6 +70,7 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"removes_middle_shift", &MsCoverage::removes_middle_shift},
       {"removes_refused_shared", &MsCoverage::removes_refused_shared},
       {"removes_refused_no_shift", &MsCoverage::removes_refused_no_shift},
+      {"removes_shift_failed", &MsCoverage::removes_shift_failed},
       {"cow_copies", &MsCoverage::cow_copies},
       {"can_resume_true", &MsCoverage::can_resume_true},
       {"can_resume_false", &MsCoverage::can_resume_false},

@@ -55,10 +55,11 @@ Mismatch Outcome(const std::string& what, const Status& expected, const Status& 
 
 // Which outcome a Remove had: §2.8's two Unsupported refusals differ in cause and in what
 // they leave behind, so the code alone does not tell them apart.
-enum class RemoveOutcome : uint8_t { kOk, kSharedCells, kNoShift, kOther };
+enum class RemoveOutcome : uint8_t { kOk, kSharedCells, kNoShift, kShiftFailed, kOther };
 
 RemoveOutcome ClassifyRemove(const Status& s) {
   if (s.ok()) return RemoveOutcome::kOk;
+  if (s.code() == StatusCode::kResourceExhausted) return RemoveOutcome::kShiftFailed;
   if (s.code() != StatusCode::kUnsupported) return RemoveOutcome::kOther;
   return s.message().find("shared") != std::string::npos ? RemoveOutcome::kSharedCells
                                                          : RemoveOutcome::kNoShift;
@@ -128,9 +129,14 @@ MultiSeqDriver::MultiSeqDriver(MultiSeqConfig config, uint64_t value_seed)
   if (config_.shift_supported) {
     // RoPE moves a key's position, not its content: re-encode the tag of each moved row.
     // The calls are recorded too: their grouping is checked after the Remove.
+    // A Remove may make one call fail (FailingShiftCall): it is recorded, shifts nothing
+    // and returns the error a shift graph that cannot be allocated would.
     cache_->mutable_kv().set_shift(
-        [calls = shift_calls_](CausalCache& kv, std::span<const int64_t> cells, int64_t delta) {
+        [calls = shift_calls_, failing = failing_shift_call_](
+            CausalCache& kv, std::span<const int64_t> cells, int64_t delta) {
+          const auto call = static_cast<int64_t>(calls->size());
           calls->push_back({{cells.begin(), cells.end()}, delta});
+          if (call == *failing) return ResourceExhausted(model::kShiftFailure);
           for (int64_t cell : cells) ShiftPositionTag(kv.mutable_k(), cell, delta);
           return Status::Ok();
         });
@@ -316,15 +322,30 @@ Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
   const int64_t next = history.empty() ? 0 : history.back().pos + 1;
   if (finite && (op.begin == op.end || op.end > next)) ++coverage_.removes_degenerate;
   shift_calls_->clear();
+  // One finite Remove in five (by its fields alone, so a replay chooses alike) has the shift
+  // callback fail on its first or second call: production returns the error with the
+  // positions moved and the groups before it shifted.
+  *failing_shift_call_ =
+      finite && (op.seq * 7 + op.begin * 3 + op.end) % 5 == 0 ? op.begin % 2 : int64_t{-1};
   const Status actual = cache_->Remove(op.seq, op.begin, op.end);
-  const Status expected = model_.Remove(S(op.seq), op.begin, finite ? op.end : model::kUnbounded);
+  const Status expected = model_.Remove(S(op.seq), op.begin, finite ? op.end : model::kUnbounded,
+                                        config_.shift_supported ? *failing_shift_call_ : -1);
+  const int64_t failing = *failing_shift_call_;
+  *failing_shift_call_ = -1;
   Fold(static_cast<uint64_t>(actual.code()));
   const RemoveOutcome outcome = ClassifyRemove(expected);
   if (actual.code() != expected.code() || ClassifyRemove(actual) != outcome) {
     return Outcome("Remove", expected, actual);
   }
-  if (Check c = CheckShiftCalls(op.seq, op.begin, op.end, finite && expected.ok())) return c;
-  if (outcome == RemoveOutcome::kSharedCells) {
+  const bool shifted = finite && (expected.ok() || outcome == RemoveOutcome::kShiftFailed);
+  if (Check c = CheckShiftCalls(op.seq, op.begin, op.end, shifted,
+                                outcome == RemoveOutcome::kShiftFailed ? failing : -1)) {
+    return c;
+  }
+  if (outcome == RemoveOutcome::kShiftFailed) {
+    ++coverage_.removes_shift_failed;
+    half_edited_.insert(op.seq);  // positions moved, some keys not
+  } else if (outcome == RemoveOutcome::kSharedCells) {
     ++coverage_.removes_refused_shared;
     half_edited_.insert(op.seq);
   } else if (outcome == RemoveOutcome::kNoShift) {
@@ -338,7 +359,8 @@ Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
   return std::nullopt;
 }
 
-Check MultiSeqDriver::CheckShiftCalls(int32_t seq, int64_t begin, int64_t end, bool shifted) {
+Check MultiSeqDriver::CheckShiftCalls(int32_t seq, int64_t begin, int64_t end, bool shifted,
+                                      int64_t failed_call) {
   std::vector<ShiftCall> want;
   if (shifted) {
     model_.kv().CellsInto(cells_);
@@ -359,6 +381,10 @@ Check MultiSeqDriver::CheckShiftCalls(int32_t seq, int64_t begin, int64_t end, b
         if (holds(i) && cells_[i].pos >= begin) call.cells.push_back(static_cast<int64_t>(i));
       }
       if (!call.cells.empty()) want.push_back(std::move(call));
+    }
+    // The failing call is made; none after it.
+    if (failed_call >= 0 && failed_call + 1 < static_cast<int64_t>(want.size())) {
+      want.resize(static_cast<size_t>(failed_call + 1));
     }
   }
   if (*shift_calls_ == want) return std::nullopt;

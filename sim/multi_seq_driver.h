@@ -89,6 +89,7 @@ struct MsCoverage {
   int64_t removes_middle_shift = 0;
   int64_t removes_refused_shared = 0;
   int64_t removes_refused_no_shift = 0;
+  int64_t removes_shift_failed = 0;  // the shift callback failed part way (injected)
   int64_t cow_copies = 0;
   int64_t can_resume_true = 0;
   int64_t can_resume_false = 0;
@@ -227,11 +228,13 @@ class MultiSeqDriver {
   Check CheckSlotModel(bool current) const;
   Check CheckConv();
   Check CheckIdeal();
-  // The shift calls of a Remove of [begin, end) on `seq` that succeeded (finite: end is
-  // bounded) against the model's cells: none unless it renumbered cells; otherwise one call
-  // per window of max_batch cells, counted from the sequence's first cell, that holds a
-  // moved cell (pos >= begin), with exactly those cells and delta begin - end.
-  Check CheckShiftCalls(int32_t seq, int64_t begin, int64_t end, bool shifted);
+  // The shift calls of a Remove of [begin, end) on `seq` that succeeded or whose callback
+  // failed (finite: end is bounded) against the model's cells: none unless it renumbered
+  // cells; otherwise one call per window of max_batch cells, counted from the sequence's
+  // first cell, that holds a moved cell (pos >= begin), with exactly those cells and delta
+  // begin - end; up to the failing call.
+  // `failed_call` >= 0: the callback failed on that call, the last one made.
+  Check CheckShiftCalls(int32_t seq, int64_t begin, int64_t end, bool shifted, int64_t failed_call);
   // Rows `index` of memo_k_ / memo_v_ := the expected K and V rows of `rows` (K moved by its
   // shifts). A row is a pure function of (written_pos, token, shifts, K|V) for the run's
   // fixed values seed, dtype and width, so the memo recomputes a cell's rows only when the
@@ -290,6 +293,8 @@ class MultiSeqDriver {
     bool operator==(const ShiftCall&) const = default;
   };
   std::shared_ptr<std::vector<ShiftCall>> shift_calls_ = std::make_shared<std::vector<ShiftCall>>();
+  // The shift call (0-based) the callback fails on in the current Remove, -1 for none.
+  std::shared_ptr<int64_t> failing_shift_call_ = std::make_shared<int64_t>(-1);
   std::vector<int32_t> on_free_;
 };
 

@@ -439,6 +439,28 @@ TEST(RefMultiSeqCache, SharingEndsWhenOneSideDropsTheCell) {
   EXPECT_EQ(cache.UsedCells(), 2);
 }
 
+// Six cells of seq 0 at 0..5, max_batch 2: Remove [0, 1) frees cell 0 and moves cells 1..5,
+// in the shift calls of the windows from the sequence's first cell: {1, 2}, {3, 4}, {5}. A
+// failure on call 1 keeps the shifts of cells 1 and 2 only, with every position moved; a
+// call past the last never fails.
+TEST(RefMultiSeqCache, AFailingShiftCallStopsTheShiftAtItsGroup) {
+  MultiSeqConfig config{kUnbounded, kUnbounded, kUnbounded, 1, 16, true};
+  config.max_batch = 2;
+  RefMultiSeqCache cache(config);
+  ForwardRows(cache, OneSeq(0, {0, 1, 2, 3, 4, 5}, 1));
+  const Status failed = cache.Remove(S(0), 0, 1, /*failing_shift_call=*/1);
+  EXPECT_EQ(failed.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(failed.message(), kShiftFailure);
+  EXPECT_EQ(cache.RetainedPositions(S(0)), (Positions{0, 1, 2, 3, 4}));
+  std::vector<std::vector<int64_t>> shifts;
+  for (const MsEntry& e : cache.Retained(S(0))) shifts.push_back(e.shifts);
+  EXPECT_EQ(shifts, (std::vector<std::vector<int64_t>>{{-1}, {-1}, {}, {}, {}}));
+  RefMultiSeqCache past(config);
+  ForwardRows(past, OneSeq(0, {0, 1, 2, 3, 4, 5}, 1));
+  EXPECT_TRUE(past.Remove(S(0), 0, 1, /*failing_shift_call=*/3).ok());
+  for (const MsEntry& e : past.Retained(S(0))) EXPECT_EQ(e.shifts, (std::vector<int64_t>{-1}));
+}
+
 TEST(RefMultiSeqCache, RemoveWithoutShiftCallbackMovesPositionsButNotKeys) {
   RefMultiSeqCache cache(MultiSeqConfig{kUnbounded, kUnbounded, kUnbounded, 1, 16, false});
   ForwardRows(cache, OneSeq(0, {0, 1, 2, 3}, 1));
