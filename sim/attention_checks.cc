@@ -262,6 +262,19 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
     RelaxPieces(rect, start, rect_side);
     logical = relax(logical, rect_side);
     ref_mask.rects.push_back(rect);
+    // Every other forward then relaxes a second span in a second call, as a model relaxing
+    // span by span would: one query at the last piece's far corner seeing two keys from
+    // there, a span that touches the piece corner to corner (back-to-back media). Relax
+    // must keep the rectangles it had and keep the two apart (a bounding box opens more);
+    // the reference states it as a second rectangle.
+    const RelaxRect last = rect_side.back();
+    if ((start + query_len + rect.q_lo) % 2 == 0) {
+      const RelaxRect span{last.q_hi, last.q_hi + 1, last.k_hi, last.k_hi + 2};
+      wider_side.push_back(span);
+      logical = relax(logical, wider_side);
+      wider_side.clear();
+      ref_mask.rects.push_back(model::RefRect{span.q_lo, span.q_hi, span.k_lo, span.k_hi});
+    }
   }
   if (write.mask == MaskForm::kRelaxBlock) {
     // Composed as a model would stack two relaxed masks, the rectangle and a wider one
