@@ -192,7 +192,8 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   // (by its batch alone, so a replay makes the same choice) has its graph run: each conv
   // layer reads the fake slots' rows and writes them back shifted (spec 2.9.1: the update
   // writes the current slots), over whatever sequences hold slots 0..n-1.
-  if (config_.num_conv_layers > 0 && (op.batch.size() + op.batch.front().pos) % 2 == 0) {
+  if (config_.num_conv_layers > 0 && !op.batch.empty() &&
+      (op.batch.size() + op.batch.front().pos) % 2 == 0) {
     const std::vector<int32_t> order = BatchSequences(op.batch);
     before_rows_.resize(order.size());
     before_known_.resize(order.size());
