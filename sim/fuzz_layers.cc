@@ -246,7 +246,8 @@ void Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Sha
   op.pad = r.pad % 5 == 0 ? 1 + (r.pad / 5) % 3 : 0;
   // The recurrent target's stacks are recurrent layers only, where a write may be padding
   // alone: the state then exists at an offset that did not move (offset 0 on a fresh layer).
-  if (kind == OpKind::kWrite && s.preset == "recurrent" && op.pad > 0 && (r.pad / 15) % 4 == 3) {
+  if (kind == OpKind::kWrite && d.config().TakesPaddingAlone() && op.pad > 0 &&
+      (r.pad / 15) % 4 == 3) {
     op.tokens.clear();
   }
   op.segmented = r.segmented % 2 == 1;

@@ -198,9 +198,9 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
 // at offset 0), one in sixteen otherwise. Half of the first kind queue a snapshot of such a
 // layer right after, of the state at offset 0 it then holds.
 Op OpGenerator::MaybePaddingAlone(const LockstepDriver& driver, Op write) {
+  if (!driver.config().TakesPaddingAlone()) return write;
   int32_t stateless = -1;
   for (int32_t l = 0; l < driver.num_layers(); ++l) {
-    if (driver.config().layers[static_cast<size_t>(l)].kind != CacheKind::kRecurrent) return write;
     if (!driver.ref(l).HasState()) stateless = l;
   }
   if (!padding_rng_.Chance(1, stateless >= 0 ? 3 : 16)) return write;

@@ -112,10 +112,7 @@ bool LockstepDriver::Valid(const Op& op) const {
     if (op.pad < 0 || op.pad > 64) return false;
     if (op.tokens.size() < min_tokens) {
       const bool padding_alone = op.kind == OpKind::kWrite && op.tokens.empty() && op.pad > 0;
-      if (!padding_alone) return false;
-      for (const Layer& l : layers_) {
-        if (l.cache->kind() != CacheKind::kRecurrent) return false;
-      }
+      if (!padding_alone || !config_.TakesPaddingAlone()) return false;
     }
     if (op.abandon_after < -1 || op.abandon_after > num_layers()) return false;
     if (op.kind == OpKind::kWrite && op.abandon_after != -1) return false;

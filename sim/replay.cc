@@ -240,12 +240,6 @@ uint64_t TraceValueSeed(const TraceHeader& header) {
   return Rng::Derive(header.seed, "values").Next();
 }
 
-Result<StackConfig> TraceStack(const TraceHeader& header) {
-  Result<DType> dtype = ParseDType(header.dtype);
-  if (!dtype.ok()) return dtype.status();
-  return StackFromPreset(header.preset, header.layers, header.window, *dtype, header.dims);
-}
-
 RequestDriverOptions TraceDriverOptions(const TraceHeader& header) {
   RequestDriverOptions o;
   o.budget_bytes = header.budget_bytes;

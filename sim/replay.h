@@ -86,11 +86,10 @@ std::string DivergenceKind(const std::string& what);
 // code that drives a recorded run itself and must reach the replay's digest.
 uint64_t TraceValueSeed(const TraceHeader& header);
 
-// The layer stack and the request-driver options the replay builds from a trace header,
-// for code that runs the same requests another way (the benchmark's production-only mode
-// must drive exactly the stack and cadence the differential replay checks). Errors name
-// the bad header value.
-Result<StackConfig> TraceStack(const TraceHeader& header);
+// The request-driver options the replay builds from a trace header (its stack:
+// TraceStack, sim/trace.h), for code that runs the same requests another way (the
+// benchmark's production-only mode must drive exactly the stack and cadence the
+// differential replay checks).
 RequestDriverOptions TraceDriverOptions(const TraceHeader& header);
 
 // Replays `path`: a kvtwin trace, or Mooncake JSONL (detected by LooksLikeMooncake).

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <string_view>
 
@@ -163,6 +164,12 @@ Status StackConfig::Validate() const {
   }
   if (!stateful) return InvalidArgument("every layer is stateless: the manager has no cache");
   return Status::Ok();
+}
+
+bool StackConfig::TakesPaddingAlone() const {
+  return !layers.empty() && std::ranges::all_of(layers, [](const LayerSpec& l) {
+    return l.kind == CacheKind::kRecurrent;
+  });
 }
 
 std::string StackConfig::Describe() const {

@@ -101,6 +101,9 @@ struct StackConfig {
   Status Validate() const;
   // "mixed x3 [kv, rotating(W=4), recurrent] f32 kv=2x4/5 rec=tail3 hk2 hv4 dk2 dv3"
   std::string Describe() const;
+  // Whether a write may forward padding alone (no tokens): only on recurrent layers, which
+  // advance by the real length (spec §2.3 Put); attention caches advance by every row.
+  bool TakesPaddingAlone() const;
 };
 
 // The preset names the layer drivers take (sweeps, ops traces, layer fuzz targets).

@@ -607,19 +607,18 @@ Result<std::unique_ptr<TraceReader>> TraceReader::Start(const std::string& path,
   Json j;
   KV_RETURN_IF_ERROR(ParseLine(w, text, &j));
   KV_RETURN_IF_ERROR(DecodeHeader(w, j, &reader->header_));
-  const TraceHeader& h = reader->header_;
-  if (h.kind == TraceKind::kOps) {
+  if (reader->header_.kind == TraceKind::kOps) {
     // The header decoded, so its stack builds (DecodeHeader validates it the same way).
-    const Result<DType> dtype = ParseDType(h.dtype);
-    const Result<StackConfig> stack =
-        dtype.ok() ? StackFromPreset(h.preset, h.layers, h.window, *dtype, h.dims)
-                   : Result<StackConfig>(dtype.status());
-    reader->padding_alone_ =
-        stack.ok() && std::ranges::all_of(stack->layers, [](const LayerSpec& l) {
-          return l.kind == CacheKind::kRecurrent;
-        });
+    const Result<StackConfig> stack = TraceStack(reader->header_);
+    reader->padding_alone_ = stack.ok() && stack->TakesPaddingAlone();
   }
   return reader;
+}
+
+Result<StackConfig> TraceStack(const TraceHeader& header) {
+  Result<DType> dtype = ParseDType(header.dtype);
+  if (!dtype.ok()) return dtype.status();
+  return StackFromPreset(header.preset, header.layers, header.window, *dtype, header.dims);
 }
 
 Result<std::optional<TraceEvent>> TraceReader::Next() {

@@ -167,6 +167,9 @@ class TraceReader {
   int64_t next_index_ = 0;
 };
 
+// The layer stack a trace header names. Errors name the bad header value.
+Result<StackConfig> TraceStack(const TraceHeader& header);
+
 // Whole-file convenience over TraceReader.
 Result<Trace> ReadTrace(const std::string& path);
 // The same over text in memory, named `name` in errors.
