@@ -204,18 +204,17 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
     if (Check c = RunConv(batch, order, /*reserve=*/true)) return c;
     model_.ReserveConvWrite(batch);
     ++coverage_.reserve_conv_writes;
-    if (Check c = CheckSlots(/*current=*/false)) return c;
-    return CheckConv();
-  }
-  for (int32_t layer = 0; layer < config_.num_conv_layers; ++layer) {
-    const Result<Tensor> state = cache_->ConvState(layer);
-    if (!state.ok()) {
-      return Outcome(fmt::format("ConvState L{} of a reserve pass", layer), Status::Ok(),
-                     state.status());
-    }
-    conv_allocated_[static_cast<size_t>(layer)] = 1;
-    if (Check c = CheckConvStateShape(*state, static_cast<int64_t>(fake.size()), layer, true)) {
-      return c;
+  } else {
+    for (int32_t layer = 0; layer < config_.num_conv_layers; ++layer) {
+      const Result<Tensor> state = cache_->ConvState(layer);
+      if (!state.ok()) {
+        return Outcome(fmt::format("ConvState L{} of a reserve pass", layer), Status::Ok(),
+                       state.status());
+      }
+      conv_allocated_[static_cast<size_t>(layer)] = 1;
+      if (Check c = CheckConvStateShape(*state, static_cast<int64_t>(fake.size()), layer, true)) {
+        return c;
+      }
     }
   }
   if (config_.num_conv_layers > 0) {
