@@ -29,19 +29,23 @@ Check LayerOracle::CheckRecurrentOutputs(const MatF& conv_out, const MatF& y,
   }
   const int64_t tail = dims_.conv_tail;
   conv_window_.resize(static_cast<size_t>(tail + 1));
-  for (int64_t t = 0; t < n; ++t) {
+  // Every row of the forward, padded ones too (spec §2.4.1: a padded row convolves zeroed
+  // inputs, and the real rows before it still reach it through the taps).
+  for (int64_t t = 0; t < conv_out.rows(); ++t) {
     const int64_t p = start + t;
-    // The raw conv inputs of positions p - tail .. p, oldest first (zeros before 0). The
-    // memo holds at least a window's rows, so they stay put while this one is read.
+    // The raw conv inputs of positions p - tail .. p, oldest first (zeros before 0 and past
+    // the real tokens). The memo holds at least a window's rows, so they stay put while this
+    // one is read.
     for (int64_t r = 0; r <= tail; ++r) {
-      conv_window_[static_cast<size_t>(r)] = ConvInput(p - tail + r, log);
+      const int64_t q = p - tail + r;
+      conv_window_[static_cast<size_t>(r)] = ConvInput(q < start + n ? q : -1, log);
     }
     model::RefConvRow(conv_window_, conv_w_, conv_b_, conv_silu_, conv_out_row_);
     for (int64_t c = 0; c < channels; ++c) {
       if (!WithinDeltaTolerance(conv_out(t, c), conv_out_row_(c))) {
-        return Mismatch{fmt::format("recurrent conv output row {} (position {}) channel {} "
+        return Mismatch{fmt::format("recurrent conv output {}row {} (position {}) channel {} "
                                     "(tolerance {})",
-                                    t, p, c, kDeltaTolerance),
+                                    t < n ? "" : "padded ", t, p, c, kDeltaTolerance),
                         fmt::format("{:.7g}", conv_out_row_(c)),
                         fmt::format("{:.7g}", conv_out(t, c))};
       }

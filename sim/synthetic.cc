@@ -103,10 +103,17 @@ void SyntheticForward::FillGdnInput(MatF& qkv, MatF& ba, int64_t row, DType dtyp
   // Mostly in [-3, 3); one cell in 16 twelve times wider, so the gate's softplus and beta's
   // sigmoid also run saturated (|x| past 20, where kernels switch to a linear or constant
   // branch), as a real model's outliers do: a decay then rounds to 1 in float, or falls to
-  // about 1e-43, a denormal.
+  // about 1e-43, a denormal. One in 64 lies in ±[90, 180), past where float's e^x overflows
+  // (88.7) and e^-x underflows to 0 (104): a sigmoid or softplus that exponentiates on the
+  // wrong side turns into inf / inf or log(0) there, and only there (with a small A, below,
+  // such a gate still leaves a decay well inside (0, 1)).
   for (int64_t c = 0; c < 2 * dims.num_v_heads; ++c) {
     const float x = Uniform(state, -3.0f, 3.0f);
-    ba(row, c) = RoundTo(dtype, SplitMix64(state) % 16 == 0 ? 12.0f * x : x);
+    const uint64_t wide = SplitMix64(state) % 64;
+    const float v = wide % 16 == 0 ? 12.0f * x
+                    : wide == 1    ? std::copysign(90.0f + 30.0f * std::fabs(x), x)
+                                   : x;
+    ba(row, c) = RoundTo(dtype, v);
   }
 }
 
@@ -133,9 +140,17 @@ GdnParams SyntheticForward::GdnParamsFor(int32_t layer, const RecurrentDims& dim
   g.dims = dims;
   g.dt_bias = VecF(dims.num_v_heads);
   g.a_exp = VecF(dims.num_v_heads);
+  // A = exp(A_log) in [1/e, e), and one head in four off that range from a stream of its
+  // own (the other heads keep their draws): A in [e^-6, e^-3) decays slowly even under a
+  // saturated gate, so an extreme gate's rounding shows in the state instead of vanishing
+  // under a decay of e^-100; A in [e, e^3) decays as fast as Mamba's initial range (1..16).
+  uint64_t off_range = RowSeed(seed_, kParams, layer, -3, 0);
   for (int64_t i = 0; i < dims.num_v_heads; ++i) {
     g.dt_bias(i) = Uniform(state, -1.0f, 1.0f);
     g.a_exp(i) = std::exp(Uniform(state, -1.0f, 1.0f));
+    const uint64_t pick = SplitMix64(off_range) % 8;
+    if (pick == 0) g.a_exp(i) = std::exp(Uniform(off_range, -6.0f, -3.0f));
+    if (pick == 1) g.a_exp(i) = std::exp(Uniform(off_range, 1.0f, 3.0f));
   }
   return g;
 }

@@ -141,8 +141,11 @@ void CausalConv1DInto(const Tensor& tail, const Tensor& x, int64_t real_len,
   window.Visit([&](auto& m) { m.bottomRows(len - real_len).setZero(); });
   window.Visit([&](const auto& m) { scratch.window_f = m.template cast<float>(); });
 
-  out.out.setZero(len, tail.cols());
-  for (int64_t t = 0; t < real_len; ++t) {
+  // Spec §2.4.1 defines every output row t < L, a padded one over its zeroed inputs (the
+  // real rows before it still reach it through the taps): what the model's graph computes
+  // and hands on, even though the gated-delta step then masks those tokens.
+  out.out.resize(len, tail.cols());
+  for (int64_t t = 0; t < len; ++t) {
     ConvRow(scratch.window_f.row(t).data(), weights, out.out.row(t).data());
   }
   out.states.resize(splits.size() + 1);

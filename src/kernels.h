@@ -21,7 +21,7 @@ struct ConvWeights {
 };
 
 struct ConvResult {
-  MatF out;                    // [L x conv_dim]; padded rows are zero
+  MatF out;                    // [L x conv_dim]; every row, padded ones over zeroed inputs
   std::vector<Tensor> states;  // tail at each interior split, then at real_len (tail dtype)
 };
 

@@ -139,7 +139,7 @@ TEST(CausalConv1D, BiasAndSiluEqualSiluOfAHandComputedConvOverPriorAndInput) {
   EXPECT_TRUE(Near(got.out, want, 1e-5));
 }
 
-TEST(CausalConv1D, PaddedRowsChangeNeitherTheTailsNorTheRealOutputs) {
+TEST(CausalConv1D, PaddedRowsChangeNeitherTheTailsNorTheRealOutputsAndConvolveZeros) {
   ConvCase cc = MakeConvCase(DType::kFloat32, 3, 5, 4, true, false);
   MatF padded = cc.x.ToFloat();
   padded.bottomRows(2).setConstant(99.0f);
@@ -155,7 +155,14 @@ TEST(CausalConv1D, PaddedRowsChangeNeitherTheTailsNorTheRealOutputs) {
     EXPECT_TRUE(got.states[i].Equals(want.states[i])) << "state " << i;
   }
   EXPECT_TRUE(BitEqual(got.out.topRows(2), want.out));
-  EXPECT_TRUE(BitEqual(got.out.bottomRows(2), MatF::Zero(2, 5)));
+  // Spec §2.4.1: a padded row's output is the formula over its inputs zeroed, which the
+  // real rows before it still reach through the taps (not zero, not the 99s).
+  MatF zeroed = padded;
+  zeroed.bottomRows(2).setZero();
+  const ConvResult over_zeros =
+      CausalConv1D(cc.tail, Tensor::FromFloat(DType::kFloat32, zeroed), 4, cc.weights, {});
+  EXPECT_TRUE(BitEqual(got.out.bottomRows(2), over_zeros.out.bottomRows(2)));
+  EXPECT_FALSE(got.out.bottomRows(2).isZero()) << "the taps reach back to the real rows";
 }
 
 TEST(CausalConv1D, Bf16TailHoldsExactlyTheRoundedRawInputsNotTheOutputs) {

@@ -44,6 +44,10 @@ struct Fixture {
     snaps.push_back(kv.Snapshot(0));  // [0, 12): any KV range will do for a dump
     snaps.push_back(nullptr);
     trie.SetSnapshots(a, std::move(snaps));
+    // A set whose every slot is null (a split parent over whole-state layers) restores
+    // nothing, so it must dump as `none` like a node never given a set.
+    std::vector<SnapshotPtr> nulls(2);
+    trie.SetSnapshots(c, std::move(nulls));
   }
 };
 
