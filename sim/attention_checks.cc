@@ -260,21 +260,31 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
   if (write.mask == MaskForm::kRelax) {
     // The reference states the rectangle whole; production gets it whole or in pieces.
     RelaxPieces(rect, start, rect_side);
-    logical = relax(logical, rect_side);
     ref_mask.rects.push_back(rect);
-    // Every other forward then relaxes a second span in a second call, as a model relaxing
+    // Every other forward also relaxes a second span in a second call, as a model relaxing
     // span by span would: one query at the last piece's far corner seeing two keys from
     // there, a span that touches the piece corner to corner (back-to-back media). Relax
     // must keep the rectangles it had and keep the two apart (a bounding box opens more);
-    // the reference states it as a second rectangle.
+    // the reference states it as a second rectangle. One in two of those relaxes the later
+    // span first: nothing orders a mask's rectangles by position (a model may relax its
+    // media spans in any order), so no reader may stop at the first one past a forward.
     const RelaxRect last = rect_side.back();
-    if ((start + query_len + rect.q_lo) % 2 == 0) {
-      const RelaxRect span{last.q_hi, last.q_hi + 1, last.k_hi, last.k_hi + 2};
+    const RelaxRect span{last.q_hi, last.q_hi + 1, last.k_hi, last.k_hi + 2};
+    const bool second = (start + query_len + rect.q_lo) % 2 == 0;
+    const bool later_first = second && ((start + rect.k_lo) / 2) % 2 == 0;
+    if (later_first) {
       wider_side.push_back(span);
       logical = relax(logical, wider_side);
       wider_side.clear();
-      ref_mask.rects.push_back(model::RefRect{span.q_lo, span.q_hi, span.k_lo, span.k_hi});
     }
+    logical = relax(logical, rect_side);
+    if (second && !later_first) {
+      wider_side.push_back(span);
+      logical = relax(logical, wider_side);
+      wider_side.clear();
+    }
+    if (second)
+      ref_mask.rects.push_back(model::RefRect{span.q_lo, span.q_hi, span.k_lo, span.k_hi});
   }
   if (write.mask == MaskForm::kRelaxBlock) {
     // Composed as a model would stack two relaxed masks, the rectangle and a wider one
@@ -355,7 +365,9 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
 
 Check LayerOracle::CheckAttention(const History& history, std::span<const model::Token> log_after,
                                   int64_t start, int64_t query_len, model::RefKind kind) {
-  KV_CHECK(query_len * history.length <= kAttendedCells, "attention checked on a large forward");
+  KV_CHECK(query_len * history.length <= kAttendedCells ||
+               (query_len <= 2 && history.length <= kLongAttendedKeys),
+           "attention checked on a large forward");
   ++attention_checks_;
   MatF& q = query_;
   q.resize(query_len, k_cols_);

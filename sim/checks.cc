@@ -617,7 +617,9 @@ Check LayerOracle::CheckHistory(const History& history, std::span<const model::T
 Check LayerOracle::CheckAttentionOnce(const History& history,
                                       std::span<const model::Token> log_after, int64_t start,
                                       int64_t query_len) {
-  if (query_len * history.length > kAttendedCells) return std::nullopt;
+  if (query_len * history.length > kAttendedCells && !LongAttentionDue(query_len, history)) {
+    return std::nullopt;
+  }
   // Why once per shape is enough for these masks: with no rectangle and no array, which
   // rows each query attends depends on the shape alone (spec §2.5: all rows, or the
   // bottom-right causal rows, gathered through the ring for a rotating decode), the rows and
@@ -652,6 +654,14 @@ Check LayerOracle::CheckAttentionOnce(const History& history,
   attended_.insert(at, shape);
   if (run_counts_ != nullptr && !run_counts_->CountRun(shape)) return std::nullopt;
   return CheckAttention(history, log_after, start, query_len, kind);
+}
+
+bool LayerOracle::LongAttentionDue(int64_t query_len, const History& history) {
+  // Lengths 64k and 64k + 1 (so a growing decode is checked every 64 tokens, on both sides of
+  // every power-of-two tile edge from 64 up), and every ring decode of a rotating layer (its
+  // length stays the window; the ring cursor makes each new shape). O(length) per check.
+  const int64_t keys = history.length;
+  return query_len <= 2 && keys <= kLongAttendedKeys && (keys % 64 <= 1 || history.has_applier);
 }
 
 ShapeRunCounts::ShapeRunCounts() {

@@ -207,6 +207,12 @@ class LayerOracle {
   // the reference's softmax. Smaller than the materialized-mask check's cap: it reads every
   // visible row, and a decode on a long history would make each check O(history) again.
   static constexpr int64_t kAttendedCells = 64;
+  // Longer decodes (one or two queries over up to kLongAttendedKeys rows) are checked too,
+  // but sparsely (LongAttentionDue): a kernel that tiles, blocks or accumulates its keys in
+  // chunks (an online softmax past 256 keys) goes wrong only on long histories, which the
+  // 64-cell cap never reached.
+  static constexpr int64_t kLongAttendedKeys = 4096;
+  static bool LongAttentionDue(int64_t query_len, const History& history);
   // The applier's fields against the spec (rotating only; none for the other kinds).
   Check CheckApplier(const History& history, int64_t query_len, bool ring,
                      HistorySource source) const;

@@ -71,13 +71,19 @@ Status MultiSeqConfig::Validate() const {
   if (max_seqs < 1 || max_seqs > 64 || capacity < 1 || max_batch < 1 || padding < 1) {
     return InvalidArgument("multiseq: max_seqs (1..64), capacity, max_batch, padding >= 1");
   }
-  if (window < 1 || (memory != kvtwin::kUnbounded && memory < window) || chunk < 0) {
-    return InvalidArgument("multiseq: window >= 1, memory >= window, chunk >= 0");
+  if (window < 1 || memory < 1 || chunk < 0) {
+    return InvalidArgument("multiseq: window and memory >= 1, chunk >= 0");
   }
   if (kv_cols < kTagElements || num_conv_layers < 0 || num_conv_layers > 8 || d_conv < 1 ||
       hidden < 1) {
     return InvalidArgument("multiseq: kv_cols >= 7, conv layers 0..8, d_conv and hidden >= 1");
   }
+  // A memory below the window is refused only where spec §2.8's Init refuses it: with
+  // several sequences it is raised to window + 1, and a memory past the capacity means none.
+  // The reference's derivation decides, so a cache that refuses a config the spec rescues
+  // stops the driver at creation instead of being kept out of every run.
+  const Result<model::MultiSeqConfig> resolved = model::ResolveMultiSeqConfig(ToModelInit());
+  if (!resolved.ok()) return InvalidArgument("multiseq: " + resolved.status().message());
   return Status::Ok();
 }
 

@@ -22,6 +22,13 @@ MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
   const int64_t chunks[] = {1, 2, 3, 4};
   if (rng.Chance(1, 3)) c.chunk = chunks[rng.Below(4)];
   c.max_seqs = static_cast<int32_t>(rng.Range(1, 8));
+  // With several sequences Init raises any memory below window + 1 to it (spec §2.8), so a
+  // memory drawn equal to the window is stated below it instead, down to half: the cache's
+  // shape is the same, and a rescue that only fires at memory == window is refused. Derived
+  // from the draws so far, so every seed's stream is what it was.
+  if (c.max_seqs > 1 && c.window != kvtwin::kUnbounded && c.memory == c.window && c.window > 1) {
+    c.memory = (c.window + 1) / 2;
+  }
   const int64_t capacities[] = {6, 8, 12, 16, 32};
   c.capacity = capacities[rng.Below(5)];
   const int64_t batches[] = {1, 2, 4, 8, 8, 16};

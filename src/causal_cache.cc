@@ -6,6 +6,7 @@
 #include "src/causal_cache.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,8 @@ namespace {
 
 // Guards the cell-count arithmetic and the allocation; far above any simulated cache.
 constexpr int64_t kMaxCells = int64_t{1} << 24;
+// ggml's batch positions are int32 (spec §2.8's Go code).
+constexpr int64_t kMaxPos = std::numeric_limits<int32_t>::max();
 
 int64_t RoundUp(int64_t n, int64_t pad) { return (n + pad - 1) / pad * pad; }
 int64_t RoundDown(int64_t n, int64_t pad) { return n / pad * pad; }
@@ -74,7 +77,10 @@ Status ValidateBatch(std::span<const BatchToken> batch, const CausalConfig& c) {
     if (t.seq < 0 || t.seq >= c.max_seqs) {
       return InvalidArgument("causal cache: sequence " + std::to_string(t.seq) + " out of range");
     }
-    if (t.pos < 0) return InvalidArgument("causal cache: negative position");
+    if (t.pos < 0 || t.pos > kMaxPos) {
+      return InvalidArgument("causal cache: position " + std::to_string(t.pos) +
+                             " outside [0, 2^31)");
+    }
   }
   return Status::Ok();
 }

@@ -68,6 +68,8 @@ class CausalCache {
   // spec §2.8 StartForward. Not reserving: window maintenance (finite memory only), first-fit
   // slot finding (token i -> the i-th free cell in index order), metadata, mask. Reserving:
   // locations 0..n-1, the whole cache as range, no metadata change. Resets SetCausal.
+  // InvalidArgument for a position outside [0, 2^31): ggml's batch positions are int32, and
+  // the window arithmetic then never nears int64's limits.
   Status StartForward(std::span<const BatchToken> batch, bool reserve = false);
   // Disables the causal condition for these batch indices until the next StartForward.
   Status SetCausal(std::span<const int64_t> except);

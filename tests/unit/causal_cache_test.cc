@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <set>
 #include <span>
 #include <string>
@@ -163,6 +164,27 @@ TEST_P(CausalCacheTest, OneColumnRows) {
   const RowFn one_column = [](float t) { return std::vector<float>{t}; };
   RunStep(*made, {{0, 0, 0}, {0, 1, 2}, {1, 2, 3}, {1, 2, 3}, {"0xx", "00x", "000"}}, one_column);
   RunStep(*made, {{0}, {3}, {4}, {1, 2, 3, 4}, {"0000"}}, one_column);
+  // With a window the current range leaves cell 0 (SWASeparateBatches' first steps): a
+  // one-column V view must still start at the range, not at the buffer's first cell.
+  CausalConfig swa = Config(2, 16, 2);
+  swa.kv_cols = 1;
+  swa.window = 1;
+  auto windowed = CausalCache::Create(swa);
+  ASSERT_TRUE(windowed.ok());
+  RunStep(*windowed, {{0, 0}, {0, 1}, {1, 2}, {1, 2}, {"0x", "00"}}, one_column);
+  RunStep(*windowed, {{0, 0}, {2, 3}, {3, 4}, {2, 3, 4}, {"00x", "x00"}}, one_column);
+}
+
+// The largest accepted positions (2^31 - 1 is int32's maximum) keep their window and
+// memory exactly as small ones do: the window arithmetic must not overflow near the bound.
+TEST_P(CausalCacheTest, PositionsUpToTheInt32BoundKeepTheirWindow) {
+  CausalConfig config = Config(2, 16, 2);
+  config.window = 1;
+  auto made = CausalCache::Create(config);
+  ASSERT_TRUE(made.ok());
+  const int64_t top = std::numeric_limits<int32_t>::max();
+  RunStep(*made, {{0, 0}, {top - 3, top - 2}, {1, 2}, {1, 2}, {"0x", "00"}});
+  RunStep(*made, {{0, 0}, {top - 1, top}, {3, 4}, {2, 3, 4}, {"00x", "x00"}});
 }
 
 TEST_P(CausalCacheTest, SWA) {
@@ -558,6 +580,9 @@ TEST_P(CausalCacheTest, MalformedCallsAreInvalidWithoutChanges) {
   EXPECT_EQ(cache.StartForward(Batch({1}, {0})).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.StartForward(Batch({-1}, {0})).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.StartForward(Batch({0}, {-1})).code(), StatusCode::kInvalidArgument);
+  // ggml positions are int32: 2^31 is refused, even after a valid token of the batch.
+  EXPECT_EQ(cache.StartForward(Batch({0, 0}, {0, int64_t{1} << 31})).code(),
+            StatusCode::kInvalidArgument);
   // A refused StartForward starts no forward (the order family found the batch kept).
   const Tensor one = RowsOf({1}, TokenRow);
   EXPECT_EQ(cache.Put(one, one).code(), StatusCode::kFailedPrecondition);

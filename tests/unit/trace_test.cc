@@ -1001,15 +1001,25 @@ TEST(TraceReaderErrors, MultiSeqHeaderFields) {
       {[](Json& j) { j["multiseq"]["window"] = 0; }, "/multiseq/window: must be >= 1, got 0"},
       {[](Json& j) { j["multiseq"]["max_seqs"] = 65; },
        "/multiseq: multiseq: max_seqs (1..64), capacity, max_batch, padding >= 1"},
+      // A memory below the window is refused where spec §2.8's Init refuses it: with one
+      // sequence (several raise it to window + 1, accepted below).
       {[](Json& j) {
+         j["multiseq"]["max_seqs"] = 1;
          j["multiseq"]["window"] = 4;
          j["multiseq"]["memory"] = 2;
        },
-       "/multiseq: multiseq: window >= 1, memory >= window, chunk >= 0"},
+       "/multiseq: multiseq: memory 2 below the window 4"},
+      {[](Json& j) { j["multiseq"]["memory"] = 0; }, "/multiseq/memory: must be >= 1, got 0"},
   };
   for (const auto& [edit, want] : cases) {
     EXPECT_EQ(ErrorOf({MultiSeqHeader(edit)}), "FILE:1: " + want);
   }
+  EXPECT_EQ(ErrorOf({MultiSeqHeader([](Json& j) {
+              j["multiseq"]["window"] = 4;
+              j["multiseq"]["memory"] = 2;
+            })}),
+            "(read without error)")
+      << "four sequences raise a memory of 2 to the window + 1";
   EXPECT_EQ(ErrorOf({Header([](Json& j) { j["conv"] = "ideal"; })}),
             R"(FILE:1: /conv: only allowed in a "multiseq" trace)");
 }
