@@ -62,7 +62,13 @@ PrefixCache::PrefixCache(std::vector<LayerCache*> caches, PrefixCacheOptions opt
   for (LayerCache* c : caches_) {
     KV_CHECK(c == nullptr || !c->ScheduleActive(), "PrefixCache given a cache mid-schedule");
   }
+  KV_CHECK(options_.max_paged_out_bytes >= 0, "PrefixCache given a negative byte budget");
   active_path_ = {trie_.root()};
+}
+
+void PrefixCache::set_max_paged_out_bytes(int64_t bytes) {
+  KV_CHECK(bytes >= 0, "PrefixCache given a negative byte budget");
+  options_.max_paged_out_bytes = bytes;
 }
 
 Result<BeginReport> PrefixCache::Begin(std::span<const int32_t> inputs) {

@@ -91,7 +91,10 @@ class PrefixCache {
   const PrefixCacheOptions& options() const { return options_; }
   // Tests and drivers may age nodes (trie().Walk + set_last_used) or change the budget
   // between sessions; a new budget takes effect at the next eviction pass.
-  void set_max_paged_out_bytes(int64_t bytes) { options_.max_paged_out_bytes = bytes; }
+  // REQUIRES: bytes >= 0 (so is the constructor's): a counter of bytes is never negative, so a
+  // negative budget would only be a caller's slip, and "strictly above" would then evict
+  // nodes that hold nothing, which no budget of 0 does.
+  void set_max_paged_out_bytes(int64_t bytes);
   // Observer of eviction passes that evict (the counter is over budget when they begin),
   // for checkers and logs: called with ended = false before the first victim is picked and
   // with ended = true after the last. It must not change the manager. Empty = none.

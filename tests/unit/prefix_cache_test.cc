@@ -288,6 +288,17 @@ TEST(PrefixCache, CallsOutOfSessionAreFailedPreconditions) {
   EXPECT_TRUE(env.TrieHolds());
 }
 
+// Spec §3.4 fixes the default budget (maxPagedOutBytes = 8 GiB), and a byte counter is never
+// negative, so a negative budget is a caller's slip that must stop, not a budget that evicts
+// empty nodes a budget of 0 keeps.
+TEST(PrefixCache, TheDefaultBudgetIsEightGiBAndANegativeOneIsRefused) {
+  EXPECT_EQ(PrefixCacheOptions{}.max_paged_out_bytes, int64_t{8} << 30);
+  PrefixEnv env(EnvKind::kTransformer);
+  env.pc().set_max_paged_out_bytes(0);
+  EXPECT_EQ(env.pc().options().max_paged_out_bytes, 0);
+  EXPECT_DEATH(env.pc().set_max_paged_out_bytes(-1), "negative byte budget");
+}
+
 TEST(PrefixCache, SessionMisuseIsAFailedPrecondition) {
   PrefixEnv env(EnvKind::kRecurrent);
   env.Request(Seq(1, 8), {20, 21});
