@@ -70,6 +70,25 @@ TEST(KvCache, DataSurvivesSnapshotRestoreIntoAFreshCache) {
   EXPECT_EQ(LiveTags(fresh), Positions(0, 10));
 }
 
+// K and V may be stored in different dtypes (Update takes each side's own): a snapshot keeps
+// each side in its own, so a restore into a fresh cache gives back both sides bit for bit.
+TEST(KvCache, SnapshotsKeepKAndVEachInItsOwnDtype) {
+  KvCache cache;
+  const std::vector<float> tags = Positions(0, 5);
+  const Tensor k = tagged::Keys(tags, DType::kFloat32);
+  const Tensor v = tagged::Values(tags, DType::kBFloat16);
+  cache.Update(k, v);
+  SnapshotPtr snap = cache.Snapshot(0);
+  KvCache fresh;
+  ASSERT_TRUE(fresh.Restore(snap.get(), 5));
+  const History h = fresh.View();
+  ASSERT_EQ(h.length, 5);
+  EXPECT_EQ(h.k->dtype(), DType::kFloat32);
+  EXPECT_EQ(h.v->dtype(), DType::kBFloat16);
+  EXPECT_TRUE(h.k->Rows(0, 5).Equals(k));
+  EXPECT_TRUE(h.v->Rows(0, 5).Equals(v));
+}
+
 TEST(KvCache, SplitPreservesData) {
   KvCache cache;
   WriteSingles(cache, 10);

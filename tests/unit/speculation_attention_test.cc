@@ -283,6 +283,26 @@ TEST(RotatingSpeculation, ForwardSeesWhatABatchedForwardSees) {
 
 // ---- commit counts outside [1, D + 1] -----------------------------------------------
 
+// The count is clamped per wrapper, to that wrapper's own forward, never to the shortest
+// forward of the speculation: a layer forwarded fewer tokens (or none, as a model that skips
+// layers on a draft would) keeps what it wrote, and the others keep the count.
+TEST(SpeculationCommit, EachLayerClampsTheCountToItsOwnForward) {
+  for (const int64_t short_len : {int64_t{0}, int64_t{2}}) {
+    KvCache a;
+    KvCache b;
+    FillKv(a, 7);
+    FillKv(b, 7);
+    {
+      Speculation spec = Begin({&a, &b});
+      WriteTagged(Attn(spec, 0), 7, 4);
+      if (short_len > 0) WriteTagged(Attn(spec, 1), 7, short_len);
+      spec.Commit(3);
+    }
+    EXPECT_EQ(a.Offset(), 7 + 3) << "short forward " << short_len;
+    EXPECT_EQ(b.Offset(), 7 + short_len) << "short forward " << short_len;
+  }
+}
+
 TEST(SpeculationCommit, NonPositiveCountsCommitNothing) {
   for (const int64_t d : kDrafts) {
     for (const int64_t n : {int64_t{0}, int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
@@ -483,6 +503,26 @@ TEST(SpeculationWrappers, LiveBytesCountWhatTheWrapperHolds) {
     // older rows and the 4 drafts.
     EXPECT_EQ(spec.layer(0).LiveBytes(), (4 + 4 + 7) * row)
         << (isolated ? "isolated" : "committing") << " rotating";
+  }
+  // A committing KV wrapper holds nothing even when its forward makes the live cache grow
+  // (past a 256-row step, or from no buffer at all): that capacity is the live cache's.
+  for (const int64_t before : {int64_t{0}, int64_t{250}}) {
+    KvCache live;
+    if (before > 0) FillKv(live, before);
+    Speculation spec = Begin({&live});
+    WriteTagged(Attn(spec, 0), before, 10);
+    EXPECT_EQ(spec.layer(0).LiveBytes(), 0) << "KV growing from " << before << " rows";
+  }
+  // Right after one batched write past the window the live buffer still holds every row
+  // (untrimmed); the wrapper's copy is the window's newest W all the same.
+  for (const bool isolated : {false, true}) {
+    RotatingCache live(4);
+    const std::vector<float> six = tagged::Positions(0, 6);
+    live.Update(tagged::Keys(six), tagged::Values(six));
+    ASSERT_GT(live.buffer_rows(), live.window()) << "the case needs an untrimmed buffer";
+    Speculation spec = isolated ? BeginIsolated({&live}) : Begin({&live});
+    EXPECT_EQ(spec.layer(0).LiveBytes(), 4 * row)
+        << (isolated ? "isolated" : "committing") << " rotating over an untrimmed buffer";
   }
 }
 
