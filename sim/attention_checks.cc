@@ -272,19 +272,15 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
     const RelaxRect span{last.q_hi, last.q_hi + 1, last.k_hi, last.k_hi + 2};
     const bool second = (start + query_len + rect.q_lo) % 2 == 0;
     const bool later_first = second && ((start + rect.k_lo) / 2) % 2 == 0;
-    if (later_first) {
-      wider_side.push_back(span);
+    const auto relax_span = [&] {
+      wider_side.assign(1, span);
       logical = relax(logical, wider_side);
       wider_side.clear();
-    }
-    logical = relax(logical, rect_side);
-    if (second && !later_first) {
-      wider_side.push_back(span);
-      logical = relax(logical, wider_side);
-      wider_side.clear();
-    }
-    if (second)
       ref_mask.rects.push_back(model::RefRect{span.q_lo, span.q_hi, span.k_lo, span.k_hi});
+    };
+    if (later_first) relax_span();
+    logical = relax(logical, rect_side);
+    if (second && !later_first) relax_span();
   }
   if (write.mask == MaskForm::kRelaxBlock) {
     // Composed as a model would stack two relaxed masks, the rectangle and a wider one
@@ -365,9 +361,7 @@ Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_
 
 Check LayerOracle::CheckAttention(const History& history, std::span<const model::Token> log_after,
                                   int64_t start, int64_t query_len, model::RefKind kind) {
-  KV_CHECK(query_len * history.length <= kAttendedCells ||
-               (query_len <= 2 && history.length <= kLongAttendedKeys),
-           "attention checked on a large forward");
+  KV_CHECK(WithinAttentionCap(query_len, history.length), "attention checked on a large forward");
   ++attention_checks_;
   MatF& q = query_;
   q.resize(query_len, k_cols_);

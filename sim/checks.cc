@@ -661,7 +661,7 @@ bool LayerOracle::LongAttentionDue(int64_t query_len, const History& history) {
   // every power-of-two tile edge from 64 up), and every ring decode of a rotating layer (its
   // length stays the window; the ring cursor makes each new shape). O(length) per check.
   const int64_t keys = history.length;
-  return query_len <= 2 && keys <= kLongAttendedKeys && (keys % 64 <= 1 || history.has_applier);
+  return WithinAttentionCap(query_len, keys) && (keys % 64 <= 1 || history.has_applier);
 }
 
 ShapeRunCounts::ShapeRunCounts() {

@@ -212,6 +212,11 @@ class LayerOracle {
   // chunks (an online softmax past 256 keys) goes wrong only on long histories, which the
   // 64-cell cap never reached.
   static constexpr int64_t kLongAttendedKeys = 4096;
+  // The forwards CheckAttention may run on at all: up to kAttendedCells cells, or a decode
+  // of one or two queries over up to kLongAttendedKeys rows.
+  static bool WithinAttentionCap(int64_t query_len, int64_t keys) {
+    return query_len * keys <= kAttendedCells || (query_len <= 2 && keys <= kLongAttendedKeys);
+  }
   static bool LongAttentionDue(int64_t query_len, const History& history);
   // The applier's fields against the spec (rotating only; none for the other kinds).
   Check CheckApplier(const History& history, int64_t query_len, bool ring,
