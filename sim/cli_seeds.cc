@@ -96,6 +96,17 @@ bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& 
   if (!RunRequestSeeds(swarm, root_seed, swarm_seeds, runs, requests)) return false;
   fmt::print("  requests swarm {} seeds x {} requests: pass\n", swarm_seeds, swarm.requests);
   std::fflush(stdout);
+  // Long contexts: three conversations growing to hundreds of tokens, so KV buffers cross
+  // their 256-row growth steps under the manager and rotating windows of 256 and more hold
+  // whole nodes (about 20 ms a seed).
+  sim::RequestOptions long_swarm = swarm;
+  long_swarm.long_context = true;
+  long_swarm.conversations = 3;
+  const int64_t long_seeds = 5 * seeds_per_config;
+  if (!RunRequestSeeds(long_swarm, root_seed, long_seeds, runs, requests)) return false;
+  fmt::print("  requests long swarm {} seeds x {} requests: pass\n", long_seeds,
+             long_swarm.requests);
+  std::fflush(stdout);
   return true;
 }
 

@@ -8,8 +8,9 @@
 // read from a byte: which conversation, what the prompt is relative to that conversation's
 // history (extend it exactly or with a dropped tail, diverge inside it, start over from the
 // shared system prompt, repeat or retry it), the new tokens, the outputs and the
-// decorations (user points, no captures, a cancel, one speculative step, memory pressure,
-// how many sampled tokens stay unforwarded at the close).
+// decorations (user points, no captures, a cancel, one speculative step, isolated probes,
+// an abandoned last step, memory pressure, how many sampled tokens stay unforwarded at the
+// close).
 // Tokens come mostly from 1..4 so branches hold equal tokens at equal positions (partial
 // edge matches, splits, look-alike snapshots); one token byte in 16 is a rare token 5..8,
 // so a node can grow past four children. The plans run are recorded as a kind-"requests"
@@ -88,9 +89,10 @@ enum Field : size_t {
   kUserArg0,
   kUserMode1,
   kUserArg1,
-  kSpecStep,       // odd: one speculative step at (byte / 2) % outputs (not when cancelled)
+  kSpecStep,       // odd: one speculative step at (byte / 2) % outputs (not when cancelled);
+                   // even with (byte / 2) % 4 == 1: an abandoned last step (AddAbandoned)
   kSpecAccepted,   // % (outputs - step) accepted drafts
-  kSpecRejected,   // % (kRejectedMax + 1) rejected drafts ...
+  kSpecRejected,   // % (kRejectedMax + 1) rejected drafts ...; >= 128: probed first
   kRejectedToken,  // ... from these kRejectedMax fields
   kBudgetPct = kRejectedToken + kRejectedMax,  // kBudgetPcts[byte % 8]
   kFields,
@@ -260,6 +262,7 @@ class PlanDecoder {
     }
     AddSpeculation(f, plan);
     plan.unforwarded = Unforwarded(f[kCancel], plan);
+    AddAbandoned(f, plan);
   }
 
   // An uncancelled request's RequestPlan::unforwarded from the rest of its cancel byte:
@@ -279,6 +282,8 @@ class PlanDecoder {
   // One step within the outputs: it samples outputs [step, step + accepted + 1), so
   // accepted < outputs - step. The first rejected draft differs from the bonus token the
   // target samples in its place (else it would have been accepted).
+  // Bit 7 of the rejected-count byte (the count reads its low bits) probes the step
+  // through isolated wrappers first (SpeculativeStep::probe).
   static void AddSpeculation(const Record& f, RequestPlan& plan) {
     const auto n = static_cast<int64_t>(plan.outputs.size());
     if (f[kSpecStep] % 2 == 0) return;
@@ -290,6 +295,22 @@ class PlanDecoder {
       const int32_t t = TokenOf(f[kRejectedToken + i]);
       spec.rejected.push_back(i == 0 && t == bonus ? bonus % kVocab + 1 : t);
     }
+    spec.probe = f[kSpecRejected] >= 128;
+    plan.speculation.push_back(std::move(spec));
+  }
+
+  // An even step byte, which places no committed step, with (byte / 2) % 4 == 1 ends the
+  // decode on an abandoned step (SpeculativeStep::abandoned) when the last sampled token is
+  // left unforwarded: its drafts as a committed step's would be, probed by bit 7 as well.
+  static void AddAbandoned(const Record& f, RequestPlan& plan) {
+    if (f[kSpecStep] % 2 != 0 || (f[kSpecStep] / 2) % 4 != 1 || plan.unforwarded != 1) return;
+    SpeculativeStep spec;
+    spec.step = plan.decoded_outputs();
+    spec.abandoned = true;
+    for (size_t i = 0; i < f[kSpecRejected] % (kRejectedMax + 1); ++i) {
+      spec.rejected.push_back(TokenOf(f[kRejectedToken + i]));
+    }
+    spec.probe = f[kSpecRejected] >= 128;
     plan.speculation.push_back(std::move(spec));
   }
 

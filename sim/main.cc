@@ -69,6 +69,9 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
   cmd->add_option("--interval", o.capture_interval, "periodic prefill capture interval (0 = none)");
   cmd->add_option("--pre-thinking", o.pre_thinking, "capture at len - N (0 = none)");
   cmd->add_flag("--swarm", o.swarm, "let each seed choose the stack and the budget");
+  cmd->add_flag("--long", o.long_context,
+                "long conversations (to 700 tokens) past the KV growth steps; with --swarm, "
+                "windows of 256 and more");
 }
 
 void AddRunOptions(CLI::App* cmd, kvtwin::sim::RunOptions& o) {

@@ -47,6 +47,14 @@ void ProductionRunner::Forward(std::span<const model::Token> tokens, Speculation
   }
 }
 
+Status ProductionRunner::Probe(const SpeculativeStep& spec, std::span<const model::Token> tokens) {
+  if (!spec.probe) return Status::Ok();
+  Result<Speculation> s = BeginIsolatedSpeculation(live_);
+  if (!s.ok()) return s.status();
+  Forward(tokens, &*s);
+  return Status::Ok();
+}
+
 Status ProductionRunner::Run(const RequestPlan& plan) {
   const auto len = static_cast<int64_t>(plan.inputs.size());
   model::TokenLog& stored = stored_;
@@ -83,10 +91,11 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
     for (int64_t i = 0; i < n;) {
       const int64_t pos = len - 1 + i;
       int64_t sampled = 1;
-      if (next != plan.speculation.end() && i == next->step) {
+      if (next != plan.speculation.end() && i == next->step && !next->abandoned) {
         const SpeculativeStep& spec = *next++;
         drafts.assign(stored.begin() + pos, stored.begin() + pos + 1 + spec.accepted);
         for (const int32_t t : spec.rejected) drafts.push_back({t, NextHash(drafts.back().h, t)});
+        if (Status s = Probe(spec, drafts); !s.ok()) return s;
         Result<Speculation> s = BeginSpeculation(live_);
         if (!s.ok()) return s.status();
         Forward(drafts, &*s);
@@ -99,6 +108,17 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
       const auto first = plan.outputs.begin() + i;
       if (Status s = manager_->AddOutputs({first, first + sampled}); !s.ok()) return s;
       i += sampled;
+    }
+    // An abandoned step (the last, at the forward of the last sampled token): forwarded
+    // and dropped without a commit.
+    if (next != plan.speculation.end() && next->abandoned) {
+      const SpeculativeStep& spec = *next++;
+      drafts.assign(stored.begin() + len - 1 + n, stored.begin() + len + n);
+      for (const int32_t t : spec.rejected) drafts.push_back({t, NextHash(drafts.back().h, t)});
+      if (Status s = Probe(spec, drafts); !s.ok()) return s;
+      Result<Speculation> s = BeginSpeculation(live_);
+      if (!s.ok()) return s.status();
+      Forward(drafts, &*s);
     }
     // The unforwarded count (RequestPlan): the last sampled token forwarded too, or the
     // outputs past the decode reported without a forward.

@@ -37,6 +37,9 @@ class ProductionRunner {
 
  private:
   void Forward(std::span<const model::Token> tokens, Speculation* spec);
+  // A step's isolated probe (SpeculativeStep::probe): its tokens through
+  // BeginIsolatedSpeculation, dropped.
+  Status Probe(const SpeculativeStep& spec, std::span<const model::Token> tokens);
   std::vector<LayerCache*> Caches() const;
 
   StackConfig config_;

@@ -69,8 +69,19 @@ Status TraceRecorder::Cancel(int64_t prefill_tokens) {
   return EndRequest();
 }
 
+namespace {
+
+// After an abandoned step the decode is over (SpeculativeStep::abandoned).
+Status DecodeEnded(const RequestPlan& plan, const char* call) {
+  if (plan.speculation.empty() || !plan.speculation.back().abandoned) return Status::Ok();
+  return FailedPrecondition(fmt::format("{}: after an abandoned speculation", call));
+}
+
+}  // namespace
+
 Status TraceRecorder::Sampled(std::span<const int32_t> tokens) {
   if (Status s = NeedRequest("Sampled"); !s.ok()) return s;
+  if (Status s = DecodeEnded(*open_, "Sampled"); !s.ok()) return s;
   for (const int32_t t : tokens) {
     if (t < 0) return InvalidArgument(fmt::format("Sampled: negative token {}", t));
   }
@@ -80,6 +91,7 @@ Status TraceRecorder::Sampled(std::span<const int32_t> tokens) {
 
 Status TraceRecorder::Speculated(std::span<const int32_t> drafts, int64_t accepted, int32_t bonus) {
   if (Status s = NeedRequest("Speculated"); !s.ok()) return s;
+  if (Status s = DecodeEnded(*open_, "Speculated"); !s.ok()) return s;
   if (accepted < 0 || accepted > static_cast<int64_t>(drafts.size())) {
     return InvalidArgument(
         fmt::format("Speculated: accepted {} of {} drafts", accepted, drafts.size()));
@@ -96,6 +108,22 @@ Status TraceRecorder::Speculated(std::span<const int32_t> drafts, int64_t accept
   open_->speculation.push_back(std::move(step));
   open_->outputs.insert(open_->outputs.end(), drafts.begin(), drafts.begin() + accepted);
   open_->outputs.push_back(bonus);
+  return Status::Ok();
+}
+
+Status TraceRecorder::Abandoned(std::span<const int32_t> drafts) {
+  if (Status s = NeedRequest("Abandoned"); !s.ok()) return s;
+  if (Status s = DecodeEnded(*open_, "Abandoned"); !s.ok()) return s;
+  if (open_->outputs.empty()) return FailedPrecondition("Abandoned: no sampled token");
+  for (const int32_t t : drafts) {
+    if (t < 0) return InvalidArgument(fmt::format("Abandoned: negative draft {}", t));
+  }
+  // At the forward of the last sampled token, which stays unforwarded.
+  SpeculativeStep step;
+  step.step = static_cast<int64_t>(open_->outputs.size());
+  step.abandoned = true;
+  step.rejected.assign(drafts.begin(), drafts.end());
+  open_->speculation.push_back(std::move(step));
   return Status::Ok();
 }
 
@@ -118,6 +146,11 @@ Status TraceRecorder::EndRequest() {
         fmt::format("EndRequest: {} unforwarded of {} sampled tokens", open_->unforwarded, n));
   }
   for (const SpeculativeStep& step : open_->speculation) {
+    if (step.abandoned && open_->unforwarded != 1) {
+      return FailedPrecondition(
+          fmt::format("EndRequest: an abandoned speculation leaves 1 token unforwarded, not {}",
+                      open_->unforwarded));
+    }
     if (step.end() > open_->decoded_outputs()) {
       return FailedPrecondition(
           fmt::format("EndRequest: {} unforwarded tokens include the speculative step at {}",

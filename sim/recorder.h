@@ -11,6 +11,7 @@
 //   rec->Sampled(first_token);                // after the prefill
 //   rec->Speculated(drafts, accepted, bonus); // a speculative decode step (any number)
 //   rec->Sampled(token); ...
+//   rec->Abandoned(drafts);                   // optional: a step dropped, the decode ends
 //   rec->Unforwarded(0);                      // optional: the last token was forwarded too
 //   rec->EndRequest();
 //   rec->Finish();
@@ -48,6 +49,10 @@ class TraceRecorder {
   // plus the target model's `bonus` token. A request may have any number of them, between
   // and after ordinary samples (each starts where the tokens sampled so far end).
   Status Speculated(std::span<const int32_t> drafts, int64_t accepted, int32_t bonus);
+  // A speculative step dropped without a commit (a client gone while `drafts` were being
+  // validated): the decode ends there, so only EndRequest may follow, with the last
+  // sampled token unforwarded (SpeculativeStep::abandoned). Needs a sampled token.
+  Status Abandoned(std::span<const int32_t> drafts);
   // How many of the sampled tokens the server never forwarded before closing the request
   // (RequestPlan::unforwarded; 1 unless called: the last sampled token). 0 when it forwards
   // that token too; more when it reported tokens past a stop. Checked at EndRequest against

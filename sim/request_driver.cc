@@ -36,14 +36,16 @@ std::string RequestCoverage::ToString() const {
   return fmt::format(
       "completed {}, cancelled {}, cache hits {}, extensions {} (dropped tails {}), "
       "continuations {} (resumed exactly {}), divergent {}, new {}, repeats {}, retries {}, "
-      "user offsets {}, unscheduled {}, speculative {}, forwarded last {}, past stop {}, "
+      "user offsets {}, unscheduled {}, speculative {} (isolated probes {}, abandoned {}), "
+      "forwarded last {}, past stop {}, "
       "branch points {}, splits {}, "
       "evictions {} (checked passes {}), free-all {}, kv gaps {}, audited calls {}/{}, "
       "forwards reading every history row {}/{}",
       completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
       divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
-      forwarded_last, past_stop, branch_points, splits, evictions, eviction_passes, free_all,
-      kv_gaps, audited_calls, calls, forwards - trusting_forwards, forwards);
+      isolated_probes, abandoned_steps, forwarded_last, past_stop, branch_points, splits, evictions,
+      eviction_passes, free_all, kv_gaps, audited_calls, calls, forwards - trusting_forwards,
+      forwards);
 }
 
 namespace {
@@ -51,14 +53,34 @@ namespace {
 // Every counter of a coverage record (const or not), in one list.
 template <typename Coverage>
 auto Counters(Coverage& c) {
-  return std::array{
-      &c.completed,      &c.cancelled,       &c.cache_hits,        &c.extensions,
-      &c.dropped_tails,  &c.divergent,       &c.new_conversations, &c.repeats,
-      &c.retries,        &c.user_offsets,    &c.unscheduled,       &c.speculative,
-      &c.continuations,  &c.resumed_exactly, &c.branch_points,     &c.free_all,
-      &c.kv_gaps,        &c.splits,          &c.evictions,         &c.eviction_passes,
-      &c.calls,          &c.audited_calls,   &c.forwards,          &c.trusting_forwards,
-      &c.forwarded_last, &c.past_stop};
+  return std::array{&c.completed,
+                    &c.cancelled,
+                    &c.cache_hits,
+                    &c.extensions,
+                    &c.dropped_tails,
+                    &c.divergent,
+                    &c.new_conversations,
+                    &c.repeats,
+                    &c.retries,
+                    &c.user_offsets,
+                    &c.unscheduled,
+                    &c.speculative,
+                    &c.isolated_probes,
+                    &c.abandoned_steps,
+                    &c.continuations,
+                    &c.resumed_exactly,
+                    &c.branch_points,
+                    &c.free_all,
+                    &c.kv_gaps,
+                    &c.splits,
+                    &c.evictions,
+                    &c.eviction_passes,
+                    &c.calls,
+                    &c.audited_calls,
+                    &c.forwards,
+                    &c.trusting_forwards,
+                    &c.forwarded_last,
+                    &c.past_stop};
 }
 
 }  // namespace

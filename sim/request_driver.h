@@ -94,6 +94,9 @@ struct RequestCoverage {
   int64_t completed = 0, cancelled = 0, cache_hits = 0;
   int64_t extensions = 0, dropped_tails = 0, divergent = 0, new_conversations = 0;
   int64_t repeats = 0, retries = 0, user_offsets = 0, unscheduled = 0, speculative = 0;
+  // Speculations run through isolated wrappers and dropped (SpeculativeStep::probe), and
+  // steps abandoned without a commit.
+  int64_t isolated_probes = 0, abandoned_steps = 0;
   // Closes with every stored token forwarded (unforwarded 0), and with two or more sampled
   // tokens never forwarded (reported past a stop).
   int64_t forwarded_last = 0, past_stop = 0;

@@ -345,7 +345,8 @@ class RequestDriver::Session {
       int64_t sampled = 1;
       if (next != plan_.speculation.end() && i == next->step) {
         const SpeculativeStep& spec = *next++;
-        KV_CHECK(spec.end() <= n, "a speculative step past the planned outputs");
+        KV_CHECK(!spec.abandoned && spec.end() <= n, "a speculative step past the planned outputs");
+        if (Check c = ProbeIsolated(pos, spec)) return c;
         phase_ = {"speculative decode at {} (accept {})", {pos, spec.accepted}};
         if (Check c = ForwardSpeculative(pos, spec)) return c;
         sampled = spec.accepted + 1;  // the accepted drafts and the bonus token
@@ -361,6 +362,13 @@ class RequestDriver::Session {
       d_.reference_->manager().AddOutputs(
           std::span(stored_).subspan(static_cast<size_t>(len() + i), static_cast<size_t>(sampled)));
       i += sampled;
+    }
+    if (next != plan_.speculation.end() && next->abandoned) {
+      const SpeculativeStep& spec = *next++;
+      KV_CHECK(spec.step == n && plan_.unforwarded == 1 && spec.accepted == 0,
+               "an abandoned step forwards the last sampled token and accepts nothing");
+      if (Check c = ProbeIsolated(len() - 1 + n, spec)) return c;
+      if (Check c = AbandonSpeculative(len() - 1 + n, spec)) return c;
     }
     // A step skipped over was unsorted, overlapping or past the outputs (the reader and
     // the generators never make one).
@@ -498,22 +506,69 @@ class RequestDriver::Session {
     return std::nullopt;
   }
 
-  // [current, accepted drafts, rejected drafts] through BeginSpeculation, commit a + 1.
-  Check ForwardSpeculative(int64_t pos, const SpeculativeStep& spec) {
+  // A step's forward: the current token at `pos`, its accepted drafts, then the rejected ones.
+  model::TokenLog StepTokens(int64_t pos, const SpeculativeStep& spec) const {
     model::TokenLog tokens(stored_.begin() + pos, stored_.begin() + pos + 1 + spec.accepted);
     for (const int32_t t : spec.rejected) tokens.push_back({t, NextHash(tokens.back().h, t)});
+    return tokens;
+  }
+
+  std::vector<LayerCache*> LiveCaches() const {
     std::vector<LayerCache*> live;
     for (LayerCache* c : d_.Caches()) {
       if (c != nullptr) live.push_back(c);
     }
+    return live;
+  }
+
+  // [current, accepted drafts, rejected drafts] through BeginSpeculation, commit a + 1.
+  Check ForwardSpeculative(int64_t pos, const SpeculativeStep& spec) {
+    const model::TokenLog tokens = StepTokens(pos, spec);
     ++d_.steps_;
-    Result<Speculation> s = BeginSpeculation(live);
+    Result<Speculation> s = BeginSpeculation(LiveCaches());
     if (!s.ok()) return StatusIsOk(s.status(), "BeginSpeculation");
     if (Check c = Forward(tokens, &*s)) return c;
     s->Commit(spec.accepted + 1);
     d_.live_.insert(d_.live_.end(), tokens.begin(), tokens.begin() + 1 + spec.accepted);
     d_.reference_->manager().CommitSpeculation(tokens, spec.accepted + 1);
     return std::nullopt;
+  }
+
+  // The step's tokens through BeginIsolatedSpeculation, then dropped: every history is
+  // checked like a committing step's, and the live caches must be as they were (every row,
+  // not only the ones the next forward would read).
+  Check ProbeIsolated(int64_t pos, const SpeculativeStep& spec) {
+    if (!spec.probe) return std::nullopt;
+    phase_ = {"isolated speculation at {}", {pos}};
+    const model::TokenLog tokens = StepTokens(pos, spec);
+    ++d_.steps_;
+    ++d_.coverage_.isolated_probes;
+    {
+      Result<Speculation> s = BeginIsolatedSpeculation(LiveCaches());
+      if (!s.ok()) return StatusIsOk(s.status(), "BeginIsolatedSpeculation");
+      if (Check c = Forward(tokens, &*s)) return c;
+    }
+    phase_ = {"after the isolated speculation at {}", {pos}};
+    return CheckLive();
+  }
+
+  // The step forwarded through BeginSpeculation and destroyed without a commit: the
+  // rollback must leave every cache as a commit of nothing would, with the current token
+  // unforwarded, where the close that follows expects it (spec §2.6 item 5).
+  Check AbandonSpeculative(int64_t pos, const SpeculativeStep& spec) {
+    phase_ = {"abandoned speculation at {}", {pos}};
+    const model::TokenLog tokens = StepTokens(pos, spec);
+    ++d_.steps_;
+    ++d_.coverage_.abandoned_steps;
+    {
+      Result<Speculation> s = BeginSpeculation(LiveCaches());
+      if (!s.ok()) return StatusIsOk(s.status(), "BeginSpeculation");
+      if (Check c = Forward(tokens, &*s)) return c;
+    }
+    // A full KV layer wrote the drafts through (its buffer may have grown) and rewound.
+    d_.reference_->manager().CommitSpeculation(tokens, 0);
+    phase_ = {"after the abandoned speculation at {}", {pos}};
+    return CheckLive();
   }
 
   // Every live row of every cache against the log; a pass also covers the history rows

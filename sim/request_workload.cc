@@ -8,7 +8,6 @@
 namespace kvtwin::sim {
 namespace {
 
-constexpr int64_t kUserTurnMax = 8;
 constexpr int64_t kOutputsMax = 6;
 constexpr int64_t kSpeculativeRejectedMax = 3;
 constexpr size_t kSpeculativeStepsMax = 2;
@@ -50,9 +49,16 @@ WorkloadOptions WorkloadOptions::Swarm(Rng& rng, int32_t conversations) {
 }
 
 std::string WorkloadOptions::ToString() const {
+  const WorkloadOptions defaults;
+  const std::string lengths =
+      max_prompt_tokens != defaults.max_prompt_tokens || turn_max != defaults.turn_max
+          ? fmt::format(", prompts to {}, turns to {}", max_prompt_tokens, turn_max)
+          : std::string();
   return fmt::format(
-      "vocab {}, user {}%, unscheduled {}%, cancel {}%, speculate {}%, pressure {}%, restart {}%",
-      vocab, user_pct, unscheduled_pct, cancel_pct, speculate_pct, pressure_pct, restart_pct);
+      "vocab {}, user {}%, unscheduled {}%, cancel {}%, speculate {}%, pressure {}%, restart "
+      "{}%{}",
+      vocab, user_pct, unscheduled_pct, cancel_pct, speculate_pct, pressure_pct, restart_pct,
+      lengths);
 }
 
 std::string RequestPlan::ToString() const {
@@ -65,15 +71,19 @@ std::string RequestPlan::ToString() const {
   if (unforwarded != 1) s += fmt::format(" unforwarded {}", unforwarded);
   for (size_t k = 0; k < speculation.size(); ++k) {
     const SpeculativeStep& spec = speculation[k];
-    s += fmt::format("{}step {} accept {} reject {}", k == 0 ? " spec(" : "; ", spec.step,
-                     spec.accepted, spec.rejected.size());
+    s += fmt::format("{}step {} accept {} reject {}{}{}", k == 0 ? " spec(" : "; ", spec.step,
+                     spec.accepted, spec.rejected.size(), spec.probe ? " probed" : "",
+                     spec.abandoned ? " abandoned" : "");
   }
   if (!speculation.empty()) s += ")";
   return s;
 }
 
 RequestWorkload::RequestWorkload(Rng rng, WorkloadOptions options)
-    : rng_(rng), tail_rng_(rng.Fork("unforwarded")), options_(options) {
+    : rng_(rng),
+      tail_rng_(rng.Fork("unforwarded")),
+      exit_rng_(rng.Fork("speculation-exits")),
+      options_(options) {
   KV_CHECK(options_.conversations >= 1 && options_.vocab >= 2,
            "a workload needs a conversation and two tokens");
   system_ = Tokens(rng_.Range(4, 10));
@@ -102,7 +112,10 @@ RequestPlan RequestWorkload::Next() {
   const bool cancelled = plan.cancel_after_tokens >= 0;
   // A cancelled request samples nothing (the outputs were drawn before the cancel was).
   if (cancelled) plan.outputs.clear();
-  if (!cancelled) AddUnforwarded(plan);
+  if (!cancelled) {
+    AddUnforwarded(plan);
+    AddSpeculationExits(plan);
+  }
   c.started = true;
   c.cancelled = cancelled;
   c.inputs = plan.inputs;
@@ -115,7 +128,9 @@ RequestKind RequestWorkload::ChooseKind(const Conversation& c) {
   if (!c.started) return RequestKind::kNew;
   if (c.cancelled && rng_.Chance(3, 4)) return RequestKind::kRetry;
   const int64_t history = static_cast<int64_t>(c.inputs.size() + c.outputs.size());
-  if (history + kUserTurnMax + kOutputsMax > options_.max_prompt_tokens) return RequestKind::kNew;
+  if (history + options_.turn_max + kOutputsMax > options_.max_prompt_tokens) {
+    return RequestKind::kNew;
+  }
   if (options_.restart_pct > 0 && rng_.Chance(options_.restart_pct, 100)) return RequestKind::kNew;
   const uint64_t roll = rng_.Below(100);
   if (roll < 50) return RequestKind::kExtend;
@@ -156,7 +171,7 @@ void RequestWorkload::FillInputs(RequestPlan& plan, const Conversation& c) {
       plan.inputs = c.inputs;
       return;  // exactly the same prompt
   }
-  const std::vector<int32_t> turn = Tokens(rng_.Range(1, kUserTurnMax));
+  const std::vector<int32_t> turn = Tokens(rng_.Range(1, options_.turn_max));
   plan.inputs.insert(plan.inputs.end(), turn.begin(), turn.end());
 }
 
@@ -218,6 +233,25 @@ void RequestWorkload::AddUnforwarded(RequestPlan& plan) {
   const int64_t room = n + 1 - last_end;  // the largest count the steps leave
   plan.unforwarded = std::min(tail_rng_.Range(2, std::min<int64_t>(n, 4)), room);
   if (plan.unforwarded < 2) plan.unforwarded = 1;
+}
+
+// One committed step in six is probed first; one request in four of a speculating
+// workload (one in eight when it already speculates) ends on an abandoned step of one to
+// three drafts, where its last sampled token would have been left unforwarded anyway.
+void RequestWorkload::AddSpeculationExits(RequestPlan& plan) {
+  if (options_.speculate_pct == 0) return;
+  for (SpeculativeStep& s : plan.speculation) s.probe = exit_rng_.Chance(1, 6);
+  if (plan.unforwarded != 1 || plan.outputs.empty()) return;
+  if (!exit_rng_.Chance(1, plan.speculation.empty() ? 4 : 8)) return;
+  SpeculativeStep spec;
+  spec.step = plan.decoded_outputs();
+  spec.abandoned = true;
+  spec.probe = exit_rng_.Chance(1, 4);
+  const int64_t drafts = exit_rng_.Range(1, kSpeculativeRejectedMax);
+  for (int64_t i = 0; i < drafts; ++i) {
+    spec.rejected.push_back(static_cast<int32_t>(exit_rng_.Range(1, options_.vocab)));
+  }
+  plan.speculation.push_back(std::move(spec));
 }
 
 }  // namespace kvtwin::sim

@@ -37,8 +37,17 @@ struct SpeculativeStep {
   int64_t step = 0;
   int64_t accepted = 0;
   std::vector<int32_t> rejected;
+  // Before the step, the same tokens go through BeginIsolatedSpeculation (a caller that
+  // scores drafts for instrumentation, spec §2.7): the wrappers never touch live state.
+  bool probe = false;
+  // The step's transaction is destroyed without a commit (a client that disconnects while
+  // the drafts are validated; spec §2.6 item 5: every exit path rolls back), and the decode
+  // ends there: the step forwards the last sampled token and its drafts and samples nothing.
+  // Only the last step, at step == RequestPlan::decoded_outputs() with unforwarded 1 and no
+  // accepted draft, so the caches end where a plain close would leave them.
+  bool abandoned = false;
   // The first decode forward after the step: where the next step may start.
-  int64_t end() const { return step + accepted + 1; }
+  int64_t end() const { return abandoned ? step : step + accepted + 1; }
   friend bool operator==(const SpeculativeStep&, const SpeculativeStep&) = default;
 };
 
@@ -85,6 +94,7 @@ struct RequestPlan {
 struct WorkloadOptions {
   int32_t conversations = 6;
   int64_t max_prompt_tokens = 160;  // longer histories restart the conversation
+  int64_t turn_max = 8;             // new user tokens per request: 1..turn_max
   int32_t vocab = 5;                // tokens are 1..vocab
   uint32_t user_pct = 25;           // extra user restore points
   uint32_t unscheduled_pct = 10;    // no SchedulePrefillSnapshots at all
@@ -123,9 +133,13 @@ class RequestWorkload {
   // How many outputs stay unforwarded (RequestPlan::unforwarded), from a stream of its
   // own, so every other choice of a seed's stream is what it was before the draw existed.
   void AddUnforwarded(RequestPlan& plan);
+  // Isolated probes and an abandoned last step (SpeculativeStep), from a stream of their own
+  // for the same reason, in workloads that speculate.
+  void AddSpeculationExits(RequestPlan& plan);
 
   Rng rng_;
   Rng tail_rng_;
+  Rng exit_rng_;
   WorkloadOptions options_;
   std::vector<int32_t> system_;
   std::vector<Conversation> conversations_;

@@ -34,6 +34,14 @@ std::string SwarmStack(RequestOptions& o) {
   o.capture_interval = intervals[rng.Below(4)];
   o.pre_thinking = rng.Range(0, 5);
   o.dims = SwarmDims(o.seed);
+  if (o.long_context) {
+    // From a stream of its own, so every draw above is what the seed draws without it.
+    Rng wide = Rng::Derive(o.seed, "swarm-long");
+    const int64_t long_windows[] = {4, 255, 256, 257, 300, 512};
+    o.window = long_windows[wide.Below(std::size(long_windows))];
+    const int64_t chunks[] = {1, 5, 9, 16, 64};
+    o.chunk = chunks[wide.Below(std::size(chunks))];
+  }
   return fmt::format(
       "preset {} layers {} window {} dtype {} {} budget {} chunk {} interval {} "
       "pre-thinking {}",
@@ -72,16 +80,17 @@ Status ValidateRequestOptions(const RequestOptions& o) {
 }
 
 std::string RequestsReproduceCommand(const RequestOptions& o) {
+  const char* long_flag = o.long_context ? " --long" : "";
   if (o.swarm) {
-    return fmt::format("kvtwin requests --swarm --seeds {}..{} --conversations {} --requests {}",
-                       o.seed, o.seed, o.conversations, o.requests);
+    return fmt::format("kvtwin requests --swarm{} --seeds {}..{} --conversations {} --requests {}",
+                       long_flag, o.seed, o.seed, o.conversations, o.requests);
   }
   return fmt::format(
-      "kvtwin requests --seeds {}..{} --preset {} --layers {} --window {} --dtype {}{} "
+      "kvtwin requests{} --seeds {}..{} --preset {} --layers {} --window {} --dtype {}{} "
       "--conversations {} --requests {} --budget {} --chunk {} --interval {} "
       "--pre-thinking {}",
-      o.seed, o.seed, o.preset, o.layers, o.window, o.dtype, DimsFlags(o.dims), o.conversations,
-      o.requests, o.budget_bytes, o.chunk, o.capture_interval, o.pre_thinking);
+      long_flag, o.seed, o.seed, o.preset, o.layers, o.window, o.dtype, DimsFlags(o.dims),
+      o.conversations, o.requests, o.budget_bytes, o.chunk, o.capture_interval, o.pre_thinking);
 }
 
 // The header of a recorded run, member by member: a member added to TraceHeader keeps its
@@ -146,7 +155,11 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
   RequestDriver driver(std::move(config), driver_options,
                        Rng::Derive(options.seed, "values").Next());
   Rng swarm = Rng::Derive(options.seed, "swarm");
-  const WorkloadOptions mix = WorkloadOptions::Swarm(swarm, options.conversations);
+  WorkloadOptions mix = WorkloadOptions::Swarm(swarm, options.conversations);
+  if (options.long_context) {
+    mix.max_prompt_tokens = kLongPromptTokens;
+    mix.turn_max = kLongTurnTokens;
+  }
   result.mix = mix.ToString();
   RequestWorkload workload(Rng::Derive(options.seed, "requests"), mix);
   if (record != nullptr) {

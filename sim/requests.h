@@ -15,6 +15,9 @@
 
 namespace kvtwin::sim {
 
+inline constexpr int64_t kLongPromptTokens = 700;
+inline constexpr int64_t kLongTurnTokens = 128;
+
 struct RequestOptions {
   std::string preset = "mixed";
   int32_t layers = 4;
@@ -32,6 +35,11 @@ struct RequestOptions {
   // the dims) and the budget, from unlimited down to a few snapshots' worth (constant
   // eviction); reported in the result.
   bool swarm = false;
+  // Long contexts: conversations grow to kLongPromptTokens in user turns of up to
+  // kLongTurnTokens, so KV buffers cross their 256-row growth steps inside the manager (page
+  // in, split, extend and evict long nodes); with `swarm`, the seed also draws rotating
+  // windows of 256 and more and prefill chunks up to 64.
+  bool long_context = false;
   // RequestDriverOptions::after_request: a test seam that plays a faulty manager; the
   // localizing re-run keeps it. Not part of the reproduce command.
   std::function<void(PrefixCache&, int64_t)> after_request;

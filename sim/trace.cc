@@ -302,11 +302,14 @@ Status DecodeStep(const Fields& f, const Json& v, const std::string& ptr,
                   SpeculativeStep* step) {
   if (!v.is_object()) return f.where().Error(ptr, Expected("an object", v));
   const Fields s(f.where(), v, ptr);
-  static constexpr std::string_view kKeys[] = {"accepted", "rejected", "step"};
+  static constexpr std::string_view kKeys[] = {"abandoned", "accepted", "probe", "rejected",
+                                               "step"};
   KV_RETURN_IF_ERROR(s.OnlyKeys(kKeys));
   KV_RETURN_IF_ERROR(s.Length("accepted", 0, &step->accepted, Need::kRequired));
   KV_RETURN_IF_ERROR(s.Ints("rejected", 0, kMaxInt32, 0, &step->rejected, Need::kRequired));
   KV_RETURN_IF_ERROR(s.Length("step", 0, &step->step, Need::kRequired));
+  KV_RETURN_IF_ERROR(s.Bool("probe", &step->probe, Need::kOptional));
+  KV_RETURN_IF_ERROR(s.Bool("abandoned", &step->abandoned, Need::kOptional));
   if (previous != nullptr && step->step <= previous->step) {
     return s.Error("step", fmt::format("steps must be sorted: step {} after step {}", step->step,
                                        previous->step));
@@ -316,6 +319,25 @@ Status DecodeStep(const Fields& f, const Json& v, const std::string& ptr,
                    fmt::format("step {} overlaps the previous step, which samples up to "
                                "step {} + accepted {} + 1 = {}",
                                step->step, previous->step, previous->accepted, previous->end()));
+  }
+  if (step->abandoned) {
+    // It forwards the last sampled token, which a decode with "unforwarded" 1 leaves
+    // unforwarded, and rolls back; it samples nothing, so no draft of it is accepted.
+    if (step->accepted != 0) {
+      return s.Error("accepted",
+                     fmt::format("an abandoned step accepts nothing, got {}", step->accepted));
+    }
+    if (unforwarded != 1) {
+      return s.Error("abandoned", fmt::format("needs \"unforwarded\" 1 (the last sampled token "
+                                              "left for the step to forward), got {}",
+                                              unforwarded));
+    }
+    if (step->step != outputs) {
+      return s.Error("step", fmt::format("an abandoned step comes at the forward of the last "
+                                         "sampled token, step {}, got {}",
+                                         outputs, step->step));
+    }
+    return Status::Ok();
   }
   if (step->step >= outputs) {
     return s.Error("step",
@@ -349,9 +371,13 @@ Status DecodeSpeculation(const Fields& f, RequestPlan* plan) {
   steps.clear();
   for (size_t k = 0; k < v->size(); ++k) {
     SpeculativeStep step;
-    KV_RETURN_IF_ERROR(DecodeStep(f, (*v)[k], fmt::format("{}/{}", f.Ptr("speculation"), k),
-                                  steps.empty() ? nullptr : &steps.back(), n, plan->unforwarded,
-                                  &step));
+    const std::string ptr = fmt::format("{}/{}", f.Ptr("speculation"), k);
+    // Any step after one would also fail the order checks below; this says why.
+    if (!steps.empty() && steps.back().abandoned) {
+      return f.where().Error(ptr, "a step after an abandoned one (the decode ends there)");
+    }
+    KV_RETURN_IF_ERROR(DecodeStep(f, (*v)[k], ptr, steps.empty() ? nullptr : &steps.back(), n,
+                                  plan->unforwarded, &step));
     steps.push_back(std::move(step));
   }
   return Status::Ok();

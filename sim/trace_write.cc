@@ -39,6 +39,8 @@ Json RequestJson(const RequestPlan& plan) {
       s["step"] = step.step;
       s["accepted"] = step.accepted;
       s["rejected"] = step.rejected;
+      if (step.probe) s["probe"] = true;
+      if (step.abandoned) s["abandoned"] = true;
       steps.push_back(std::move(s));
     }
     j["speculation"] = std::move(steps);

@@ -147,6 +147,17 @@ inline void GenDecoration(const RequestModel& m, RequestPlan& plan) {
     return;
   }
   if (plan.outputs.size() >= 2 && Chance(33)) GenSpeculation(m, plan);
+  for (SpeculativeStep& s : plan.speculation) s.probe = Chance(15);
+  // The decode may end on an abandoned step: the last sampled token and its drafts
+  // forwarded, then rolled back without a commit (the last token stays unforwarded).
+  if (Chance(10)) {
+    SpeculativeStep spec;
+    spec.step = plan.decoded_outputs();
+    spec.abandoned = true;
+    spec.probe = Chance(25);
+    spec.rejected = Tokens(m, Pick<int64_t>(0, 3));
+    plan.speculation.push_back(std::move(spec));
+  }
 }
 
 inline RequestPlan GenPlan(const RequestModel& m) {

@@ -139,12 +139,15 @@ TEST(PrefixFuzz, RandomInputsReachEvictionsSplitsCancelsSpeculationAndPageIns) {
     }
   }
   SCOPED_TRACE(fmt::format("{}; page-ins {}; rare tokens {}", c.ToString(), page_ins, rare_tokens));
-  for (const int64_t counter :
-       {c.evictions,         c.eviction_passes, c.splits,        c.cancelled,     c.speculative,
-        c.cache_hits,        c.completed,       c.extensions,    c.dropped_tails, c.divergent,
-        c.new_conversations, c.repeats,         c.retries,       c.user_offsets,  c.unscheduled,
-        c.continuations,     c.resumed_exactly, c.branch_points, page_ins,        unlimited,
-        rare_tokens,         c.forwarded_last,  c.past_stop}) {
+  for (const int64_t counter : {c.evictions,      c.eviction_passes,   c.splits,
+                                c.cancelled,      c.speculative,       c.cache_hits,
+                                c.completed,      c.extensions,        c.dropped_tails,
+                                c.divergent,      c.new_conversations, c.repeats,
+                                c.retries,        c.user_offsets,      c.unscheduled,
+                                c.continuations,  c.resumed_exactly,   c.branch_points,
+                                page_ins,         unlimited,           rare_tokens,
+                                c.forwarded_last, c.past_stop,         c.isolated_probes,
+                                c.abandoned_steps}) {
     EXPECT_GT(counter, 0);
   }
 }
@@ -172,6 +175,14 @@ void ExpectValidPlan(const RequestPlan& p, size_t position) {
     EXPECT_GE(s.accepted, 0);
     EXPECT_LE(s.end(), p.decoded_outputs());
     from = s.end();
+    if (s.abandoned) {
+      // The last step, at the forward of the last sampled token, which it leaves unforwarded.
+      EXPECT_EQ(&s, &p.speculation.back());
+      EXPECT_EQ(s.step, p.decoded_outputs());
+      EXPECT_EQ(s.accepted, 0);
+      EXPECT_EQ(p.unforwarded, 1);
+      continue;
+    }
     if (!s.rejected.empty() && s.end() <= static_cast<int64_t>(p.outputs.size())) {
       EXPECT_NE(s.rejected.front(), p.outputs[static_cast<size_t>(s.step + s.accepted)]);
     }

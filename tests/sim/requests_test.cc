@@ -128,16 +128,53 @@ TEST(RequestCoverage, TheWorkloadReachesEveryMechanism) {
     hits_budgeted += budgeted.coverage.evictions;
   }
   SCOPED_TRACE(c.ToString());
-  for (int64_t counter : {c.completed, c.cancelled, c.cache_hits, c.extensions, c.dropped_tails,
-                          c.divergent, c.new_conversations, c.repeats, c.retries, c.user_offsets,
-                          c.unscheduled, c.speculative, c.continuations, c.resumed_exactly,
-                          c.branch_points, c.splits, c.kv_gaps, c.forwarded_last, c.past_stop}) {
+  for (int64_t counter :
+       {c.completed,      c.cancelled,       c.cache_hits,        c.extensions,
+        c.dropped_tails,  c.divergent,       c.new_conversations, c.repeats,
+        c.retries,        c.user_offsets,    c.unscheduled,       c.speculative,
+        c.continuations,  c.resumed_exactly, c.branch_points,     c.splits,
+        c.kv_gaps,        c.forwarded_last,  c.past_stop,         c.isolated_probes,
+        c.abandoned_steps}) {
     EXPECT_GT(counter, 0);
   }
   EXPECT_GT(hits_budgeted, 0);
   // Free-all is legitimate only where a KV chain is broken (kv gaps); it is counted, and
   // ExpectBegin decides per request whether it had to happen.
   EXPECT_GE(c.free_all, 0);
+}
+
+// Long contexts reach what the default workload never does: prompts past a KV buffer's
+// 256-row growth step inside the manager, rotating windows of 256 and more, and longer
+// nodes; the seed's other draws (preset, dtype, budget, mix) stay those of plain swarm.
+TEST(RequestLongContext, PromptsCrossTheGrowthStepAndWindowsReach256) {
+  int64_t longest = 0, wide_windows = 0, runs_past_256 = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    RequestOptions o;
+    o.swarm = true;
+    o.long_context = true;
+    o.conversations = 3;
+    o.seed = seed;
+    Trace trace;
+    const RequestResult r = RunRequests(o, &trace);
+    ASSERT_FALSE(r.divergence.has_value()) << r.reproduce;
+    EXPECT_NE(r.reproduce.find("--long"), std::string::npos) << r.reproduce;
+    RequestOptions plain = o;
+    plain.long_context = false;
+    const RequestResult p = RunRequests(plain);
+    EXPECT_EQ(r.mix.substr(0, p.mix.size()), p.mix);
+    EXPECT_NE(r.mix, p.mix);  // the long mix names its lengths
+    wide_windows += trace.header.window >= 256;
+    int64_t run_longest = 0;
+    for (const TraceEvent& e : trace.events) {
+      run_longest = std::max<int64_t>(run_longest, std::ssize(std::get<RequestPlan>(e).inputs));
+    }
+    runs_past_256 += run_longest > 256;
+    longest = std::max(longest, run_longest);
+  }
+  EXPECT_GE(runs_past_256, 3);
+  EXPECT_GT(longest, 384);
+  EXPECT_LE(longest, kLongPromptTokens);
+  EXPECT_GE(wide_windows, 3);
 }
 
 TEST(RequestDeterminism, SameSeedGivesTheSameRunTwice) {

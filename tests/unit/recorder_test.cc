@@ -137,6 +137,41 @@ TEST(TraceRecorder, RecordsHowManySampledTokensWereNeverForwarded) {
   EXPECT_EQ(r.coverage.past_stop, 1);
 }
 
+// A step dropped without a commit ends the decode: recorded at the forward of the last
+// sampled token, nothing may be sampled after it, and the trace replays with a pass.
+TEST(TraceRecorder, AnAbandonedSpeculationEndsTheDecode) {
+  const std::string path = TracePath();
+  std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);
+  ASSERT_NE(rec, nullptr);
+  ASSERT_TRUE(rec->BeginRequest(0, std::vector<int32_t>{1, 2, 3, 4, 5}).ok());
+  EXPECT_EQ(rec->Abandoned(std::vector<int32_t>{6}).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(rec->Speculated(std::vector<int32_t>{6, 7}, 1, 8).ok());  // samples 6 8
+  ASSERT_TRUE(rec->Sampled(std::vector<int32_t>{9}).ok());
+  EXPECT_EQ(rec->Abandoned(std::vector<int32_t>{-1}).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rec->Abandoned(std::vector<int32_t>{10, 11}).ok());
+  EXPECT_EQ(rec->Sampled(std::vector<int32_t>{12}).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rec->Speculated(std::vector<int32_t>{12}, 0, 13).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rec->Abandoned(std::vector<int32_t>{12}).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(rec->Unforwarded(0).ok());
+  EXPECT_EQ(rec->EndRequest().code(), StatusCode::kFailedPrecondition);  // it forwards the last
+  ASSERT_TRUE(rec->Unforwarded(1).ok());
+  ASSERT_TRUE(rec->EndRequest().ok());
+  ASSERT_TRUE(rec->Finish().ok());
+
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  const RequestPlan plan = PlanAt(*trace, 0);
+  EXPECT_EQ(plan.outputs, (std::vector<int32_t>{6, 8, 9}));
+  ASSERT_EQ(plan.speculation.size(), 2u);
+  SpeculativeStep abandoned{3, 0, {10, 11}};
+  abandoned.abandoned = true;
+  EXPECT_EQ(plan.speculation[1], abandoned);
+  const ReplayResult r = ReplayFile(path, {});
+  EXPECT_TRUE(r.passed()) << r.verdict() << "\n" << r.divergence.value_or("");
+  EXPECT_EQ(r.coverage.abandoned_steps, 1);
+}
+
 TEST(TraceRecorder, MisuseIsAStatusAndRecordsNothing) {
   const std::string path = TracePath();
   std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);

@@ -30,8 +30,9 @@ namespace kvtwin::sim {
 
 // Found by argument-dependent lookup, so gtest prints a step readably in a mismatch.
 void PrintTo(const SpeculativeStep& s, std::ostream* os) {
-  *os << fmt::format("{{step {} accepted {} rejected [{}]}}", s.step, s.accepted,
-                     fmt::join(s.rejected, ","));
+  *os << fmt::format("{{step {} accepted {} rejected [{}]{}{}}}", s.step, s.accepted,
+                     fmt::join(s.rejected, ","), s.probe ? " probe" : "",
+                     s.abandoned ? " abandoned" : "");
 }
 
 namespace {
@@ -202,6 +203,7 @@ std::vector<RequestPlan> EveryRequestField() {
   a.schedule = false;
   // The first samples output 0, so the second may start at decode forward 1.
   a.speculation = {SpeculativeStep{0, 0, {13}}, SpeculativeStep{1, 2, {11, 12}}};
+  a.speculation[1].probe = true;
   a.budget_pct = 250;
   RequestPlan b;
   b.index = 1;
@@ -224,7 +226,13 @@ std::vector<RequestPlan> EveryRequestField() {
   e.index = 4;
   e.outputs = {1};
   e.cancel_after_tokens = 7;
-  return {a, b, c, d, e};
+  // Ends on an abandoned step after a committed one: the forward of the last output.
+  RequestPlan g = a;
+  g.index = 5;
+  g.speculation.push_back(SpeculativeStep{4, 0, {6, 6}});
+  g.speculation.back().abandoned = true;
+  g.speculation.back().probe = true;
+  return {a, b, c, d, e, g};
 }
 
 TEST(TraceJson, DefaultHeaderIsTheDocumentedLine) {
@@ -410,9 +418,12 @@ TEST(TraceRoundTrip, RequestsWithEveryOptionalField) {
             R"({"budget_pct":250,"conversation":3,"dropped":2,"inputs":[1,2,3,4,5,6],)"
             R"("outputs":[7,8,9,10],"request_kind":"extend","schedule":false,)"
             R"("speculation":[{"accepted":0,"rejected":[13],"step":0},)"
-            R"({"accepted":2,"rejected":[11,12],"step":1}],"user_points":[2,5]})");
+            R"({"accepted":2,"probe":true,"rejected":[11,12],"step":1}],"user_points":[2,5]})");
   EXPECT_EQ(EventToJson(written.events[1]),
             R"({"cancel_after":0,"inputs":[0,2147483647],"request_kind":"retry"})");
+  const Json last = Json::parse(EventToJson(written.events[5]))["speculation"][2];
+  EXPECT_EQ(last.dump(),
+            R"({"abandoned":true,"accepted":0,"probe":true,"rejected":[6,6],"step":4})");
 }
 
 TEST(TraceBlocks, BlocksAndOutputLenExpandThroughTheTokenFunctions) {
@@ -690,6 +701,30 @@ TEST(TraceReaderErrors, SpeculativeStepsAreSortedApartAndWithinTheOutputs) {
   for (const auto& [steps, want] : cases) {
     EXPECT_EQ(ErrorOf({kRequestsHeader, outputs + steps}), "FILE:2: " + want) << steps;
   }
+  // An abandoned step ends the decode: it forwards the last sampled token (left unforwarded)
+  // and its drafts, accepts nothing and nothing follows it.
+  const std::vector<std::pair<std::string, std::string>> abandoned = {
+      {R"({"abandoned":true,"accepted":0,"rejected":[9],"step":4}]})",
+       "/speculation/0/step: an abandoned step comes at the forward of the last sampled token, "
+       "step 5, got 4"},
+      {R"({"abandoned":true,"accepted":1,"rejected":[],"step":5}]})",
+       "/speculation/0/accepted: an abandoned step accepts nothing, got 1"},
+      {R"({"abandoned":true,"accepted":0,"rejected":[],"step":5},)"
+       R"({"accepted":0,"rejected":[9],"step":6}]})",
+       "/speculation/1: a step after an abandoned one (the decode ends there)"},
+      {R"({"abandoned":1,"accepted":0,"rejected":[],"step":5}]})",
+       "/speculation/0/abandoned: expected true or false, got 1"},
+      {R"({"probe":"yes","accepted":0,"rejected":[],"step":0}]})",
+       "/speculation/0/probe: expected true or false, got string"},
+  };
+  for (const auto& [steps, want] : abandoned) {
+    EXPECT_EQ(ErrorOf({kRequestsHeader, outputs + steps}), "FILE:2: " + want) << steps;
+  }
+  EXPECT_EQ(
+      ErrorOf({kRequestsHeader, R"({"inputs":[1],"outputs":[2,3],"unforwarded":2,"speculation":[)"
+                                R"({"abandoned":true,"accepted":0,"rejected":[],"step":1}]})"}),
+      R"(FILE:2: /speculation/0/abandoned: needs "unforwarded" 1 (the last sampled token )"
+      R"(left for the step to forward), got 2)");
   // Back to back up to the last output, and an empty list (no speculation, the default).
   const std::string whole = outputs + R"({"accepted":1,"rejected":[9],"step":0},)"
                                       R"({"accepted":0,"rejected":[9],"step":2},)"
