@@ -75,7 +75,9 @@ bool RunRequestSeeds(sim::RequestOptions options, uint64_t first, int64_t count,
 // wide nodes, template variants, memory pressure): about 5 ms a swarm seed.
 bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& runs,
                         uint64_t& requests) {
-  for (const std::string& preset : sim::RequestPresetNames()) {
+  std::vector<std::string> presets = sim::RequestPresetNames();
+  presets.emplace_back(sim::kStaggeredPreset);  // per-layer windows (not drawn by the swarm)
+  for (const std::string& preset : presets) {
     for (const int64_t budget : {int64_t{0}, int64_t{6000}}) {
       sim::RequestOptions options;
       options.preset = preset;
@@ -259,6 +261,12 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
     if (!RunOne(wide, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
   }
   fmt::print("  rotating  W={} {} seeds x {} steps: pass\n", kWideWindow, seeds_per_config, steps);
+  // Rotating layers of windows 4, 9 and 2 in one stack, under one speculation.
+  const RunOptions staggered = FixedStack(sim::kStaggeredPreset, 4, 4, "bf16", steps);
+  for (int64_t i = 0; i < seeds_per_config; ++i) {
+    if (!RunOne(staggered, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
+  }
+  fmt::print("  staggered bf16 {} seeds x {} steps: pass\n", seeds_per_config, steps);
   RunOptions swarm;
   swarm.swarm = true;
   swarm.steps = steps;

@@ -57,7 +57,8 @@ void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::Mo
 
 void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
   cmd->add_option("--preset", o.preset,
-                  "dense | rotating | sliding | recurrent | mixed | holey (stateless layers)");
+                  "dense | rotating | sliding | recurrent | mixed | holey (stateless layers) | "
+                  "staggered (per-layer windows)");
   cmd->add_option("--layers", o.layers, "layers in the stack");
   cmd->add_option("--window", o.window, "W of rotating layers");
   cmd->add_option("--dtype", o.dtype, "f32 | bf16");
@@ -75,7 +76,8 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
 }
 
 void AddRunOptions(CLI::App* cmd, kvtwin::sim::RunOptions& o) {
-  cmd->add_option("--preset", o.preset, "dense | rotating | sliding | recurrent | mixed");
+  cmd->add_option("--preset", o.preset,
+                  "dense | rotating | sliding | recurrent | mixed | staggered (per-layer windows)");
   cmd->add_option("--layers", o.layers, "layers in the stack");
   cmd->add_option("--window", o.window, "W of rotating layers");
   cmd->add_option("--dtype", o.dtype, "f32 | bf16");

@@ -41,6 +41,12 @@ std::string SwarmStack(RequestOptions& o) {
     o.window = long_windows[wide.Below(std::size(long_windows))];
     const int64_t chunks[] = {1, 5, 9, 16, 64};
     o.chunk = chunks[wide.Below(std::size(chunks))];
+    // Rotating layers of different windows in one stack: a node's end may lie inside one
+    // layer's window and past another's.
+    if (wide.Chance(1, 3)) {
+      o.preset = kStaggeredPreset;
+      o.layers = static_cast<int32_t>(wide.Range(2, 4));
+    }
   }
   return fmt::format(
       "preset {} layers {} window {} dtype {} {} budget {} chunk {} interval {} "

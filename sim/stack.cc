@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <string_view>
 
 #include "sim/synthetic.h"
@@ -203,6 +204,12 @@ const std::vector<std::string>& RequestPresetNames() {
   return names;
 }
 
+std::vector<std::string> AcceptedPresetNames(bool requests) {
+  std::vector<std::string> names = requests ? RequestPresetNames() : PresetNames();
+  names.emplace_back(kStaggeredPreset);
+  return names;
+}
+
 Status RequireStateful(const StackConfig& config) {
   for (const LayerSpec& spec : config.layers) {
     if (spec.stateless) {
@@ -230,6 +237,16 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
   config.dims = dims;
   for (int32_t i = 0; i < num_layers; ++i) {
     LayerSpec spec;
+    if (preset == kStaggeredPreset) {
+      // Past half the int64 range a window is unbounded in effect; it is not doubled.
+      const int64_t wide =
+          window > (std::numeric_limits<int64_t>::max() - 1) / 2 ? window : 2 * window + 1;
+      const int64_t windows[4] = {window, wide, 0, (window + 1) / 2};
+      spec.kind = i % 4 == 2 ? CacheKind::kFullKv : CacheKind::kRotating;
+      spec.window = windows[i % 4];
+      config.layers.push_back(spec);
+      continue;
+    }
     if (preset == "dense") {
       spec.kind = CacheKind::kFullKv;
     } else if (preset == "rotating") {
@@ -249,7 +266,8 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
       spec.stateless = i % 5 == 0 || i % 5 == 3;
     } else {
       return InvalidArgument(fmt::format(
-          "unknown preset '{}' (dense, rotating, sliding, recurrent, mixed, holey)", preset));
+          "unknown preset '{}' (dense, rotating, sliding, recurrent, mixed, holey, staggered)",
+          preset));
     }
     if (spec.kind == CacheKind::kRotating) spec.window = window;
     config.layers.push_back(spec);

@@ -112,6 +112,15 @@ const std::vector<std::string>& PresetNames();
 // through [stateless, kv, rotating, stateless, recurrent] (a leading, an inner and a
 // trailing hole; at least 2 layers, so one is stateful).
 const std::vector<std::string>& RequestPresetNames();
+// "staggered": layers cycle through [rotating W, rotating 2W + 1, kv, rotating ceil(W / 2)],
+// so the rotating layers of one stack hold different windows (per-layer sliding windows, as
+// in models that mix window sizes). Accepted wherever a preset is, but in neither list above:
+// the swarms draw from those lists, and a longer list would move every seed's stack. Drawn
+// by the long-context request swarm from a stream of its own, and run as stages of their own.
+inline constexpr const char* kStaggeredPreset = "staggered";
+// What a trace or a command line may name: PresetNames(), or RequestPresetNames() with
+// `requests`, then "staggered".
+std::vector<std::string> AcceptedPresetNames(bool requests);
 // InvalidArgument naming the preset when `config` has a stateless layer: only request runs
 // model the manager's null holes.
 Status RequireStateful(const StackConfig& config);

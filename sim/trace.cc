@@ -113,8 +113,7 @@ Status DecodeModel(const Fields& f, TraceHeader* h) {
   KV_RETURN_IF_ERROR(m.Int("layers", 1, kMaxLayers, &h->layers, Need::kRequired));
   KV_RETURN_IF_ERROR(m.String("preset", &h->preset, Need::kRequired));
   // Stateless layers (the "holey" preset) exist only at the request level.
-  const std::vector<std::string>& presets =
-      h->kind == TraceKind::kRequests ? RequestPresetNames() : PresetNames();
+  const std::vector<std::string> presets = AcceptedPresetNames(h->kind == TraceKind::kRequests);
   if (std::find(presets.begin(), presets.end(), h->preset) == presets.end()) {
     return m.Error("preset", fmt::format("unknown preset {} (expected one of {})", Quote(h->preset),
                                          fmt::join(presets, ", ")));

@@ -95,6 +95,38 @@ INSTANTIATE_TEST_SUITE_P(PresetsDtypesBudgets, RequestSweep,
 
 // Stateless layers are null holes in the manager's list (spec §3.1): the holey preset builds
 // them, the request runs take it, and everything that drives layers directly refuses it.
+// Per-layer windows: the rotating layers of one stack get W, 2W + 1 and ceil(W / 2); the
+// preset is accepted everywhere a preset is, but no swarm list holds it (their draws stay).
+TEST(StaggeredStack, RotatingLayersHoldDifferentWindows) {
+  const StackConfig config = StackFromPreset(kStaggeredPreset, 5, 5, DType::kFloat32).value();
+  ASSERT_EQ(config.layers.size(), 5u);
+  const std::vector<std::pair<CacheKind, int64_t>> want = {{CacheKind::kRotating, 5},
+                                                           {CacheKind::kRotating, 11},
+                                                           {CacheKind::kFullKv, 0},
+                                                           {CacheKind::kRotating, 3},
+                                                           {CacheKind::kRotating, 5}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(config.layers[i].kind, want[i].first) << i;
+    EXPECT_EQ(config.layers[i].window, want[i].second) << i;
+  }
+  const std::vector<std::unique_ptr<LayerCache>> caches = BuildCaches(config);
+  EXPECT_EQ(static_cast<const RotatingCache&>(*caches[1]).window(), 11);
+  // The doubling stops where it would overflow: such a window is unbounded in effect.
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(StackFromPreset(kStaggeredPreset, 2, huge, DType::kFloat32).value().layers[1].window,
+            huge);
+  for (const std::vector<std::string>* list : {&PresetNames(), &RequestPresetNames()}) {
+    EXPECT_EQ(std::ranges::count(*list, kStaggeredPreset), 0);
+  }
+  EXPECT_EQ(AcceptedPresetNames(true).back(), kStaggeredPreset);
+  RunOptions sweep;
+  sweep.preset = kStaggeredPreset;
+  EXPECT_TRUE(ValidateRunOptions(sweep).ok());
+  RequestOptions requests;
+  requests.preset = kStaggeredPreset;
+  EXPECT_TRUE(ValidateRequestOptions(requests).ok());
+}
+
 TEST(HoleyStack, HolesAreNullCachesAndOnlyRequestRunsTakeThem) {
   const StackConfig config = StackFromPreset("holey", 5, 4, DType::kFloat32).value();
   const std::vector<std::unique_ptr<LayerCache>> caches = BuildCaches(config);

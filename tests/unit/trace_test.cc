@@ -530,7 +530,7 @@ TEST(TraceReaderErrors, HeaderFields) {
        "/model/window: expected an integer, got string"},
       {[](Json& j) { j["model"]["window"] = 0; }, "/model/window: must be >= 1, got 0"},
       {[](Json& j) { j["model"]["preset"] = "huge"; },
-       R"(/model/preset: unknown preset "huge" (expected one of dense, sliding, recurrent, mixed, rotating, holey))"},
+       R"(/model/preset: unknown preset "huge" (expected one of dense, sliding, recurrent, mixed, rotating, holey, staggered))"},
       {[](Json& j) {
          j["model"]["preset"] = "holey";
          j["model"]["layers"] = 1;
@@ -586,7 +586,7 @@ TEST(TraceReaderErrors, HeaderFields) {
          }
          j["model"]["preset"] = "holey";
        },
-       R"(/model/preset: unknown preset "holey" (expected one of dense, sliding, recurrent, mixed, rotating))"},
+       R"(/model/preset: unknown preset "holey" (expected one of dense, sliding, recurrent, mixed, rotating, staggered))"},
       {[](Json& j) { j["expect"] = 3; }, "/expect: expected a string, got 3"},
       {[](Json& j) { j["expect"] = "fail"; },
        R"(/expect: expected "pass" or "divergence: KIND", got "fail")"},
