@@ -94,7 +94,8 @@ enum Field : size_t {
   kSpecAccepted,   // % (outputs - step) accepted drafts
   kSpecRejected,   // % (kRejectedMax + 1) rejected drafts ...; >= 128: probed first
   kRejectedToken,  // ... from these kRejectedMax fields
-  kBudgetPct = kRejectedToken + kRejectedMax,  // kBudgetPcts[byte % 8]
+  kBudgetPct = kRejectedToken + kRejectedMax,  // kBudgetPcts[byte % 8]; (byte / 8) % 4 == 1:
+                                               // kBudgetPcts[byte / 32] after the prefill
   kFields,
 };
 using Record = std::array<uint8_t, kFields>;
@@ -244,6 +245,11 @@ class PlanDecoder {
     const auto len = static_cast<int64_t>(plan.inputs.size());
     plan.schedule = f[kSchedule] % 4 != 0;
     plan.budget_pct = kBudgetPcts[f[kBudgetPct] % kBudgetPcts.size()];
+    // The byte's upper bits (the pick reads its low three): one in four moves the budget
+    // again after the prefill, inside the open session.
+    if ((f[kBudgetPct] / 8) % 4 == 1) {
+      plan.budget_pct_after_prefill = kBudgetPcts[(f[kBudgetPct] / 32) % kBudgetPcts.size()];
+    }
     const ValueContext history = HistoryContext(c);
     const std::array<std::pair<Field, Field>, 2> users = {
         {{kUserMode0, kUserArg0}, {kUserMode1, kUserArg1}}};

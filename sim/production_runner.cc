@@ -83,6 +83,10 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
     pos += n;
     offset_ = pos;
   }
+  if (options_.budget_bytes > 0 && plan.budget_pct_after_prefill >= 0) {
+    budget = std::max<int64_t>(1, options_.budget_bytes * plan.budget_pct_after_prefill / 100);
+    manager_->set_max_paged_out_bytes(budget);
+  }
   if (!cancelled) {
     if (Status s = manager_->AttachPrefillSnapshots(); !s.ok()) return s;
     const int64_t n = plan.decoded_outputs();

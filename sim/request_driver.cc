@@ -37,15 +37,15 @@ std::string RequestCoverage::ToString() const {
       "completed {}, cancelled {}, cache hits {}, extensions {} (dropped tails {}), "
       "continuations {} (resumed exactly {}), divergent {}, new {}, repeats {}, retries {}, "
       "user offsets {}, unscheduled {}, speculative {} (isolated probes {}, abandoned {}), "
-      "forwarded last {}, past stop {}, "
+      "forwarded last {}, past stop {}, budgets moved mid-session {}, "
       "branch points {}, splits {}, "
       "evictions {} (checked passes {}), free-all {}, kv gaps {}, audited calls {}/{}, "
       "forwards reading every history row {}/{}",
       completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
       divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
-      isolated_probes, abandoned_steps, forwarded_last, past_stop, branch_points, splits, evictions,
-      eviction_passes, free_all, kv_gaps, audited_calls, calls, forwards - trusting_forwards,
-      forwards);
+      isolated_probes, abandoned_steps, forwarded_last, past_stop, session_budgets, branch_points,
+      splits, evictions, eviction_passes, free_all, kv_gaps, audited_calls, calls,
+      forwards - trusting_forwards, forwards);
 }
 
 namespace {
@@ -53,33 +53,13 @@ namespace {
 // Every counter of a coverage record (const or not), in one list.
 template <typename Coverage>
 auto Counters(Coverage& c) {
-  return std::array{&c.completed,
-                    &c.cancelled,
-                    &c.cache_hits,
-                    &c.extensions,
-                    &c.dropped_tails,
-                    &c.divergent,
-                    &c.new_conversations,
-                    &c.repeats,
-                    &c.retries,
-                    &c.user_offsets,
-                    &c.unscheduled,
-                    &c.speculative,
-                    &c.isolated_probes,
-                    &c.abandoned_steps,
-                    &c.continuations,
-                    &c.resumed_exactly,
-                    &c.branch_points,
-                    &c.free_all,
-                    &c.kv_gaps,
-                    &c.splits,
-                    &c.evictions,
-                    &c.eviction_passes,
-                    &c.calls,
-                    &c.audited_calls,
-                    &c.forwards,
-                    &c.trusting_forwards,
-                    &c.forwarded_last,
+  return std::array{&c.completed,       &c.cancelled,       &c.cache_hits,        &c.extensions,
+                    &c.dropped_tails,   &c.divergent,       &c.new_conversations, &c.repeats,
+                    &c.retries,         &c.user_offsets,    &c.unscheduled,       &c.speculative,
+                    &c.isolated_probes, &c.abandoned_steps, &c.session_budgets,   &c.continuations,
+                    &c.resumed_exactly, &c.branch_points,   &c.free_all,          &c.kv_gaps,
+                    &c.splits,          &c.evictions,       &c.eviction_passes,   &c.calls,
+                    &c.audited_calls,   &c.forwards,        &c.trusting_forwards, &c.forwarded_last,
                     &c.past_stop};
 }
 
@@ -130,7 +110,10 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
   SetBudget(options_.budget_bytes > 0 ? options_.budget_bytes
                                       : std::numeric_limits<int64_t>::max());
   if (options_.budget_bytes > 0) eviction_ref_ = std::make_unique<EvictionReference>(*manager_);
-  manager_->set_policy_hook([this] { reference_->OnProductionPoint(*manager_); });
+  manager_->set_policy_hook([this] {
+    point_budget_ = budget_;
+    reference_->OnProductionPoint(*manager_);
+  });
   manager_->set_eviction_hook([this](bool ended) {
     if (!ended) reference_->OnProductionPass(*manager_);
     if (eviction_ref_) eviction_ref_->OnPass(ended);
@@ -141,6 +124,7 @@ RequestDriver::RequestDriver(StackConfig config, RequestDriverOptions options, u
 RequestDriver::~RequestDriver() { manager_.reset(); }
 
 void RequestDriver::SetBudget(int64_t bytes) {
+  budget_ = bytes;
   manager_->set_max_paged_out_bytes(bytes);
   reference_->set_budget(bytes);
 }

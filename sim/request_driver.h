@@ -49,6 +49,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -97,6 +98,8 @@ struct RequestCoverage {
   // Speculations run through isolated wrappers and dropped (SpeculativeStep::probe), and
   // steps abandoned without a commit.
   int64_t isolated_probes = 0, abandoned_steps = 0;
+  // Budgets changed while a session was open (RequestPlan::budget_pct_after_prefill).
+  int64_t session_budgets = 0;
   // Closes with every stored token forwarded (unforwarded 0), and with two or more sampled
   // tokens never forwarded (reported past a stop).
   int64_t forwarded_last = 0, past_stop = 0;
@@ -257,8 +260,12 @@ class RequestDriver {
   bool has_census_ = false;
   bool census_walked_ = false;  // census_next_'s nodes are this call's (CheckWholeTrie)
   int64_t audit_credit_ = 0;
-  int64_t history_credit_ = 0;    // rows a full history check may read (TrustedHistoryRows)
-  int64_t history_skips_ = 0;     // forwards that trusted rows since the last full check
+  int64_t history_credit_ = 0;  // rows a full history check may read (TrustedHistoryRows)
+  int64_t history_skips_ = 0;   // forwards that trusted rows since the last full check
+  // The budget last set (SetBudget), and the one in force at production's last policy
+  // point, which is what the eviction bound holds to.
+  int64_t budget_ = std::numeric_limits<int64_t>::max();
+  int64_t point_budget_ = std::numeric_limits<int64_t>::max();
   int64_t unaudited_calls_ = 0;   // since the last audited call (RequestDivergence)
   int64_t forwarded_tokens_ = 0;  // since the last call started (StartCall)
   int64_t last_request_ = -1;     // the index of the last plan run (FinalAudit)

@@ -254,7 +254,11 @@ class RequestDriver::Session {
   Check AfterEvictionPoint(bool audit) const {
     if (!audit) return std::nullopt;
     if (Check c = d_.CheckWholeTrie()) return c;
-    if (Check c = CheckEvictionBound(pc().trie(), pc().active_path(), budget_bytes_)) return c;
+    // The bound holds from a policy point on, under the budget of that point: a budget
+    // lowered inside a session binds from the next point (a call without one, such as an
+    // attach with nothing pending, leaves the counter as it was). Whether each call has its
+    // points is the reference's to judge (ManagerReference pairs them).
+    if (Check c = CheckEvictionBound(pc().trie(), pc().active_path(), d_.point_budget_)) return c;
     if (d_.eviction_ref_) {
       d_.coverage_.eviction_passes = d_.eviction_ref_->passes();
       return d_.eviction_ref_->TakeMismatch();
@@ -307,6 +311,13 @@ class RequestDriver::Session {
       if (chunks == 0) {
         if (Check c = ProbeMisuse("after the first prefill chunk")) return c;
       }
+    }
+    // A budget moved inside the open session: the attach's pass (or, cancelled, the close's
+    // page-out) must run under the budget of that moment (spec §3.4 reads it per pass).
+    if (plan_.budget_pct_after_prefill >= 0 && d_.options_.budget_bytes > 0) {
+      budget_bytes_ = d_.options_.budget_bytes * plan_.budget_pct_after_prefill / 100;
+      d_.SetBudget(budget_bytes_);
+      ++d_.coverage_.session_budgets;
     }
     return std::nullopt;
   }

@@ -76,6 +76,9 @@ std::string RequestPlan::ToString() const {
                      spec.abandoned ? " abandoned" : "");
   }
   if (!speculation.empty()) s += ")";
+  if (budget_pct_after_prefill >= 0) {
+    s += fmt::format(" budget {}% after prefill", budget_pct_after_prefill);
+  }
   return s;
 }
 
@@ -83,6 +86,7 @@ RequestWorkload::RequestWorkload(Rng rng, WorkloadOptions options)
     : rng_(rng),
       tail_rng_(rng.Fork("unforwarded")),
       exit_rng_(rng.Fork("speculation-exits")),
+      budget_rng_(rng.Fork("session-budget")),
       options_(options) {
   KV_CHECK(options_.conversations >= 1 && options_.vocab >= 2,
            "a workload needs a conversation and two tokens");
@@ -116,6 +120,7 @@ RequestPlan RequestWorkload::Next() {
     AddUnforwarded(plan);
     AddSpeculationExits(plan);
   }
+  AddSessionBudget(plan);
   c.started = true;
   c.cancelled = cancelled;
   c.inputs = plan.inputs;
@@ -252,6 +257,13 @@ void RequestWorkload::AddSpeculationExits(RequestPlan& plan) {
     spec.rejected.push_back(static_cast<int32_t>(exit_rng_.Range(1, options_.vocab)));
   }
   plan.speculation.push_back(std::move(spec));
+}
+
+// Half as often as the pressure before Begin, and from the same scales.
+void RequestWorkload::AddSessionBudget(RequestPlan& plan) {
+  if (!budget_rng_.Chance(options_.pressure_pct, 200)) return;
+  const int64_t scales[] = {0, 25, 200, 400};
+  plan.budget_pct_after_prefill = scales[budget_rng_.Below(4)];
 }
 
 }  // namespace kvtwin::sim

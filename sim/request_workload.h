@@ -80,6 +80,10 @@ struct RequestPlan {
   // (a server whose headroom changes between requests); 0 is a budget of exactly 0, every
   // evictable node goes. A run without a budget ignores it.
   int64_t budget_pct = 100;
+  // >= 0: the budget changes again once the prefill is forwarded, to this percent of the
+  // run's, while the session is open (a server whose headroom moves mid-request): the
+  // attach's and the close's eviction passes run under it. -1: unchanged.
+  int64_t budget_pct_after_prefill = -1;
   // The outputs the decode forwards sample, the speculative steps' included: every
   // output but the unforwarded ones past the first (so the speculative steps end by it).
   int64_t decoded_outputs() const {
@@ -136,10 +140,14 @@ class RequestWorkload {
   // Isolated probes and an abandoned last step (SpeculativeStep), from a stream of their own
   // for the same reason, in workloads that speculate.
   void AddSpeculationExits(RequestPlan& plan);
+  // RequestPlan::budget_pct_after_prefill, in workloads under pressure, from a stream of
+  // its own likewise.
+  void AddSessionBudget(RequestPlan& plan);
 
   Rng rng_;
   Rng tail_rng_;
   Rng exit_rng_;
+  Rng budget_rng_;
   WorkloadOptions options_;
   std::vector<int32_t> system_;
   std::vector<Conversation> conversations_;

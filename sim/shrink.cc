@@ -260,6 +260,9 @@ class Shrinker {
         i, [](TraceEvent& e) { return std::exchange(Plan(e).budget_pct, 100) != 100; },
         "run budget");
     TryEvent(
+        i, [](TraceEvent& e) { return std::exchange(Plan(e).budget_pct_after_prefill, -1) >= 0; },
+        "no budget change after the prefill");
+    TryEvent(
         i, [](TraceEvent& e) { return std::exchange(Plan(e).unforwarded, 1) != 1; },
         "last output unforwarded");
     ShrinkList(

@@ -418,9 +418,10 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
   const Fields f(w, j, "");
   if (f.Has("op")) return f.Error("op", "an op event in a \"requests\" trace");
   static constexpr std::string_view kKeys[] = {
-      "block_len",    "blocks",   "budget_pct",  "cancel_after", "conversation",
-      "dropped",      "inputs",   "output_len",  "outputs",      "prompt_len",
-      "request_kind", "schedule", "speculation", "unforwarded",  "user_points"};
+      "block_len",    "blocks",       "budget_pct",  "budget_pct_after_prefill",
+      "cancel_after", "conversation", "dropped",     "inputs",
+      "output_len",   "outputs",      "prompt_len",  "request_kind",
+      "schedule",     "speculation",  "unforwarded", "user_points"};
   KV_RETURN_IF_ERROR(f.OnlyKeys(kKeys));
   plan->index = index;
   KV_RETURN_IF_ERROR(DecodePrompt(f, &plan->inputs));
@@ -428,6 +429,8 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
   KV_RETURN_IF_ERROR(f.Length("cancel_after", 0, &plan->cancel_after_tokens, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeOutputs(f, index, plan->cancel_after_tokens >= 0, &plan->outputs));
   KV_RETURN_IF_ERROR(f.Int("budget_pct", 0, kMaxBudgetPct, &plan->budget_pct, Need::kOptional));
+  KV_RETURN_IF_ERROR(f.Int("budget_pct_after_prefill", 0, kMaxBudgetPct,
+                           &plan->budget_pct_after_prefill, Need::kOptional));
   KV_RETURN_IF_ERROR(f.Int("conversation", 0, kMaxInt32, &plan->conversation, Need::kOptional));
   KV_RETURN_IF_ERROR(f.Length("dropped", 0, &plan->dropped, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeRequestKind(f, &plan->kind));

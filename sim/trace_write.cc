@@ -46,6 +46,9 @@ Json RequestJson(const RequestPlan& plan) {
     j["speculation"] = std::move(steps);
   }
   if (plan.budget_pct != 100) j["budget_pct"] = plan.budget_pct;
+  if (plan.budget_pct_after_prefill >= 0) {
+    j["budget_pct_after_prefill"] = plan.budget_pct_after_prefill;
+  }
   if (plan.dropped != 0) j["dropped"] = plan.dropped;
   if (plan.kind != RequestKind::kNew) j["request_kind"] = RequestKindName(plan.kind);
   return j;

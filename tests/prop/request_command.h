@@ -139,6 +139,8 @@ inline void GenDecoration(const RequestModel& m, RequestPlan& plan) {
   plan.schedule = !Chance(15);
   // A server whose headroom changes between requests (ignored with an unlimited budget).
   if (Chance(10)) plan.budget_pct = Chance(50) ? 200 : (Chance(50) ? 25 : 0);
+  // Headroom that moves again inside the session, before the attach's eviction pass.
+  if (Chance(10)) plan.budget_pct_after_prefill = Chance(50) ? 300 : (Chance(50) ? 20 : 0);
   if (Chance(15)) {
     plan.cancel_after_tokens = Pick<int64_t>(0, 16);
     // No decode, so no speculation; the planned outputs are never used, and a recorded

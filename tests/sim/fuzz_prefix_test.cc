@@ -139,15 +139,15 @@ TEST(PrefixFuzz, RandomInputsReachEvictionsSplitsCancelsSpeculationAndPageIns) {
     }
   }
   SCOPED_TRACE(fmt::format("{}; page-ins {}; rare tokens {}", c.ToString(), page_ins, rare_tokens));
-  for (const int64_t counter : {c.evictions,      c.eviction_passes,   c.splits,
-                                c.cancelled,      c.speculative,       c.cache_hits,
-                                c.completed,      c.extensions,        c.dropped_tails,
-                                c.divergent,      c.new_conversations, c.repeats,
-                                c.retries,        c.user_offsets,      c.unscheduled,
-                                c.continuations,  c.resumed_exactly,   c.branch_points,
-                                page_ins,         unlimited,           rare_tokens,
-                                c.forwarded_last, c.past_stop,         c.isolated_probes,
-                                c.abandoned_steps}) {
+  for (const int64_t counter : {c.evictions,       c.eviction_passes,   c.splits,
+                                c.cancelled,       c.speculative,       c.cache_hits,
+                                c.completed,       c.extensions,        c.dropped_tails,
+                                c.divergent,       c.new_conversations, c.repeats,
+                                c.retries,         c.user_offsets,      c.unscheduled,
+                                c.continuations,   c.resumed_exactly,   c.branch_points,
+                                page_ins,          unlimited,           rare_tokens,
+                                c.forwarded_last,  c.past_stop,         c.isolated_probes,
+                                c.abandoned_steps, c.session_budgets}) {
     EXPECT_GT(counter, 0);
   }
 }

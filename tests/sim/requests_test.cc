@@ -161,12 +161,12 @@ TEST(RequestCoverage, TheWorkloadReachesEveryMechanism) {
   }
   SCOPED_TRACE(c.ToString());
   for (int64_t counter :
-       {c.completed,      c.cancelled,       c.cache_hits,        c.extensions,
-        c.dropped_tails,  c.divergent,       c.new_conversations, c.repeats,
-        c.retries,        c.user_offsets,    c.unscheduled,       c.speculative,
-        c.continuations,  c.resumed_exactly, c.branch_points,     c.splits,
-        c.kv_gaps,        c.forwarded_last,  c.past_stop,         c.isolated_probes,
-        c.abandoned_steps}) {
+       {c.completed,       c.cancelled,       c.cache_hits,        c.extensions,
+        c.dropped_tails,   c.divergent,       c.new_conversations, c.repeats,
+        c.retries,         c.user_offsets,    c.unscheduled,       c.speculative,
+        c.continuations,   c.resumed_exactly, c.branch_points,     c.splits,
+        c.kv_gaps,         c.forwarded_last,  c.past_stop,         c.isolated_probes,
+        c.abandoned_steps, c.session_budgets}) {
     EXPECT_GT(counter, 0);
   }
   EXPECT_GT(hits_budgeted, 0);

@@ -112,7 +112,8 @@ std::string Header(const std::function<void(Json&)>& edit) {
 
 auto Tie(const RequestPlan& p) {
   return std::tie(p.index, p.kind, p.conversation, p.inputs, p.outputs, p.dropped, p.user_offsets,
-                  p.schedule, p.cancel_after_tokens, p.speculation, p.budget_pct, p.unforwarded);
+                  p.schedule, p.cancel_after_tokens, p.speculation, p.budget_pct, p.unforwarded,
+                  p.budget_pct_after_prefill);
 }
 auto Tie(const Op& o) {
   return std::tie(o.kind, o.layer, o.tokens, o.pad, o.segmented, o.mask, o.rect, o.block, o.value,
@@ -226,12 +227,14 @@ std::vector<RequestPlan> EveryRequestField() {
   e.index = 4;
   e.outputs = {1};
   e.cancel_after_tokens = 7;
+  e.budget_pct_after_prefill = 0;  // cancelled: the close's page-out runs under it
   // Ends on an abandoned step after a committed one: the forward of the last output.
   RequestPlan g = a;
   g.index = 5;
   g.speculation.push_back(SpeculativeStep{4, 0, {6, 6}});
   g.speculation.back().abandoned = true;
   g.speculation.back().probe = true;
+  g.budget_pct_after_prefill = 300;
   return {a, b, c, d, e, g};
 }
 
@@ -630,6 +633,8 @@ TEST(TraceReaderErrors, RequestFields) {
       {R"({"inputs":[1],"outputs":[2],"user_points":[0]})", "/user_points/0: must be >= 1, got 0"},
       {R"({"cancel_after":-1,"inputs":[1],"outputs":[2]})", "/cancel_after: must be >= 0, got -1"},
       {R"({"budget_pct":-1,"inputs":[1],"outputs":[2]})", "/budget_pct: must be >= 0, got -1"},
+      {R"({"budget_pct_after_prefill":10001,"inputs":[1],"outputs":[2]})",
+       "/budget_pct_after_prefill: must be <= 10000, got 10001"},
       {R"({"dropped":-3,"inputs":[1],"outputs":[2]})", "/dropped: must be >= 0, got -3"},
       {R"({"inputs":[1],"outputs":[2],"request_kind":"resume"})",
        R"(/request_kind: unknown request kind "resume" (expected new, extend, diverge, repeat or retry))"},
