@@ -98,9 +98,13 @@ BlockSpan SpanOf(const model::RefRect& block, int64_t start, int64_t query_len, 
 // history: -inf on the block's cells, 0 elsewhere, or BlockBias when `biased` (a full
 // [L x K] array only). In the narrowest shape that says it, so the dispatch's broadcasts
 // are exercised too: [1 x K] when the block spans every query of the forward, [L x 1] when
-// it spans every key, else [L x K].
+// it spans every key, else [L x K]. `lowest` (biased arrays only): the block's cells hold
+// the lowest finite float instead of -inf, as masks built the Hugging Face way do
+// (torch.finfo(float32).min). Spec §2.5 blocks only -inf, so those cells stay open with a
+// bias no score survives: they weigh nothing beside any other visible key, and a query
+// that sees only them averages them (float and double both round every score to it).
 MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, int64_t key_len,
-                bool biased) {
+                bool biased, bool lowest) {
   const int64_t oldest = std::max<int64_t>(0, start + query_len - key_len);
   const auto [every_query, every_key] = SpanOf(block, start, query_len, key_len);
   const bool key_broadcast = every_key && !every_query;
@@ -114,7 +118,8 @@ MatF BlockArray(const model::RefRect& block, int64_t start, int64_t query_len, i
     for (int64_t k = 0; k < cols; ++k) {
       const int64_t pk = oldest + k;
       if (blocked_query && (key_broadcast || (block.k_lo <= pk && pk < block.k_hi))) {
-        a(q, k) = -std::numeric_limits<float>::infinity();
+        a(q, k) =
+            lowest ? std::numeric_limits<float>::lowest() : -std::numeric_limits<float>::infinity();
       } else if (biased) {
         a(q, k) = static_cast<float>(BlockBias(p, pk));
       }
@@ -233,6 +238,7 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
   ref_mask.rects.clear();
   ref_mask.blocks.clear();
   block_bias_ = false;
+  lowest_block_.reset();
   const auto ref_rect = [](const MaskRect& r) {
     return model::RefRect{r.q_lo, r.q_hi, r.k_lo, r.k_hi};
   };
@@ -303,15 +309,24 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
     // open (BlockBias), chosen from the op and the forward alone; a quarter never does.
     const BlockSpan span = SpanOf(block, start, query_len, key_len);
     block_bias_ = !span.every_query && !span.every_key && (block.k_hi + start) % 2 == 0;
+    // Half of the biased blocks without a relaxed rectangle (which would reopen some of
+    // their cells to 0) say "blocked" with the lowest float (BlockArray); the quarter array
+    // a block may meet keeps -inf, so the reference blocks only that quarter.
+    const bool lowest =
+        block_bias_ && write.mask != MaskForm::kRelaxBlock && (block.q_lo + query_len) % 2 == 0;
+    if (lowest) lowest_block_ = block;
     std::array<model::RefRect, 2> pieces;
     bool bias_left = block_bias_;  // one array carries it (a small quarter can equal the block)
-    for (size_t i = 0, n = BlockPieces(block, start, pieces); i < n; ++i) {
+    const size_t n_pieces = BlockPieces(block, start, pieces);
+    size_t biased_piece = n_pieces;  // none
+    for (size_t i = 0; i < n_pieces; ++i) {
       const model::RefRect& r = pieces[i];
       const bool biased = bias_left && r.q_lo == block.q_lo && r.q_hi == block.q_hi &&
                           r.k_lo == block.k_lo && r.k_hi == block.k_hi;
       bias_left &= !biased;
-      AttentionMask array =
-          AttentionMask::Array(BlockArray(pieces[i], start, query_len, key_len, biased));
+      if (biased) biased_piece = i;
+      AttentionMask array = AttentionMask::Array(
+          BlockArray(pieces[i], start, query_len, key_len, biased, biased && lowest));
       // Either order: spec §2.5's intersection is symmetric, and only the array first sends
       // a relaxed second side through Intersect's "other side not causal" case.
       logical = (block.k_lo + query_len + static_cast<int64_t>(i)) % 2 == 0
@@ -330,8 +345,24 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
           AttentionMask::Array(per_key ? MatF::Zero(query_len, 1) : MatF::Zero(1, key_len)),
           logical);
     }
-    ref_mask.blocks.push_back(block);  // the reference states the block whole
+    if (!lowest) {
+      ref_mask.blocks.push_back(block);  // the reference states the block whole
+    } else {
+      // The other piece's -inf cells (the quarter, which may be the whole block again).
+      for (size_t i = 0; i < n_pieces; ++i) {
+        if (i != biased_piece) ref_mask.blocks.push_back(pieces[i]);
+      }
+    }
   }
+}
+
+double LayerOracle::CellBias(int64_t q, int64_t k) const {
+  if (!block_bias_) return 0.0;
+  const std::optional<model::RefRect>& b = lowest_block_;
+  if (b && b->q_lo <= q && q < b->q_hi && b->k_lo <= k && k < b->k_hi) {
+    return double{std::numeric_limits<float>::lowest()};
+  }
+  return BlockBias(q, k);
 }
 
 Check LayerOracle::CheckVisible(const History& history, const std::vector<int64_t>& row_positions,
@@ -401,7 +432,7 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
         double dot = 0;
         for (int64_t c = 0; c < k_cols_; ++c) dot += double{q(i, c)} * double{k[c]};
         // A biased block array adds its finite value to every cell it leaves open.
-        weights.push_back(double{scale} * dot + (block_bias_ ? BlockBias(start + i, p) : 0.0));
+        weights.push_back(double{scale} * dot + CellBias(start + i, p));
         max_score = std::max(max_score, weights.back());
       }
     }

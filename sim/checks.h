@@ -282,6 +282,11 @@ class LayerOracle {
   AttentionMask logical_;    // BuildMasks' production mask
   model::RefMask ref_mask_;  // and the reference's
   bool block_bias_ = false;  // the block's array adds BlockBias to the cells it leaves open
+  // The block whose array says "blocked" with the lowest float (open cells then), if any.
+  std::optional<model::RefRect> lowest_block_;
+  // The finite additive value of the forward's masks at (query position q, key position k):
+  // 0, BlockBias, or the lowest float inside lowest_block_.
+  double CellBias(int64_t q, int64_t k) const;
   std::vector<RelaxRect> relax_rect_side_, relax_wider_side_;  // its relaxations' pieces
   MatF query_;                                                 // CheckAttention's queries,
   std::vector<double> weights_;                                // one query's scores

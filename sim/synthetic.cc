@@ -91,7 +91,14 @@ void SyntheticForward::FillQueryRow(MatF& out, int64_t row, int32_t layer, int64
 void SyntheticForward::FillConvInput(MatF& out, int64_t row, DType dtype, int32_t layer, int64_t p,
                                      uint64_t h, int64_t conv_dim) const {
   uint64_t state = RowSeed(seed_, kConv, layer, p, h);
-  for (int64_t c = 0; c < conv_dim; ++c) out(row, c) = RoundTo(dtype, Uniform(state, -1.0f, 1.0f));
+  for (int64_t c = 0; c < conv_dim; ++c) {
+    // A draw within 1/64 of zero (one cell in 64) is scaled by 2^-120 into float's and
+    // bf16's subnormal range (below 2^-126), as a real activation near zero can be: a
+    // conversion that flushes subnormals to zero (a device's DAZ) shows only on such
+    // values. The draw sequence is the same, so every other cell keeps its value.
+    const float u = Uniform(state, -1.0f, 1.0f);
+    out(row, c) = RoundTo(dtype, std::fabs(u) < 1.0f / 64 ? std::ldexp(u, -120) : u);
+  }
 }
 
 void SyntheticForward::FillGdnInput(MatF& qkv, MatF& ba, int64_t row, DType dtype, int32_t layer,
