@@ -10,7 +10,8 @@
 namespace kvtwin::model {
 
 void RefMultiSeqCache::CopyPrefix(SeqId src, SeqId dst, int64_t len) {
-  KV_CHECK(len >= 0, "negative prefix length");
+  // A negative length (ollama's len is an int32 the caller may pass as -1) is not "to the
+  // end" as in llama.cpp's seq_cp: by §2.8's rule no cell has pos < len, so dst is emptied.
   EndForward();
   std::vector<MsEntry> copied;
   // dst leaves every cell first, so a copy onto itself finds nothing left to copy.

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "src/core/check.h"
@@ -182,8 +183,8 @@ bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref,
       }
       return true;
     }
-    case MsOpKind::kCopyPrefix:
-      return seq_ok(op.seq) && seq_ok(op.dst) && op.begin >= 0;
+    case MsOpKind::kCopyPrefix:  // any int32 length: a negative one copies nothing
+      return seq_ok(op.seq) && seq_ok(op.dst) && op.begin >= std::numeric_limits<int32_t>::min();
     case MsOpKind::kRemove:
       return seq_ok(op.seq) && op.begin >= 0 && op.end >= op.begin;
     case MsOpKind::kCanResume:

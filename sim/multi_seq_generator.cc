@@ -225,8 +225,10 @@ MsOp MultiSeqGenerator::Fork(const MultiSeqDriver& driver, const std::vector<Seq
   } else {
     dst = static_cast<int32_t>(rng_.Below(static_cast<uint64_t>(driver.config().max_seqs)));
   }
-  // Mostly the whole source; sometimes a prefix (the hybrid's conv state ignores len).
-  const int64_t len = rng_.Chance(2, 3) ? src.next : rng_.Range(0, src.next);
+  // Mostly the whole source; sometimes a prefix (the hybrid's conv state ignores len), from
+  // -1 up: a negative length copies nothing (spec §2.8: no cell has pos < len), where
+  // llama.cpp's seq_cp would read it as "to the end".
+  const int64_t len = rng_.Chance(2, 3) ? src.next : rng_.Range(-1, src.next);
   return MsOp::CopyPrefix(src.seq, dst, len);
 }
 

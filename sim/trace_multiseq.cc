@@ -119,7 +119,9 @@ Status DecodeMsFields(const Fields& f, int32_t max_seqs, MsOp* op) {
       return f.Bool("reserve", &op->reserve, Need::kOptional);
     case MsOpKind::kCopyPrefix:
       KV_RETURN_IF_ERROR(DecodeSeq(f, "dst", max_seqs, &op->dst));
-      KV_RETURN_IF_ERROR(f.Int("len", 0, kMaxPosition + 1, &op->begin, Need::kRequired));
+      // Negative lengths too (spec §2.8: no cell has pos < len, so dst ends empty).
+      KV_RETURN_IF_ERROR(f.Int("len", std::numeric_limits<int32_t>::min(), kMaxPosition + 1,
+                               &op->begin, Need::kRequired));
       return DecodeSeq(f, "src", max_seqs, &op->seq);
     case MsOpKind::kRemove:
       KV_RETURN_IF_ERROR(f.Int("begin", 0, kMaxPosition + 1, &op->begin, Need::kRequired));

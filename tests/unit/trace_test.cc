@@ -1078,6 +1078,9 @@ TEST(TraceReaderErrors, MsOpFields) {
        "/reserve: expected true or false, got 1"},
       {R"({"dst":4,"len":1,"op":"copy_prefix","src":0})",
        "/dst: sequence 4 out of range (max_seqs 4)"},
+      // Any int32 length, negative ones included (they copy nothing, spec §2.8).
+      {R"({"dst":1,"len":-2147483649,"op":"copy_prefix","src":0})",
+       "/len: must be >= -2147483648, got -2147483649"},
       {R"({"begin":0,"op":"remove","seq":-1})", "/seq: must be >= 0, got -1"},
       {R"({"begin":0,"op":"remove","pos":1,"seq":0})", R"(/pos: unknown field for op "remove")"},
       {R"({"op":"can_resume","pos":16777216,"seq":0})", "/pos: must be <= 16777215, got 16777216"},
@@ -1085,6 +1088,8 @@ TEST(TraceReaderErrors, MsOpFields) {
   for (const auto& [event, want] : cases) {
     EXPECT_EQ(ErrorOf({kMultiSeqHeader, event}), "FILE:2: " + want) << event;
   }
+  EXPECT_EQ(ErrorOf({kMultiSeqHeader, R"({"dst":1,"len":-1,"op":"copy_prefix","src":0})"}),
+            "(read without error)");
 }
 
 }  // namespace
