@@ -41,6 +41,17 @@ MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
   c.d_conv = rng.Range(1, 3);
   c.hidden = rng.Chance(1, 2) ? 2 : 4;
   c.shift_supported = !rng.Chance(1, 6);
+  // A windowed cache's cells follow its memory, not its capacity (spec §2.8: max_seqs x
+  // memory + max_batch), so a capacity whose full layout max_seqs x capacity would pass
+  // 2^24 cells is fine there; a size check on the full layout refuses it. One such config
+  // in three, where the memory stays below both capacities, so the cache is the same one:
+  // derived from the draws, every stream as it was.
+  const int64_t resolved = std::max(c.memory == kvtwin::kUnbounded ? c.window : c.memory,
+                                    c.max_seqs > 1 ? c.window + 1 : 0);
+  if (c.window != kvtwin::kUnbounded && resolved < c.capacity && c.max_seqs > 1 &&
+      (c.max_seqs + c.max_batch + c.capacity) % 3 == 0) {
+    c.capacity += (int64_t{1} << 24) / c.max_seqs;
+  }
   return c;
 }
 

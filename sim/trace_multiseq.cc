@@ -38,7 +38,9 @@ Status DecodeMultiSeq(const Fields& f, TraceHeader* h) {
       "padding",  "permuted_v", "shift_supported", "window"};
   KV_RETURN_IF_ERROR(m.OnlyKeys(kKeys));
   MultiSeqConfig& c = h->multiseq;
-  KV_RETURN_IF_ERROR(m.Int("capacity", 0, kMaxShape, &c.capacity, Need::kRequired));
+  // Up to the cache's 2^24 cells: a windowed cache's cells follow its memory, so its
+  // capacity may be large (MultiSeqConfig::Validate bounds the cells the layout derives).
+  KV_RETURN_IF_ERROR(m.Int("capacity", 0, int64_t{1} << 24, &c.capacity, Need::kRequired));
   KV_RETURN_IF_ERROR(m.Int("chunk", 0, kMaxPosition + 1, &c.chunk, Need::kRequired));
   KV_RETURN_IF_ERROR(m.Int("d_conv", 0, kMaxShape, &c.d_conv, Need::kRequired));
   std::string dtype;
