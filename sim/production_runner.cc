@@ -92,13 +92,17 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
     const int64_t n = plan.decoded_outputs();
     auto next = plan.speculation.begin();
     model::TokenLog& drafts = drafts_;
+    // A step's forward: the current token at `pos`, its accepted drafts, the rejected ones.
+    const auto step_tokens = [&](int64_t pos, const SpeculativeStep& spec) {
+      drafts.assign(stored.begin() + pos, stored.begin() + pos + 1 + spec.accepted);
+      for (const int32_t t : spec.rejected) drafts.push_back({t, NextHash(drafts.back().h, t)});
+    };
     for (int64_t i = 0; i < n;) {
       const int64_t pos = len - 1 + i;
       int64_t sampled = 1;
       if (next != plan.speculation.end() && i == next->step && !next->abandoned) {
         const SpeculativeStep& spec = *next++;
-        drafts.assign(stored.begin() + pos, stored.begin() + pos + 1 + spec.accepted);
-        for (const int32_t t : spec.rejected) drafts.push_back({t, NextHash(drafts.back().h, t)});
+        step_tokens(pos, spec);
         if (Status s = Probe(spec, drafts); !s.ok()) return s;
         Result<Speculation> s = BeginSpeculation(live_);
         if (!s.ok()) return s.status();
@@ -117,8 +121,7 @@ Status ProductionRunner::Run(const RequestPlan& plan) {
     // and dropped without a commit.
     if (next != plan.speculation.end() && next->abandoned) {
       const SpeculativeStep& spec = *next++;
-      drafts.assign(stored.begin() + len - 1 + n, stored.begin() + len + n);
-      for (const int32_t t : spec.rejected) drafts.push_back({t, NextHash(drafts.back().h, t)});
+      step_tokens(len - 1 + n, spec);  // accepted is 0: the last sampled token, then drafts
       if (Status s = Probe(spec, drafts); !s.ok()) return s;
       Result<Speculation> s = BeginSpeculation(live_);
       if (!s.ok()) return s.status();

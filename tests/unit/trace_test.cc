@@ -1050,6 +1050,15 @@ TEST(TraceReaderErrors, MultiSeqHeaderFields) {
        },
        "/multiseq: multiseq: memory 2 below the window 4"},
       {[](Json& j) { j["multiseq"]["memory"] = 0; }, "/multiseq/memory: must be >= 1, got 0"},
+      {[](Json& j) { j["multiseq"]["capacity"] = (1 << 24) + 1; },
+       "/multiseq/capacity: must be <= 16777216, got 16777217"},
+      // Without a window the cells are max_seqs x capacity: past the cache's 2^24.
+      {[](Json& j) {
+         j["multiseq"]["window"] = nullptr;
+         j["multiseq"]["memory"] = nullptr;
+         j["multiseq"]["capacity"] = 1 << 23;
+       },
+       "/multiseq: multiseq: 33554432 cells (max_seqs x capacity) beyond 2^24"},
   };
   for (const auto& [edit, want] : cases) {
     EXPECT_EQ(ErrorOf({MultiSeqHeader(edit)}), "FILE:1: " + want);
@@ -1060,6 +1069,12 @@ TEST(TraceReaderErrors, MultiSeqHeaderFields) {
             })}),
             "(read without error)")
       << "four sequences raise a memory of 2 to the window + 1";
+  // A windowed cache's cells follow its memory, whatever its capacity.
+  EXPECT_EQ(ErrorOf({MultiSeqHeader([](Json& j) {
+              j["multiseq"]["window"] = 4;
+              j["multiseq"]["capacity"] = 1 << 24;
+            })}),
+            "(read without error)");
   EXPECT_EQ(ErrorOf({Header([](Json& j) { j["conv"] = "ideal"; })}),
             R"(FILE:1: /conv: only allowed in a "multiseq" trace)");
 }
