@@ -357,7 +357,9 @@ class RequestDriver::Session {
       if (next != plan_.speculation.end() && i == next->step) {
         const SpeculativeStep& spec = *next++;
         KV_CHECK(!spec.abandoned && spec.end() <= n, "a speculative step past the planned outputs");
-        if (Check c = ProbeIsolated(pos, spec)) return c;
+        if (spec.probe) {
+          if (Check c = ForwardDropped(pos, spec, /*isolated=*/true)) return c;
+        }
         phase_ = {"speculative decode at {} (accept {})", {pos, spec.accepted}};
         if (Check c = ForwardSpeculative(pos, spec)) return c;
         sampled = spec.accepted + 1;  // the accepted drafts and the bonus token
@@ -378,8 +380,10 @@ class RequestDriver::Session {
       const SpeculativeStep& spec = *next++;
       KV_CHECK(spec.step == n && plan_.unforwarded == 1 && spec.accepted == 0,
                "an abandoned step forwards the last sampled token and accepts nothing");
-      if (Check c = ProbeIsolated(len() - 1 + n, spec)) return c;
-      if (Check c = AbandonSpeculative(len() - 1 + n, spec)) return c;
+      if (spec.probe) {
+        if (Check c = ForwardDropped(len() - 1 + n, spec, /*isolated=*/true)) return c;
+      }
+      if (Check c = ForwardDropped(len() - 1 + n, spec, /*isolated=*/false)) return c;
     }
     // A step skipped over was unsorted, overlapping or past the outputs (the reader and
     // the generators never make one).
@@ -545,40 +549,31 @@ class RequestDriver::Session {
     return std::nullopt;
   }
 
-  // The step's tokens through BeginIsolatedSpeculation, then dropped: every history is
-  // checked like a committing step's, and the live caches must be as they were (every row,
-  // not only the ones the next forward would read).
-  Check ProbeIsolated(int64_t pos, const SpeculativeStep& spec) {
-    if (!spec.probe) return std::nullopt;
-    phase_ = {"isolated speculation at {}", {pos}};
+  // The step's tokens through isolated wrappers (a probe, spec §2.7) or committing ones
+  // (an abandoned step), destroyed without a commit. Every history is checked as a
+  // committing step's is; then every live row and buffer, not only the rows the next forward
+  // would read: an isolated speculation must leave the caches as they were, a dropped one as
+  // a commit of nothing would (spec §2.6 item 5), the current token unforwarded, where the
+  // close that follows expects it.
+  Check ForwardDropped(int64_t pos, const SpeculativeStep& spec, bool isolated) {
+    phase_ = {isolated ? "isolated speculation at {}" : "abandoned speculation at {}", {pos}};
     const model::TokenLog tokens = StepTokens(pos, spec);
     ++d_.steps_;
-    ++d_.coverage_.isolated_probes;
+    ++(isolated ? d_.coverage_.isolated_probes : d_.coverage_.abandoned_steps);
     {
-      Result<Speculation> s = BeginIsolatedSpeculation(LiveCaches());
-      if (!s.ok()) return StatusIsOk(s.status(), "BeginIsolatedSpeculation");
+      Result<Speculation> s =
+          isolated ? BeginIsolatedSpeculation(LiveCaches()) : BeginSpeculation(LiveCaches());
+      if (!s.ok()) {
+        return StatusIsOk(s.status(), isolated ? "BeginIsolatedSpeculation" : "BeginSpeculation");
+      }
       if (Check c = Forward(tokens, &*s)) return c;
     }
-    phase_ = {"after the isolated speculation at {}", {pos}};
-    return CheckLive();
-  }
-
-  // The step forwarded through BeginSpeculation and destroyed without a commit: the
-  // rollback must leave every cache as a commit of nothing would, with the current token
-  // unforwarded, where the close that follows expects it (spec §2.6 item 5).
-  Check AbandonSpeculative(int64_t pos, const SpeculativeStep& spec) {
-    phase_ = {"abandoned speculation at {}", {pos}};
-    const model::TokenLog tokens = StepTokens(pos, spec);
-    ++d_.steps_;
-    ++d_.coverage_.abandoned_steps;
-    {
-      Result<Speculation> s = BeginSpeculation(LiveCaches());
-      if (!s.ok()) return StatusIsOk(s.status(), "BeginSpeculation");
-      if (Check c = Forward(tokens, &*s)) return c;
-    }
-    // A full KV layer wrote the drafts through (its buffer may have grown) and rewound.
-    d_.reference_->manager().CommitSpeculation(tokens, 0);
-    phase_ = {"after the abandoned speculation at {}", {pos}};
+    // A full KV layer wrote a dropped step's drafts through (its buffer may have grown a
+    // step) and rewound; an isolated speculation changes nothing and has no call.
+    if (!isolated) d_.reference_->manager().CommitSpeculation(tokens, 0);
+    phase_ = {
+        isolated ? "after the isolated speculation at {}" : "after the abandoned speculation at {}",
+        {pos}};
     return CheckLive();
   }
 
