@@ -187,6 +187,32 @@ TEST_P(CausalCacheTest, PositionsUpToTheInt32BoundKeepTheirWindow) {
   RunStep(*made, {{0, 0}, {top - 1, top}, {3, 4}, {2, 3, 4}, {"00x", "x00"}});
 }
 
+// Window maintenance of an idle sequence whose last position is the int32 bound: its
+// lowest is that position + 1 = 2^31 (spec §2.8), one past what int32 holds, so the oldest
+// of its cells leaves memory. The drivers' positions stop at 2^24 (the provenance tag).
+TEST_P(CausalCacheTest, AnIdleSequenceAtTheInt32BoundIsPrunedPastIt) {
+  CausalConfig config = Config(2, 16, 2);
+  config.window = 1;  // memory 2 with parallel sequences
+  auto made = CausalCache::Create(config);
+  ASSERT_TRUE(made.ok());
+  CausalCache& cache = *made;
+  const int64_t top = std::numeric_limits<int32_t>::max();
+  const auto forward = [&cache](const std::vector<int32_t>& seqs, const std::vector<int64_t>& pos) {
+    ASSERT_TRUE(cache.StartForward(Batch(seqs, pos)).ok());
+    const Tensor in = RowsOf(std::vector<float>(seqs.size(), 1.0f), TokenRow);
+    ASSERT_TRUE(cache.Put(in, in).ok());
+  };
+  forward({0, 0}, {top - 2, top - 1});
+  forward({0}, {top});  // in the batch: lowest = top keeps top - 2
+  forward({1}, {0});    // idle: lowest = top + 1 drops top - 2
+  std::vector<int64_t> held;
+  for (const CausalCache::Cell& cell : cache.cells()) {
+    if (cell.seqs.count(0) != 0) held.push_back(cell.pos);
+  }
+  std::sort(held.begin(), held.end());
+  EXPECT_EQ(held, (std::vector<int64_t>{top - 1, top}));
+}
+
 TEST_P(CausalCacheTest, SWA) {
   CausalConfig config = Config(1, 16, 16);
   config.window = 1;
