@@ -85,9 +85,8 @@ Status MultiSeqConfig::Validate() const {
   // stops the driver at creation instead of being kept out of every run.
   const Result<model::MultiSeqConfig> resolved = model::ResolveMultiSeqConfig(ToModelInit());
   if (!resolved.ok()) return InvalidArgument("multiseq: " + resolved.status().message());
-  // The cache's own bound (the ggml backend's), on the cells the layout derives.
-  constexpr int64_t kMaxCells = int64_t{1} << 24;
-  if (resolved->cells > kMaxCells) {
+  // The cache's own bound, on the cells the layout derives.
+  if (resolved->cells > kMaxCausalCells) {
     return InvalidArgument(
         fmt::format("multiseq: {} cells (max_seqs x {}) beyond 2^24", resolved->cells,
                     resolved->memory == model::kUnbounded ? "capacity" : "memory + max_batch"));

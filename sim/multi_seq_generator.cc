@@ -46,11 +46,10 @@ MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
   // 2^24 cells is fine there; a size check on the full layout refuses it. One such config
   // in three, where the memory stays below both capacities, so the cache is the same one:
   // derived from the draws, every stream as it was.
-  const int64_t resolved = std::max(c.memory == kvtwin::kUnbounded ? c.window : c.memory,
-                                    c.max_seqs > 1 ? c.window + 1 : 0);
-  if (c.window != kvtwin::kUnbounded && resolved < c.capacity && c.max_seqs > 1 &&
+  const Result<model::MultiSeqConfig> resolved = model::ResolveMultiSeqConfig(c.ToModelInit());
+  if (resolved.ok() && resolved->memory != model::kUnbounded && c.max_seqs > 1 &&
       (c.max_seqs + c.max_batch + c.capacity) % 3 == 0) {
-    c.capacity += (int64_t{1} << 24) / c.max_seqs;
+    c.capacity += kMaxCausalCells / c.max_seqs;
   }
   return c;
 }

@@ -15,8 +15,7 @@
 namespace kvtwin {
 namespace {
 
-// Guards the cell-count arithmetic and the allocation; far above any simulated cache.
-constexpr int64_t kMaxCells = int64_t{1} << 24;
+constexpr int64_t kMaxCells = kMaxCausalCells;
 // ggml's batch positions are int32 (spec §2.8's Go code).
 constexpr int64_t kMaxPos = std::numeric_limits<int32_t>::max();
 

@@ -29,6 +29,11 @@ namespace kvtwin {
 
 inline constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
 
+// The most cells (and per-field sizes) a causal cache takes: guards the cell-count
+// arithmetic and the allocation, far above any simulated cache. Create and DeriveCells
+// refuse more with InvalidArgument.
+inline constexpr int64_t kMaxCausalCells = int64_t{1} << 24;
+
 struct CausalConfig {
   int32_t max_seqs = 1;
   int64_t capacity = 64;  // per sequence, in tokens
