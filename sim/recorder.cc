@@ -127,6 +127,19 @@ Status TraceRecorder::Abandoned(std::span<const int32_t> drafts) {
   return Status::Ok();
 }
 
+Status TraceRecorder::Probed() {
+  if (Status s = NeedRequest("Probed"); !s.ok()) return s;
+  // Only right after its step: a token sampled since starts a forward of its own.
+  const int64_t sampled = static_cast<int64_t>(open_->outputs.size());
+  if (open_->speculation.empty() || open_->speculation.back().end() != sampled) {
+    return FailedPrecondition("Probed: no speculative step just recorded");
+  }
+  if (open_->speculation.back().probe)
+    return FailedPrecondition("Probed: the step is probed already");
+  open_->speculation.back().probe = true;
+  return Status::Ok();
+}
+
 Status TraceRecorder::Unforwarded(int64_t count) {
   if (Status s = NeedRequest("Unforwarded"); !s.ok()) return s;
   if (count < 0) return InvalidArgument("Unforwarded: negative count");

@@ -12,6 +12,7 @@
 //   rec->Speculated(drafts, accepted, bonus); // a speculative decode step (any number)
 //   rec->Sampled(token); ...
 //   rec->Abandoned(drafts);                   // optional: a step dropped, the decode ends
+//   rec->Probed();                            // optional, after either: scored isolated first
 //   rec->Unforwarded(0);                      // optional: the last token was forwarded too
 //   rec->EndRequest();
 //   rec->Finish();
@@ -53,6 +54,11 @@ class TraceRecorder {
   // validated): the decode ends there, so only EndRequest may follow, with the last
   // sampled token unforwarded (SpeculativeStep::abandoned). Needs a sampled token.
   Status Abandoned(std::span<const int32_t> drafts);
+  // The speculative step just recorded (Speculated or Abandoned, with nothing sampled
+  // since) was first scored through an isolated speculation with the same tokens
+  // (SpeculativeStep::probe, spec §2.7): a server that validates drafts without touching
+  // its caches before it runs the real step.
+  Status Probed();
   // How many of the sampled tokens the server never forwarded before closing the request
   // (RequestPlan::unforwarded; 1 unless called: the last sampled token). 0 when it forwards
   // that token too; more when it reported tokens past a stop. Checked at EndRequest against

@@ -172,6 +172,40 @@ TEST(TraceRecorder, AnAbandonedSpeculationEndsTheDecode) {
   EXPECT_EQ(r.coverage.abandoned_steps, 1);
 }
 
+// A probe marks the step just recorded, committing or abandoned, and only that one: the
+// trace carries it and replays it (one isolated forward per probed step).
+TEST(TraceRecorder, AProbeMarksTheStepJustRecorded) {
+  const std::string path = TracePath();
+  std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);
+  ASSERT_NE(rec, nullptr);
+  ASSERT_TRUE(rec->BeginRequest(0, std::vector<int32_t>{1, 2, 3, 4, 5}).ok());
+  EXPECT_EQ(rec->Probed().code(), StatusCode::kFailedPrecondition);  // no step yet
+  ASSERT_TRUE(rec->Speculated(std::vector<int32_t>{6, 7}, 1, 8).ok());
+  ASSERT_TRUE(rec->Probed().ok());
+  EXPECT_EQ(rec->Probed().code(), StatusCode::kFailedPrecondition);   // once
+  ASSERT_TRUE(rec->Speculated(std::vector<int32_t>{9}, 0, 10).ok());  // not probed
+  ASSERT_TRUE(rec->Sampled(std::vector<int32_t>{11}).ok());
+  EXPECT_EQ(rec->Probed().code(), StatusCode::kFailedPrecondition);  // a sample since
+  ASSERT_TRUE(rec->Abandoned(std::vector<int32_t>{12, 13}).ok());
+  ASSERT_TRUE(rec->Probed().ok());
+  ASSERT_TRUE(rec->EndRequest().ok());
+  EXPECT_EQ(rec->Probed().code(), StatusCode::kFailedPrecondition);  // no request open
+  ASSERT_TRUE(rec->Finish().ok());
+
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  const RequestPlan plan = PlanAt(*trace, 0);
+  ASSERT_EQ(plan.speculation.size(), 3u);
+  EXPECT_TRUE(plan.speculation[0].probe);
+  EXPECT_FALSE(plan.speculation[1].probe);
+  EXPECT_TRUE(plan.speculation[2].probe);
+  EXPECT_TRUE(plan.speculation[2].abandoned);
+  const ReplayResult r = ReplayFile(path, {});
+  EXPECT_TRUE(r.passed()) << r.verdict() << "\n" << r.divergence.value_or("");
+  EXPECT_EQ(r.coverage.isolated_probes, 2);
+  EXPECT_EQ(r.coverage.abandoned_steps, 1);
+}
+
 TEST(TraceRecorder, MisuseIsAStatusAndRecordsNothing) {
   const std::string path = TracePath();
   std::unique_ptr<TraceRecorder> rec = OpenRecorder(path);
