@@ -21,6 +21,8 @@
 //       sequences holding something (any id when none does)
 //    2  forward: selection (even: every sequence holding something; odd: the bitmask);
 //       copy_prefix: dst (any id); remove: % 4 == 0 whole, 1 tail [begin, inf), else [begin, end)
+//       with end, when bits 2-5 are all set, far out instead: {2^31 - 1, 2^31, 2^24, 2^63 - 2}
+//       by bits 6-7
 //    3  forward: tokens per sequence {1,1,2,2,3,4,8,16}[% 8], at most max_batch
 //    4  forward: % 6 == 0 unequal counts (one token more, or fewer, on the last sequence)
 //    5  forward: % 8 == 0 reserve
@@ -37,6 +39,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -257,6 +260,14 @@ MsOp Decoder::Remove(const std::array<uint8_t, kRecordBytes>& f) const {
       break;
   }
   const int64_t a = Value(f, 0, seq), b = Value(f, 1, seq);
+  if ((f[kMode] >> 2) % 16 == 15) {
+    // A finite end far past every position (int32's bounds, the tag's, just short of
+    // kUnbounded): the tail goes, and the shift step still runs on nothing.
+    const int64_t far[] = {std::numeric_limits<int32_t>::max(),
+                           int64_t{std::numeric_limits<int32_t>::max()} + 1, kMaxPosition + 1,
+                           kvtwin::kUnbounded - 1};
+    return MsOp::Remove(seq, std::min(a, b), far[f[kMode] >> 6]);
+  }
   return MsOp::Remove(seq, std::min(a, b), std::max(a, b));
 }
 

@@ -82,6 +82,7 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"removes_degenerate", &MsCoverage::removes_degenerate},
       {"half_edited_ops", &MsCoverage::half_edited_ops},
       {"causal_reset_calls", &MsCoverage::causal_reset_calls},
+      {"removes_far_end", &MsCoverage::removes_far_end},
   };
   return fields;
 }

@@ -334,6 +334,7 @@ Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
   const std::vector<model::MsEntry>& history = entries_;
   const int64_t next = history.empty() ? 0 : history.back().pos + 1;
   if (finite && (op.begin == op.end || op.end > next)) ++coverage_.removes_degenerate;
+  if (finite && op.end >= std::numeric_limits<int32_t>::max()) ++coverage_.removes_far_end;
   shift_calls_->clear();
   // One finite Remove in five (by its fields alone, so a replay chooses alike) has the shift
   // callback fail on its first or second call: production returns the error with the

@@ -101,6 +101,7 @@ struct MsCoverage {
   int64_t removes_degenerate = 0;  // finite Removes: begin == end, or past the last position
   int64_t half_edited_ops = 0;     // ops on a sequence a refused Remove left half-edited
   int64_t causal_reset_calls = 0;  // SetCausal with an empty list
+  int64_t removes_far_end = 0;     // finite Removes ending at or past int32's largest value
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
   // Every counter by name ("forwards", ...), in declaration order.

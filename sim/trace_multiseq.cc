@@ -127,7 +127,9 @@ Status DecodeMsFields(const Fields& f, int32_t max_seqs, MsOp* op) {
       return DecodeSeq(f, "src", max_seqs, &op->seq);
     case MsOpKind::kRemove:
       KV_RETURN_IF_ERROR(f.Int("begin", 0, kMaxPosition + 1, &op->begin, Need::kRequired));
-      KV_RETURN_IF_ERROR(f.Int("end", 0, kMaxPosition + 1, &op->end, Need::kOptional));
+      // Any end (absent or the largest int64: to the end); positions stay below 2^24, so a
+      // larger end removes the tail and shifts nothing.
+      KV_RETURN_IF_ERROR(f.Int("end", 0, kvtwin::kUnbounded, &op->end, Need::kOptional));
       return DecodeSeq(f, "seq", max_seqs, &op->seq);
     case MsOpKind::kCanResume:
       KV_RETURN_IF_ERROR(f.Int("pos", 0, kMaxPosition, &op->begin, Need::kRequired));
