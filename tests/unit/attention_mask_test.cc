@@ -147,6 +147,16 @@ TEST(AttentionMask, RelaxOnArrayOrZeroIsAnError) {
   const Result<AttentionMask> on_zero = AttentionMask::Zero().Relax({{0, 1, 0, 2}});
   ASSERT_FALSE(on_zero.ok());
   EXPECT_EQ(on_zero.status().code(), StatusCode::kInvalidArgument);
+  // The mask's form decides, not the rectangles: none, or only ones that change nothing (a
+  // batch without image spans), are refused on such a mask just the same.
+  for (const std::vector<RelaxRect>& rects :
+       {std::vector<RelaxRect>{}, std::vector<RelaxRect>{{2, 2, 0, 3}, {5, 7, 0, 6}}}) {
+    for (const AttentionMask& m : {AttentionMask::Zero(), AttentionMask::Array(MatF::Zero(1, 1))}) {
+      const Result<AttentionMask> r = m.Relax(rects);
+      ASSERT_FALSE(r.ok()) << rects.size() << " rectangles";
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    }
+  }
 }
 
 TEST(AttentionMask, RelaxOnCausalWithArrayIsAllowed) {

@@ -330,6 +330,34 @@ TEST(SpeculationCommit, NonPositiveCountsCommitNothing) {
   }
 }
 
+// A speculation is movable (Result<Speculation> returns it; callers keep it in a
+// container): a moved one carries its state, open or committed, and the husk owns nothing.
+// So a committed speculation moved afterwards keeps its commit, and an open one moved
+// rolls back once, when its new owner goes.
+TEST(SpeculationCommit, AMovedSpeculationKeepsItsStateAndTheHuskOwnsNothing) {
+  KvCache committed;
+  RotatingCache open(4);
+  FillKv(committed, 7);
+  FillRot(open, RotPrefixes(4)[2]);
+  const int64_t open_before = open.Offset();
+  {
+    Speculation spec = Begin({&committed});
+    WriteTagged(Attn(spec, 0), 7, 3);
+    spec.Commit(2);
+    std::vector<Speculation> kept;
+    kept.push_back(std::move(spec));
+    EXPECT_TRUE(kept.back().committed());
+    Speculation rolled = Begin({&open});
+    WriteTagged(Attn(rolled, 0), open_before, 2);
+    kept.push_back(std::move(rolled));
+    EXPECT_FALSE(kept.back().committed());
+  }  // kept, then the husks, go: one rollback (of `open`), no second commit
+  EXPECT_EQ(committed.Offset(), 7 + 2);
+  RotatingCache twin(4);
+  FillRot(twin, RotPrefixes(4)[2]);
+  ExpectSameRotating(open, twin);
+}
+
 TEST(SpeculationCommit, TheBonusTokenIsNeverCommitted) {
   for (const int64_t d : kDrafts) {
     // Any count past the forward is clamped, up to the largest (no overflow on the way).
