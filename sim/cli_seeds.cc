@@ -109,6 +109,15 @@ bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& 
   fmt::print("  requests long swarm {} seeds x {} requests: pass\n", long_seeds,
              long_swarm.requests);
   std::fflush(stdout);
+  // Media: image spans whose positions hold a fold value with bit 31 set (negative ids),
+  // shared across conversations, so the trie keys a sign or width slip would corrupt.
+  sim::RequestOptions media_swarm = swarm;
+  media_swarm.media = true;
+  const int64_t media_seeds = 25 * seeds_per_config;
+  if (!RunRequestSeeds(media_swarm, root_seed, media_seeds, runs, requests)) return false;
+  fmt::print("  requests media swarm {} seeds x {} requests: pass\n", media_seeds,
+             media_swarm.requests);
+  std::fflush(stdout);
   return true;
 }
 

@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <utility>
 
 #include "sim/fuzz_families.h"
@@ -75,9 +76,9 @@ enum Field : size_t {
   kAction,        // % kActions (Action)
   kDivergeMode,   // value field: the diverge cut, in [0, history]
   kDivergeArg,
-  kDropped,                                // extend with a dropped tail: 1 + byte % outputs tokens
-  kTurnCount,                              // % (kTurnMax + 1) new tokens ...
-  kTurnToken,                              // ... from these kTurnMax fields
+  kDropped,    // extend with a dropped tail: 1 + byte % outputs tokens
+  kTurnCount,  // % (kTurnMax + 1) new tokens ...; (byte / 5) % 8 == 7: an image span
+  kTurnToken,  // ... from these kTurnMax fields
   kOutputCount = kTurnToken + kTurnMax,    // 1 + byte % kOutputsMax outputs ...
   kOutputToken,                            // ... from these kOutputsMax fields
   kSchedule = kOutputToken + kOutputsMax,  // % 4 == 0: no SchedulePrefillSnapshots
@@ -238,7 +239,13 @@ class PlanDecoder {
     // No new tokens is legal (a prompt equal to what the conversation stored), an empty
     // prompt is not.
     const size_t turn = std::max<size_t>(f[kTurnCount] % (kTurnMax + 1), plan.inputs.empty());
-    for (size_t i = 0; i < turn; ++i) plan.inputs.push_back(TokenOf(f[kTurnToken + i]));
+    // (byte / 5) % 8 == 7: the turn is an image span instead, every position holding one
+    // of two fold values (bit 31 set, spec §3 Keys: negative ids), by (byte / 40) % 2.
+    const int32_t folds[] = {std::numeric_limits<int32_t>::min(), -1};
+    const bool media = (f[kTurnCount] / 5) % 8 == 7;
+    for (size_t i = 0; i < turn; ++i) {
+      plan.inputs.push_back(media ? folds[(f[kTurnCount] / 40) % 2] : TokenOf(f[kTurnToken + i]));
+    }
   }
 
   void AddDecoration(const Record& f, const Conversation& c, RequestPlan& plan) const {

@@ -73,6 +73,8 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
   cmd->add_flag("--long", o.long_context,
                 "long conversations (to 700 tokens) past the KV growth steps; with --swarm, "
                 "windows of 256 and more");
+  cmd->add_flag("--media", o.media,
+                "image spans in the prompts: effective tokens with bit 31 set (negative ids)");
 }
 
 void AddRunOptions(CLI::App* cmd, kvtwin::sim::RunOptions& o) {

@@ -29,9 +29,8 @@ Status TraceRecorder::BeginRequest(int32_t conversation, std::span<const int32_t
   if (open_) return FailedPrecondition("BeginRequest: the previous request is still open");
   if (prompt.empty()) return InvalidArgument("BeginRequest: empty prompt");
   if (conversation < 0) return InvalidArgument("BeginRequest: negative conversation id");
-  for (const int32_t t : prompt) {
-    if (t < 0) return InvalidArgument(fmt::format("BeginRequest: negative token {}", t));
-  }
+  // A prompt token may be negative: an effective token with bit 31 set, a media span's fold
+  // value (spec §3 Keys). Sampled tokens are text.
   RequestPlan plan;
   plan.index = next_index_;
   plan.conversation = conversation;

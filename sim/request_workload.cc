@@ -9,6 +9,10 @@ namespace kvtwin::sim {
 namespace {
 
 constexpr int64_t kOutputsMax = 6;
+// Image spans (WorkloadOptions::media_pct): at most this long (a long turn holds one whole),
+// from this many images per workload.
+constexpr int64_t kMediaSpanMax = 64;
+constexpr int kMediaImages = 3;
 constexpr int64_t kSpeculativeRejectedMax = 3;
 constexpr size_t kSpeculativeStepsMax = 2;
 
@@ -54,11 +58,12 @@ std::string WorkloadOptions::ToString() const {
       max_prompt_tokens != defaults.max_prompt_tokens || turn_max != defaults.turn_max
           ? fmt::format(", prompts to {}, turns to {}", max_prompt_tokens, turn_max)
           : std::string();
+  const std::string media = media_pct > 0 ? fmt::format(", media {}%", media_pct) : "";
   return fmt::format(
       "vocab {}, user {}%, unscheduled {}%, cancel {}%, speculate {}%, pressure {}%, restart "
-      "{}%{}",
+      "{}%{}{}",
       vocab, user_pct, unscheduled_pct, cancel_pct, speculate_pct, pressure_pct, restart_pct,
-      lengths);
+      lengths, media);
 }
 
 std::string RequestPlan::ToString() const {
@@ -87,11 +92,21 @@ RequestWorkload::RequestWorkload(Rng rng, WorkloadOptions options)
       tail_rng_(rng.Fork("unforwarded")),
       exit_rng_(rng.Fork("speculation-exits")),
       budget_rng_(rng.Fork("session-budget")),
+      media_rng_(rng.Fork("media")),
       options_(options) {
   KV_CHECK(options_.conversations >= 1 && options_.vocab >= 2,
            "a workload needs a conversation and two tokens");
   system_ = Tokens(rng_.Range(4, 10));
   conversations_.resize(static_cast<size_t>(options_.conversations));
+  for (int i = 0; i < kMediaImages; ++i) {
+    // A fold value: 32 bits with bit 31 forced, as a negative int32. One in four is the
+    // extreme pattern (bit 31 alone, or every bit), where a sign or width slip shows most.
+    const uint32_t extremes[] = {0x80000000u, 0xFFFFFFFFu};
+    const uint32_t fold = media_rng_.Chance(1, 4)
+                              ? extremes[media_rng_.Below(2)]
+                              : static_cast<uint32_t>(media_rng_.Next()) | 0x80000000u;
+    images_.push_back(static_cast<int32_t>(fold));
+  }
 }
 
 int32_t RequestWorkload::Token() { return static_cast<int32_t>(rng_.Range(1, options_.vocab)); }
@@ -176,8 +191,20 @@ void RequestWorkload::FillInputs(RequestPlan& plan, const Conversation& c) {
       plan.inputs = c.inputs;
       return;  // exactly the same prompt
   }
-  const std::vector<int32_t> turn = Tokens(rng_.Range(1, options_.turn_max));
+  std::vector<int32_t> turn = Tokens(rng_.Range(1, options_.turn_max));
+  AddMedia(turn);
   plan.inputs.insert(plan.inputs.end(), turn.begin(), turn.end());
+}
+
+void RequestWorkload::AddMedia(std::vector<int32_t>& turn) {
+  if (options_.media_pct == 0 || !media_rng_.Chance(options_.media_pct, 100)) return;
+  // Within the turn, so its length (bounded by turn_max) stays what the text drew; a span
+  // may end the turn (an image at the end of a message) or be all of it.
+  const auto n = static_cast<int64_t>(turn.size());
+  const int64_t at = media_rng_.Range(0, n - 1);
+  const int64_t len = std::min(media_rng_.Range(1, kMediaSpanMax), n - at);
+  const int32_t fold = images_[static_cast<size_t>(media_rng_.Below(images_.size()))];
+  std::fill(turn.begin() + at, turn.begin() + at + len, fold);
 }
 
 void RequestWorkload::AddDecoration(RequestPlan& plan) {

@@ -109,6 +109,11 @@ struct WorkloadOptions {
   // system prompt ends, so the trie grows nodes with many children (the production trie's
   // wide-node path) and evictions that merge their one-child parents into them.
   uint32_t restart_pct = 0;
+  // User turns that carry an image span: a run of 1..kMediaSpanMax positions holding one
+  // fold value (spec §3 Keys: bit 31 set, so never a text token id; a negative int32 here),
+  // drawn from kMediaImages images per workload, so conversations share them. Drawn from a
+  // stream of its own: 0 leaves every other draw as it was.
+  uint32_t media_pct = 0;
   // A mix drawn from `rng` (the conversation count is kept).
   static WorkloadOptions Swarm(Rng& rng, int32_t conversations);
   // "vocab 5, user 25%, unscheduled 10%, cancel 12%, speculate 33%, pressure 0%, restart 0%"
@@ -143,11 +148,16 @@ class RequestWorkload {
   // RequestPlan::budget_pct_after_prefill, in workloads under pressure, from a stream of
   // its own likewise.
   void AddSessionBudget(RequestPlan& plan);
+  // An image span over part of the user turn `turn` (WorkloadOptions::media_pct), from a
+  // stream of its own likewise.
+  void AddMedia(std::vector<int32_t>& turn);
 
   Rng rng_;
   Rng tail_rng_;
   Rng exit_rng_;
   Rng budget_rng_;
+  Rng media_rng_;
+  std::vector<int32_t> images_;  // the workload's fold values (negative ids)
   WorkloadOptions options_;
   std::vector<int32_t> system_;
   std::vector<Conversation> conversations_;

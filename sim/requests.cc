@@ -86,7 +86,8 @@ Status ValidateRequestOptions(const RequestOptions& o) {
 }
 
 std::string RequestsReproduceCommand(const RequestOptions& o) {
-  const char* long_flag = o.long_context ? " --long" : "";
+  const std::string long_flag =
+      std::string(o.long_context ? " --long" : "") + (o.media ? " --media" : "");
   if (o.swarm) {
     return fmt::format("kvtwin requests --swarm{} --seeds {}..{} --conversations {} --requests {}",
                        long_flag, o.seed, o.seed, o.conversations, o.requests);
@@ -166,6 +167,7 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
     mix.max_prompt_tokens = kLongPromptTokens;
     mix.turn_max = kLongTurnTokens;
   }
+  if (options.media) mix.media_pct = kMediaTurnPct;
   result.mix = mix.ToString();
   RequestWorkload workload(Rng::Derive(options.seed, "requests"), mix);
   if (record != nullptr) {

@@ -17,6 +17,8 @@ namespace kvtwin::sim {
 
 inline constexpr int64_t kLongPromptTokens = 700;
 inline constexpr int64_t kLongTurnTokens = 128;
+// With RequestOptions::media: the share of user turns that carry an image span.
+inline constexpr uint32_t kMediaTurnPct = 25;
 
 struct RequestOptions {
   std::string preset = "mixed";
@@ -40,6 +42,10 @@ struct RequestOptions {
   // in, split, extend and evict long nodes); with `swarm`, the seed also draws rotating
   // windows of 256 and more and prefill chunks up to 64.
   bool long_context = false;
+  // Media in the prompts (WorkloadOptions::media_pct): user turns that carry an image span,
+  // whose positions hold its fold value, an effective token with bit 31 set (spec §3 Keys),
+  // here a negative token id. Images repeat across conversations, so their spans are shared.
+  bool media = false;
   // RequestDriverOptions::after_request: a test seam that plays a faulty manager; the
   // localizing re-run keeps it. Not part of the reproduce command.
   std::function<void(PrefixCache&, int64_t)> after_request;

@@ -237,7 +237,10 @@ Status DecodePrompt(const Fields& f, std::vector<int32_t>* inputs) {
     for (const std::string_view key : kBlockKeys) {
       if (f.Has(key)) return f.Error(key, "not allowed with \"inputs\"");
     }
-    return f.Ints("inputs", 0, kMaxInt32, 1, inputs, Need::kRequired);
+    // A negative id is an effective token with bit 31 set: a position of a media span
+    // holding its fold value (spec §3 Keys). Outputs and drafts are sampled text, never media.
+    return f.Ints("inputs", std::numeric_limits<int32_t>::min(), kMaxInt32, 1, inputs,
+                  Need::kRequired);
   }
   if (!f.Has("blocks")) return f.Error("inputs", "missing required field (or \"blocks\")");
   std::vector<int64_t> blocks;

@@ -64,6 +64,16 @@ Check CheckChildren(const TrieNode& n, std::vector<std::pair<TrieKey, size_t>>& 
                     c->parent() == nullptr ? "null" : DescribeNode(*c->parent()));
     }
     if (c->edge().empty()) return AtNode(*c, "edge of a non-root node", "non-empty", "empty");
+    // λ = 0 keys are 32-bit effective tokens (spec §3 Keys): a wider one is a token stored
+    // through a sign extension (a media fold value's bit 31 spread into the high half).
+    const std::vector<TrieKey>& edge = c->edge();
+    if (auto wide = std::find_if(edge.begin(), edge.end(),
+                                 [](TrieKey k) { return k > kMaxEffectiveToken; });
+        wide != edge.end()) {
+      return AtNode(*c,
+                    fmt::format("edge key at offset {}", c->start_offset() + (wide - edge.begin())),
+                    "a 32-bit effective token", fmt::format("{:#x}", *wide));
+    }
     if (c->start_offset() != n.end_offset()) {
       return AtNode(*c, "start offset", fmt::format("{} (the parent's end)", n.end_offset()),
                     std::to_string(c->start_offset()));
@@ -180,8 +190,9 @@ uint64_t NodeFingerprint(const TrieNode& n, uint64_t path_hash, std::string& byt
 }  // namespace
 
 int32_t KeyToken(TrieKey key) {
-  KV_CHECK(key <= 0x7FFFFFFFu, "trie key " + std::to_string(key) + " is not a text token");
-  return static_cast<int32_t>(key);
+  // CheckTrieStructure reports a key past 32 bits before any of these runs.
+  KV_CHECK(key <= kMaxEffectiveToken, "trie key " + std::to_string(key) + " is not a token");
+  return static_cast<int32_t>(static_cast<uint32_t>(key));
 }
 
 NodeSketch SketchNode(const TrieNode& node) {

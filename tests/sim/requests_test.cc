@@ -11,8 +11,10 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <tuple>
@@ -302,6 +304,64 @@ TEST(TrieSoundness, AcceptsSnapshotsOfTheNodesOwnKeyPath) {
   EXPECT_FALSE(CheckTrieStructure(trie, std::vector<TrieNode*>{trie.root()}, 4).has_value());
   const Check c = CheckTrieSoundness(trie, rig.oracle_ptrs, rig.synth.seed());
   EXPECT_FALSE(c.has_value()) << c->what << "\n" << c->expected << "\n" << c->actual;
+}
+
+// λ = 0 keys are 32-bit effective tokens: a media fold value (bit 31 set) is a valid key,
+// the same value sign-extended to 64 bits is a structure error at its offset.
+TEST(TrieStructure, KeysAre32BitEffectiveTokens) {
+  Rig rig;
+  PrefixTrie trie(rig.Raw(), Tick{0});
+  const std::vector<TrieKey> edge = {1, 0x80000000u, 0xFFFFFFFFu, 2};
+  TrieNode* node = trie.AppendChild(trie.root(), edge, 4);
+  const std::vector<TrieNode*> path = {trie.root()};
+  EXPECT_FALSE(CheckTrieStructure(trie, path, 4).has_value());
+  EXPECT_EQ(KeyToken(0x80000000u), std::numeric_limits<int32_t>::min());
+  EXPECT_EQ(KeyToken(0xFFFFFFFFu), -1);
+  auto& keys = const_cast<std::vector<TrieKey>&>(node->edge());
+  keys[2] = 0xFFFFFFFFFFFFFFFFull;  // -1 sign-extended
+  const Check c = CheckTrieStructure(trie, path, 4);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(c->what.find("edge key at offset 2"), std::string::npos) << c->what;
+}
+
+// --media: some user turns carry image spans, negative ids repeated over the span, from a
+// few images per workload, so two conversations' prompts share them; the rest of the run is
+// what the seed draws without it (the mix only names the media share).
+TEST(RequestMedia, PromptsCarrySharedImageSpans) {
+  int64_t media_positions = 0, shared_images = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    RequestOptions o;
+    o.swarm = true;
+    o.media = true;
+    o.seed = seed;
+    Trace trace;
+    const RequestResult r = RunRequests(o, &trace);
+    ASSERT_FALSE(r.divergence.has_value()) << r.reproduce;
+    EXPECT_NE(r.reproduce.find("--media"), std::string::npos) << r.reproduce;
+    RequestOptions plain = o;
+    plain.media = false;
+    Trace plain_trace;
+    const RequestResult p = RunRequests(plain, &plain_trace);
+    EXPECT_EQ(r.mix, p.mix + ", media 25%");
+    ASSERT_EQ(trace.events.size(), plain_trace.events.size());
+    std::map<int32_t, std::set<int32_t>> conversations_of;  // image -> conversations
+    for (size_t i = 0; i < trace.events.size(); ++i) {
+      const auto& m = std::get<RequestPlan>(trace.events[i]);
+      const auto& t = std::get<RequestPlan>(plain_trace.events[i]);
+      EXPECT_EQ(m.kind, t.kind);
+      EXPECT_EQ(m.inputs.size(), t.inputs.size());
+      EXPECT_EQ(m.outputs, t.outputs);
+      for (const int32_t token : m.inputs) {
+        if (token >= 0) continue;
+        ++media_positions;
+        conversations_of[token].insert(m.conversation);
+      }
+      for (const int32_t token : m.outputs) EXPECT_GE(token, 0);
+    }
+    for (const auto& [image, convs] : conversations_of) shared_images += convs.size() > 1;
+  }
+  EXPECT_GT(media_positions, 100);
+  EXPECT_GT(shared_images, 2);
 }
 
 TEST(TrieSoundness, ReportsEverySnapshotKindTakenOnALookAlikeBranch) {

@@ -67,8 +67,15 @@ printf '{"format":"kvtwin-trace","version":2,"kind":"ops","seed":1,"model":{"pre
 expect 2 "^kvtwin: $tmp/v2.jsonl:1: /version: unsupported version 2" -- replay "$tmp/v2.jsonl" --json "$tmp/bad.json"
 [ -e "$tmp/bad.json" ] && say "a report was written for malformed input"
 head -1 "$tmp/req.jsonl" >"$tmp/badreq.jsonl"
-echo '{"inputs":[1,-2],"outputs":[3]}' >>"$tmp/badreq.jsonl"
+echo '{"inputs":[1,-2147483649],"outputs":[3]}' >>"$tmp/badreq.jsonl"
 expect 2 "^kvtwin: $tmp/badreq.jsonl:2: /inputs/1: " -- replay "$tmp/badreq.jsonl"
+# A negative prompt id is a media fold value (bit 31 set), a negative output is not.
+head -1 "$tmp/req.jsonl" >"$tmp/media.jsonl"
+echo '{"inputs":[1,-2147483648,-2147483648,-1],"outputs":[3]}' >>"$tmp/media.jsonl"
+expect 0 '^PASS: 1 file' -- replay "$tmp/media.jsonl"
+head -1 "$tmp/req.jsonl" >"$tmp/badout.jsonl"
+echo '{"inputs":[1,-2],"outputs":[-3]}' >>"$tmp/badout.jsonl"
+expect 2 "^kvtwin: $tmp/badout.jsonl:2: /outputs/0: " -- replay "$tmp/badout.jsonl"
 expect 2 'cannot open'               -- replay "$tmp/missing.jsonl"
 expect 2 'block-scale'               -- replay "$mooncake" --block-scale 0
 
