@@ -72,6 +72,12 @@ TEST(RecurrentSpeculation, CommitEqualsAnOrdinaryForwardOfTheAcceptedTokens) {
         EXPECT_EQ(live.HasState(), prefix > 0);
         spec.Commit(a + 1);
         ExpectSameRecurrent(live, Twin(prefix, a + 1));
+        // The wrapper keeps its own end state (speculation_wrappers.h): a full commit hands
+        // the live layer a copy, not the wrapper's buffers.
+        if (a == d) {
+          EXPECT_TRUE(RecWrapper(spec, 0).final_conv().Equals(live.conv()));
+          EXPECT_TRUE(RecWrapper(spec, 0).final_delta() == live.delta());
+        }
         if (HasFailure()) return;
       }
     }
@@ -105,6 +111,32 @@ TEST(RecurrentSpeculation, CountsOutsideTheForwardCommitNothingOrEverything) {
         EXPECT_EQ(live.Offset(), prefix + (n > 0 ? d + 1 : 0));
         ExpectSameRecurrent(live, Twin(prefix, n > 0 ? d + 1 : 0));
       }
+    }
+  }
+}
+
+// A speculation whose recurrent layer folded no real token (an all-padding forward, or no
+// forward at all beside a layer that had one) commits nothing there, whatever the count:
+// a fresh layer stays stateless (no zero state, no bytes) and a held one unchanged.
+TEST(RecurrentSpeculation, NoRealTokenCommitsNothingWhateverTheCount) {
+  for (const int64_t prefix : {int64_t{0}, int64_t{5}}) {
+    for (const bool padding : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "prefix " << prefix << (padding ? " padding" : " none"));
+      KvCache kv;
+      RecurrentCache live(specfx::Dims());
+      Prefill(live, K(), prefix);
+      const int64_t bytes = live.LiveBytes();
+      {
+        Speculation spec = Begin({&kv, &live});
+        WriteTagged(Attn(spec, 0), 0, 3);
+        if (padding) Forward(Rec(spec, 1), K(), 0, 2);
+        spec.Commit(3);
+      }
+      EXPECT_EQ(kv.Offset(), 3);
+      EXPECT_EQ(live.Offset(), prefix);
+      EXPECT_EQ(live.HasState(), prefix > 0);
+      EXPECT_EQ(live.LiveBytes(), bytes);
+      if (prefix > 0) ExpectSameRecurrent(live, Twin(prefix, 0));
     }
   }
 }
