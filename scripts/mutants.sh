@@ -149,6 +149,8 @@ add_check requests-swarm fast "$kv requests --swarm --seeds 1..1000"
 # Long contexts (past the KV growth steps, windows of 256 and more) and per-layer windows.
 add_check requests-long fast "$kv requests --swarm --long --conversations 3 --seeds 1..40"
 add_check requests-staggered fast "$kv requests --preset staggered --seeds 1..10 --budget 3000"
+# Media spans: prompt keys with bit 31 set (negative ids), shared across conversations.
+add_check requests-media fast "$kv requests --swarm --media --seeds 1..200"
 add_check multiseq fast "$kv multiseq --seeds 1..60"
 add_check sweep fast "$kv sweep --seeds 1..16"
 add_check sweep-swarm fast "$kv sweep --swarm --seeds 1..16"

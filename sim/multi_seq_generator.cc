@@ -263,15 +263,15 @@ MsOp MultiSeqGenerator::Cut(const SeqState& s) {
     case 1: {  // past the last position: a tail remove with a shift of nothing
       const int64_t begin = rng_.Range(0, std::max<int64_t>(0, s.next - 1));
       const int64_t past = rng_.Range(1, 3);
-      // Half the farthest draws end far out instead: at int32's and the tag's bounds, or
+      // The farthest draws end far out instead: at int32's and the tag's bounds, or
       // just short of kUnbounded. Still finite (spec §2.8), so the shift step runs (and is
       // refused without a callback), though nothing is left to shift. Derived from the
       // draws, so every stream is what it was.
-      if (past == 3 && begin % 2 == 1) {
+      if (past == 3) {
         const int64_t far[] = {std::numeric_limits<int32_t>::max(),
                                int64_t{std::numeric_limits<int32_t>::max()} + 1, kMaxPosition + 1,
                                kvtwin::kUnbounded - 1};
-        return MsOp::Remove(s.seq, begin, far[(begin / 2) % 4]);
+        return MsOp::Remove(s.seq, begin, far[begin % 4]);
       }
       return MsOp::Remove(s.seq, begin, s.next + past);
     }
