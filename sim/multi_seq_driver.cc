@@ -336,11 +336,12 @@ Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
   if (finite && (op.begin == op.end || op.end > next)) ++coverage_.removes_degenerate;
   if (finite && op.end >= std::numeric_limits<int32_t>::max()) ++coverage_.removes_far_end;
   shift_calls_->clear();
-  // One finite Remove in five (by its fields alone, so a replay chooses alike) has the shift
+  // One finite Remove in five (by its fields alone, so a replay chooses alike; `end` reduced
+  // first, as it may lie near the int64 bound) has the shift
   // callback fail on its first or second call: production returns the error with the
   // positions moved and the groups before it shifted.
   *failing_shift_call_ =
-      finite && (op.seq * 7 + op.begin * 3 + op.end) % 5 == 0 ? op.begin % 2 : int64_t{-1};
+      finite && (op.seq * 7 + op.begin * 3 + op.end % 5) % 5 == 0 ? op.begin % 2 : int64_t{-1};
   const Status actual = cache_->Remove(op.seq, op.begin, op.end);
   const Status expected = model_.Remove(S(op.seq), op.begin, finite ? op.end : model::kUnbounded,
                                         config_.shift_supported ? *failing_shift_call_ : -1);
