@@ -85,7 +85,7 @@ enum Field : size_t {
   kCancel,                                 // % 4 == 0: cancelled ... (else Unforwarded)
   kCancelMode,                             // ... value field: cancel_after, in [0, len]
   kCancelArg,
-  kUserCount,  // % 3 user points ...
+  kUserCount,  // % 3 user points ...; (byte / 3) % 8 == 7: each 2^32 further
   kUserMode0,  // ... value fields, each in [1, len + 1]
   kUserArg0,
   kUserMode1,
@@ -264,6 +264,8 @@ class PlanDecoder {
     for (size_t i = 0; i < f[kUserCount] % 3u; ++i) {
       const int64_t v = ResolveValue(f[users[i].first], f[users[i].second], history);
       plan.user_offsets.push_back(std::clamp<int64_t>(v, 1, len + 1));
+      // (count byte / 3) % 8 == 7: 2^32 further, past every prompt (the manager drops it).
+      if ((f[kUserCount] / 3) % 8 == 7) plan.user_offsets.back() += int64_t{1} << 32;
     }
     if (f[kCancel] % 4 == 0) {
       ValueContext prefill;  // anchor 0: the start of the prefill

@@ -13,6 +13,8 @@ constexpr int64_t kOutputsMax = 6;
 // from this many images per workload.
 constexpr int64_t kMediaSpanMax = 64;
 constexpr int kMediaImages = 3;
+// A user point far past any prompt that a 32-bit narrowing would bring back into it.
+constexpr int64_t kFarUserPoint = int64_t{1} << 32;
 constexpr int64_t kSpeculativeRejectedMax = 3;
 constexpr size_t kSpeculativeStepsMax = 2;
 
@@ -213,6 +215,9 @@ void RequestWorkload::AddDecoration(RequestPlan& plan) {
     const int64_t a = rng_.Range(1, len);
     const int64_t b = rng_.Range(1, len);
     plan.user_offsets = a == b ? std::vector<int64_t>{a} : std::vector<int64_t>{a, b};
+    // One pair in seven (by its values, so every stream stays) asks for b 2^32 tokens later
+    // instead: far past the prompt, dropped (spec §3.3), but b again at 32 bits.
+    if (a != b && (a + b) % 7 == 0) plan.user_offsets.back() += kFarUserPoint;
   }
   plan.schedule = !rng_.Chance(options_.unscheduled_pct, 100);
   if (rng_.Chance(options_.pressure_pct, 100)) {

@@ -440,7 +440,10 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
   KV_RETURN_IF_ERROR(f.Bool("schedule", &plan->schedule, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeUnforwarded(f, plan));
   KV_RETURN_IF_ERROR(DecodeSpeculation(f, plan));
-  return f.Ints("user_points", 1, kMaxLength, 0, &plan->user_offsets, Need::kOptional);
+  // Any int64: the manager drops a point outside (cached, len] (spec §3.3), so one far
+  // past the prompt (or at or below 0) is a legal request that schedules nothing.
+  return f.Ints("user_points", std::numeric_limits<int64_t>::min(),
+                std::numeric_limits<int64_t>::max(), 0, &plan->user_offsets, Need::kOptional);
 }
 
 // ---- Ops ----

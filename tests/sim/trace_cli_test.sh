@@ -69,9 +69,10 @@ expect 2 "^kvtwin: $tmp/v2.jsonl:1: /version: unsupported version 2" -- replay "
 head -1 "$tmp/req.jsonl" >"$tmp/badreq.jsonl"
 echo '{"inputs":[1,-2147483649],"outputs":[3]}' >>"$tmp/badreq.jsonl"
 expect 2 "^kvtwin: $tmp/badreq.jsonl:2: /inputs/1: " -- replay "$tmp/badreq.jsonl"
-# A negative prompt id is a media fold value (bit 31 set), a negative output is not.
+# A negative prompt id is a media fold value (bit 31 set), a negative output is not; user
+# points outside (cached, len] are legal and dropped.
 head -1 "$tmp/req.jsonl" >"$tmp/media.jsonl"
-echo '{"inputs":[1,-2147483648,-2147483648,-1],"outputs":[3]}' >>"$tmp/media.jsonl"
+echo '{"inputs":[1,-2147483648,-2147483648,-1],"outputs":[3],"user_points":[0,-3,4294967298,2]}' >>"$tmp/media.jsonl"
 expect 0 '^PASS: 1 file' -- replay "$tmp/media.jsonl"
 head -1 "$tmp/req.jsonl" >"$tmp/badout.jsonl"
 echo '{"inputs":[1,-2],"outputs":[-3]}' >>"$tmp/badout.jsonl"
