@@ -387,6 +387,39 @@ TEST(KvSnapshot, MakeJoinsEachSidesPiecesApartAndAligned) {
   EXPECT_EQ(copy->k().At(1, 0), 2.0f);
 }
 
+// Widths are whole int64 counts: rows of 2^16 elements and more (many heads times a wide
+// head) keep their width, bytes and rows through Make, Split and Merge.
+TEST(KvSnapshot, RowsWiderThan16BitsKeepTheirWidth) {
+  constexpr Eigen::Index kWide = (Eigen::Index{1} << 16) + 3;
+  MatF k = MatF::Zero(3, kWide);
+  MatF v = MatF::Zero(3, 2);
+  for (Eigen::Index r = 0; r < 3; ++r) {
+    k(r, 0) = static_cast<float>(r + 1);
+    k(r, kWide - 1) = -static_cast<float>(r + 1);
+    v(r, 1) = static_cast<float>(10 * (r + 1));
+  }
+  const Tensor kt = Tensor::FromFloat(DType::kFloat32, k);
+  const Tensor vt = Tensor::FromFloat(DType::kBFloat16, v);
+  const std::unique_ptr<KvSnapshot> s = KvSnapshot::Make(4, 7, {kt}, {vt});
+  EXPECT_EQ(s->k().cols(), kWide);
+  EXPECT_EQ(s->v().cols(), 2);
+  EXPECT_TRUE(s->k().Equals(kt));
+  EXPECT_TRUE(s->v().Equals(vt));
+  EXPECT_EQ(s->SizeBytes(), kt.Bytes() + vt.Bytes());
+  KvCache cache;
+  auto [parent, child] = cache.Split(KvSnapshot::Make(4, 7, {kt}, {vt}), 5);
+  ASSERT_NE(parent, nullptr);
+  ASSERT_NE(child, nullptr);
+  const auto& p = static_cast<const KvSnapshot&>(*parent);
+  EXPECT_EQ(p.k().cols(), kWide);
+  EXPECT_EQ(p.k().At(0, kWide - 1), -1.0f);
+  const SnapshotPtr merged = cache.Merge(std::move(parent), std::move(child));
+  ASSERT_NE(merged, nullptr);
+  const auto& m = static_cast<const KvSnapshot&>(*merged);
+  EXPECT_TRUE(m.k().Equals(kt));
+  EXPECT_TRUE(m.v().Equals(vt));
+}
+
 TEST(KvSnapshotDeathTest, MakeChecksEachSidesRowsAndShape) {
   const Tensor k = Keys(Positions(0, 3));
   const Tensor v = Values(Positions(0, 3));

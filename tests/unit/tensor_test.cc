@@ -10,6 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <tuple>
@@ -210,6 +213,31 @@ TEST(Tensor, RowsToFloatIntoEqualsRowsToFloatAndKeepsItsBuffer) {
 // A view reads the rows it was given from storage it does not own: shape, elements and
 // sub-ranges agree with the tensor's own rows, an owned copy of a view equals those rows,
 // and CopyRows from a view moves exactly its rows.
+// bf16 keeps float32's exponent range, so a conversion rounds to nearest even at every
+// magnitude: a finite float past bf16's largest finite value (3.3895e38) rounds to an
+// infinity from the midpoint to 2^128 on (ties to even), as IEEE rounding does (no
+// saturation), and float32's subnormals keep their leading bits.
+TEST(Tensor, Bf16ConversionRoundsAtTheEdgesOfTheRange) {
+  const auto bits = [](uint32_t b) { return std::bit_cast<float>(b); };
+  const float bf16_max = bits(0x7F7F0000u);  // 3.3895e38
+  const float inf = std::numeric_limits<float>::infinity();
+  MatF v(1, 9);
+  v << std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), bf16_max,
+      bits(0x7F7F7FFFu),  // just below the midpoint to 2^128: down
+      bits(0x7F7F8000u),  // the midpoint: to even, which is 2^128 (an infinity)
+      inf, -inf, std::ldexp(1.0f, -130), std::ldexp(3.0f, -133);
+  const Tensor t = Tensor::FromFloat(DType::kBFloat16, v);
+  EXPECT_EQ(t.At(0, 0), inf);
+  EXPECT_EQ(t.At(0, 1), -inf);
+  EXPECT_EQ(t.At(0, 2), bf16_max);
+  EXPECT_EQ(t.At(0, 3), bf16_max);
+  EXPECT_EQ(t.At(0, 4), inf);
+  EXPECT_EQ(t.At(0, 5), inf);
+  EXPECT_EQ(t.At(0, 6), -inf);
+  EXPECT_EQ(t.At(0, 7), std::ldexp(1.0f, -130));  // a subnormal bf16 holds exactly
+  EXPECT_EQ(t.At(0, 8), std::ldexp(3.0f, -133));
+}
+
 TEST(TensorView, ReadsTheRowsOfItsStorageAndCopiesAsTheTensorsRows) {
   for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     const Tensor src = Numbered(dtype, 6, 3);
