@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -128,17 +129,23 @@ TEST(PrefixFuzz, RecordedTracesRoundTripThroughAFile) {
 
 TEST(PrefixFuzz, RandomInputsReachEvictionsSplitsCancelsSpeculationAndPageIns) {
   RequestCoverage c;
-  int64_t page_ins = 0, unlimited = 0, rare_tokens = 0;
+  int64_t page_ins = 0, unlimited = 0, rare_tokens = 0, media_tokens = 0, far_points = 0;
   for (const Bytes& bytes : RandomInputs(1, kInputs)) {
     const FuzzRun run = RunPrefix(bytes);
     c += ReplayTrace(run.trace).coverage;
     page_ins += CountPageIns(run.trace);
     unlimited += run.trace.header.budget_bytes == 0;
     for (size_t i = 0; i < run.trace.events.size(); ++i) {
-      for (const int32_t t : PlanAt(run.trace, i).inputs) rare_tokens += t > 4;
+      for (const int32_t t : PlanAt(run.trace, i).inputs) {
+        rare_tokens += t > 4;
+        media_tokens += t < 0;
+      }
+      for (const int64_t u : PlanAt(run.trace, i).user_offsets)
+        far_points += u > static_cast<int64_t>(kPromptMax);
     }
   }
-  SCOPED_TRACE(fmt::format("{}; page-ins {}; rare tokens {}", c.ToString(), page_ins, rare_tokens));
+  SCOPED_TRACE(fmt::format("{}; page-ins {}; rare tokens {}; media tokens {}; far points {}",
+                           c.ToString(), page_ins, rare_tokens, media_tokens, far_points));
   for (const int64_t counter : {c.evictions,       c.eviction_passes,   c.splits,
                                 c.cancelled,       c.speculative,       c.cache_hits,
                                 c.completed,       c.extensions,        c.dropped_tails,
@@ -147,7 +154,8 @@ TEST(PrefixFuzz, RandomInputsReachEvictionsSplitsCancelsSpeculationAndPageIns) {
                                 c.continuations,   c.resumed_exactly,   c.branch_points,
                                 page_ins,          unlimited,           rare_tokens,
                                 c.forwarded_last,  c.past_stop,         c.isolated_probes,
-                                c.abandoned_steps, c.session_budgets}) {
+                                c.abandoned_steps, c.session_budgets,   media_tokens,
+                                far_points}) {
     EXPECT_GT(counter, 0);
   }
 }
@@ -160,9 +168,13 @@ void ExpectValidPlan(const RequestPlan& p, size_t position) {
   EXPECT_LE(p.inputs.size(), kPromptMax);
   const bool cancelled = p.cancel_after_tokens >= 0;
   EXPECT_TRUE(cancelled || !p.outputs.empty());
-  for (const auto* tokens : {&p.inputs, &p.outputs}) {
-    for (const int32_t t : *tokens) EXPECT_TRUE(t >= 1 && t <= kVocab) << t;
+  // Prompts may hold an image span's fold value (bit 31 set: INT32_MIN or -1); outputs are
+  // text.
+  for (const int32_t t : p.inputs) {
+    EXPECT_TRUE((t >= 1 && t <= kVocab) || t == std::numeric_limits<int32_t>::min() || t == -1)
+        << t;
   }
+  for (const int32_t t : p.outputs) EXPECT_TRUE(t >= 1 && t <= kVocab) << t;
   for (const int64_t u : p.user_offsets) EXPECT_GE(u, 1);
   EXPECT_TRUE(p.budget_pct >= 0 && p.budget_pct <= 10000);
   EXPECT_TRUE(p.speculation.empty() || !cancelled);
