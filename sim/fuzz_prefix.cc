@@ -240,7 +240,7 @@ class PlanDecoder {
     // prompt is not.
     const size_t turn = std::max<size_t>(f[kTurnCount] % (kTurnMax + 1), plan.inputs.empty());
     // (byte / 5) % 8 == 7: the turn is an image span instead, every position holding one
-    // of two fold values (bit 31 set, spec §3 Keys: negative ids), by (byte / 40) % 2.
+    // of two fold values (bit 31 set, spec §3.1 Keys: negative ids), by (byte / 40) % 2.
     const int32_t folds[] = {std::numeric_limits<int32_t>::min(), -1};
     const bool media = (f[kTurnCount] / 5) % 8 == 7;
     for (size_t i = 0; i < turn; ++i) {

@@ -30,7 +30,7 @@ Status TraceRecorder::BeginRequest(int32_t conversation, std::span<const int32_t
   if (prompt.empty()) return InvalidArgument("BeginRequest: empty prompt");
   if (conversation < 0) return InvalidArgument("BeginRequest: negative conversation id");
   // A prompt token may be negative: an effective token with bit 31 set, a media span's fold
-  // value (spec §3 Keys). Sampled tokens are text.
+  // value (spec §3.1 Keys). Sampled tokens are text.
   RequestPlan plan;
   plan.index = next_index_;
   plan.conversation = conversation;

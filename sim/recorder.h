@@ -38,7 +38,7 @@ class TraceRecorder {
 
   // Request-level traces.
   // `prompt` holds effective tokens: a negative id is one with bit 31 set, a position of a
-  // media span holding its fold value (spec §3 Keys).
+  // media span holding its fold value (spec §3.1 Keys).
   Status BeginRequest(int32_t conversation, std::span<const int32_t> prompt);
   Status UserPoint(int64_t prefix_length);  // a prefix the caller wants restorable
   Status NoCaptures();                      // the caller asks for no prefill captures

@@ -216,7 +216,7 @@ void RequestWorkload::AddDecoration(RequestPlan& plan) {
     const int64_t b = rng_.Range(1, len);
     plan.user_offsets = a == b ? std::vector<int64_t>{a} : std::vector<int64_t>{a, b};
     // One pair in seven (by its values, so every stream stays) asks for b 2^32 tokens later
-    // instead: far past the prompt, dropped (spec §3.3), but b again at 32 bits.
+    // instead: far past the prompt, dropped (spec §3.4), but b again at 32 bits.
     if (a != b && (a + b) % 7 == 0) plan.user_offsets.back() += kFarUserPoint;
   }
   plan.schedule = !rng_.Chance(options_.unscheduled_pct, 100);

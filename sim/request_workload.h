@@ -110,7 +110,7 @@ struct WorkloadOptions {
   // wide-node path) and evictions that merge their one-child parents into them.
   uint32_t restart_pct = 0;
   // User turns that carry an image span: a run of 1..kMediaSpanMax positions holding one
-  // fold value (spec §3 Keys: bit 31 set, so never a text token id; a negative int32 here),
+  // fold value (spec §3.1 Keys: bit 31 set, so never a text token id; a negative int32 here),
   // drawn from kMediaImages images per workload, so conversations share them. Drawn from a
   // stream of its own: 0 leaves every other draw as it was.
   uint32_t media_pct = 0;

@@ -43,7 +43,7 @@ struct RequestOptions {
   // windows of 256 and more and prefill chunks up to 64.
   bool long_context = false;
   // Media in the prompts (WorkloadOptions::media_pct): user turns that carry an image span,
-  // whose positions hold its fold value, an effective token with bit 31 set (spec §3 Keys),
+  // whose positions hold its fold value, an effective token with bit 31 set (spec §3.1 Keys),
   // here a negative token id. Images repeat across conversations, so their spans are shared.
   bool media = false;
   // RequestDriverOptions::after_request: a test seam that plays a faulty manager; the

@@ -238,7 +238,7 @@ Status DecodePrompt(const Fields& f, std::vector<int32_t>* inputs) {
       if (f.Has(key)) return f.Error(key, "not allowed with \"inputs\"");
     }
     // A negative id is an effective token with bit 31 set: a position of a media span
-    // holding its fold value (spec §3 Keys). Outputs and drafts are sampled text, never media.
+    // holding its fold value (spec §3.1 Keys). Outputs and drafts are sampled text, never media.
     return f.Ints("inputs", std::numeric_limits<int32_t>::min(), kMaxInt32, 1, inputs,
                   Need::kRequired);
   }
@@ -440,7 +440,7 @@ Status DecodeRequest(const Where& w, const Json& j, int64_t index, RequestPlan* 
   KV_RETURN_IF_ERROR(f.Bool("schedule", &plan->schedule, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeUnforwarded(f, plan));
   KV_RETURN_IF_ERROR(DecodeSpeculation(f, plan));
-  // Any int64: the manager drops a point outside (cached, len] (spec §3.3), so one far
+  // Any int64: the manager drops a point outside (cached, len] (spec §3.4), so one far
   // past the prompt (or at or below 0) is a legal request that schedules nothing.
   return f.Ints("user_points", std::numeric_limits<int64_t>::min(),
                 std::numeric_limits<int64_t>::max(), 0, &plan->user_offsets, Need::kOptional);

@@ -64,7 +64,7 @@ Check CheckChildren(const TrieNode& n, std::vector<std::pair<TrieKey, size_t>>& 
                     c->parent() == nullptr ? "null" : DescribeNode(*c->parent()));
     }
     if (c->edge().empty()) return AtNode(*c, "edge of a non-root node", "non-empty", "empty");
-    // λ = 0 keys are 32-bit effective tokens (spec §3 Keys): a wider one is a token stored
+    // λ = 0 keys are 32-bit effective tokens (spec §3.1 Keys): a wider one is a token stored
     // through a sign extension (a media fold value's bit 31 spread into the high half).
     const std::vector<TrieKey>& edge = c->edge();
     if (auto wide = std::find_if(edge.begin(), edge.end(),

@@ -50,7 +50,7 @@ model::TokenLog WithHashes(std::span<const int32_t> tokens, uint64_t hash_seed);
 // The key path root -> node as a token log with hashes.
 model::TokenLog PathLog(const TrieNode& node, uint64_t hash_seed);
 
-// λ = 0: a key is an effective token, a uint32 (spec §3 Keys); one with bit 31 set is a
+// λ = 0: a key is an effective token, a uint32 (spec §3.1 Keys); one with bit 31 set is a
 // media span's fold value, a negative token id in kvtwin's int32 tokens.
 inline constexpr TrieKey kMaxEffectiveToken = 0xFFFFFFFFu;
 // A trie key as the token id it stands for. REQUIRES: key <= kMaxEffectiveToken.
