@@ -108,7 +108,14 @@ std::optional<MsOp> MultiSeqGenerator::AfterRefusal(const MultiSeqDriver& driver
   if (it == active.end() || rng_.Chance(1, 2)) return MsOp::Remove(seq, 0, kvtwin::kUnbounded);
   if (rng_.Chance(1, 2)) return Probe(driver, *it);
   std::vector<MsBatchToken> batch = {{seq, it->next, Token()}};
-  return MsOp::Forward(std::move(batch), CausalOff(1));
+  std::vector<int64_t> off = CausalOff(1);
+  // Two such forwards in three (by the sequence's next position, after the same draws, so
+  // every stream stays) copy the half-edited sequence whole to the next id instead: the
+  // copy's range comes from its own cells, never from the source's stale one.
+  if (driver.config().max_seqs > 1 && it->next % 3 != 1) {
+    return MsOp::CopyPrefix(seq, (seq + 1) % driver.config().max_seqs, it->next + 1);
+  }
+  return MsOp::Forward(std::move(batch), off);
 }
 
 MsOp MultiSeqGenerator::Choose(const MultiSeqDriver& driver, const std::vector<SeqState>& active,
