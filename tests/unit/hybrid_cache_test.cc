@@ -277,6 +277,25 @@ TEST(HybridCacheSlots, RecycledSlotIsReturnedZeroed) {
   }
 }
 
+// Buffers exist per layer, lazily: a forward that reads only a later layer (a model whose
+// first hybrid layer is skipped for this batch, or a caller probing one layer) allocates
+// that one alone, and a recycled slot is still zeroed in it.
+TEST(HybridCacheSlots, RecycledSlotIsZeroedInALayerAllocatedOutOfOrder) {
+  ASSERT_GE(kLayers, 2);
+  const int32_t last = kLayers - 1;
+  HybridCache cache = Make(4);
+  ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{1, 0}}).ok());
+  ASSERT_TRUE(cache.ConvState(last).ok());
+  cache.UpdateConvState(last, Tensor::FromFloat(DType::kFloat32, TaggedF({9}, last)));
+  ASSERT_FALSE(cache.layer_allocated(0));
+  ASSERT_TRUE(cache.layer_allocated(last));
+  ASSERT_TRUE(cache.Remove(1, 0, kUnbounded).ok());
+  EXPECT_EQ(Row(cache, last, 0), Tagged(9, last));  // the stale row stays until reuse
+  ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{2, 0}}).ok());
+  EXPECT_EQ(cache.slot_of(2), 0);
+  EXPECT_EQ(Row(cache, last, 0), Zeros());
+}
+
 TEST(HybridCacheSlots, OnlyNewlyAllocatedSlotsAreZeroed) {
   HybridCache cache = Make(4);
   Forward(cache, {{1, 0}, {2, 0}}, {3, 4});
