@@ -263,10 +263,7 @@ MsOp Decoder::Remove(const std::array<uint8_t, kRecordBytes>& f) const {
   if ((f[kMode] >> 2) % 16 == 15) {
     // A finite end far past every position (int32's bounds, the tag's, just short of
     // kUnbounded): the tail goes, and the shift step still runs on nothing.
-    const int64_t far[] = {std::numeric_limits<int32_t>::max(),
-                           int64_t{std::numeric_limits<int32_t>::max()} + 1, kMaxPosition + 1,
-                           kvtwin::kUnbounded - 1};
-    return MsOp::Remove(seq, std::min(a, b), far[f[kMode] >> 6]);
+    return MsOp::Remove(seq, std::min(a, b), kFarRemoveEnds[f[kMode] >> 6]);
   }
   return MsOp::Remove(seq, std::min(a, b), std::max(a, b));
 }

@@ -241,10 +241,10 @@ class PlanDecoder {
     const size_t turn = std::max<size_t>(f[kTurnCount] % (kTurnMax + 1), plan.inputs.empty());
     // (byte / 5) % 8 == 7: the turn is an image span instead, every position holding one
     // of two fold values (bit 31 set, spec §3.1 Keys: negative ids), by (byte / 40) % 2.
-    const int32_t folds[] = {std::numeric_limits<int32_t>::min(), -1};
     const bool media = (f[kTurnCount] / 5) % 8 == 7;
     for (size_t i = 0; i < turn; ++i) {
-      plan.inputs.push_back(media ? folds[(f[kTurnCount] / 40) % 2] : TokenOf(f[kTurnToken + i]));
+      plan.inputs.push_back(media ? kExtremeFolds[(f[kTurnCount] / 40) % 2]
+                                  : TokenOf(f[kTurnToken + i]));
     }
   }
 
@@ -265,7 +265,7 @@ class PlanDecoder {
       const int64_t v = ResolveValue(f[users[i].first], f[users[i].second], history);
       plan.user_offsets.push_back(std::clamp<int64_t>(v, 1, len + 1));
       // (count byte / 3) % 8 == 7: 2^32 further, past every prompt (the manager drops it).
-      if ((f[kUserCount] / 3) % 8 == 7) plan.user_offsets.back() += int64_t{1} << 32;
+      if ((f[kUserCount] / 3) % 8 == 7) plan.user_offsets.back() += kFarUserPoint;
     }
     if (f[kCancel] % 4 == 0) {
       ValueContext prefill;  // anchor 0: the start of the prefill

@@ -275,10 +275,7 @@ MsOp MultiSeqGenerator::Cut(const SeqState& s) {
       // refused without a callback), though nothing is left to shift. Derived from the
       // draws, so every stream is what it was.
       if (past == 3) {
-        const int64_t far[] = {std::numeric_limits<int32_t>::max(),
-                               int64_t{std::numeric_limits<int32_t>::max()} + 1, kMaxPosition + 1,
-                               kvtwin::kUnbounded - 1};
-        return MsOp::Remove(s.seq, begin, far[begin % 4]);
+        return MsOp::Remove(s.seq, begin, kFarRemoveEnds[static_cast<size_t>(begin % 4)]);
       }
       return MsOp::Remove(s.seq, begin, s.next + past);
     }

@@ -6,13 +6,24 @@
 // other ops are the sequence edits and the CanResume probe. Value type.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "sim/synthetic.h"
 #include "src/causal_cache.h"
 
 namespace kvtwin::sim {
+
+// Finite Remove ends far past every position the drivers write (they stop at kMaxPosition):
+// int32's largest value (Go's math.MaxInt32 sentinel), one past it, one past the tag's
+// range, and just short of kUnbounded. The tail goes and the shift step still runs (spec
+// §2.8), refused without a callback. Drawn by the generator and the hybrid fuzz records.
+inline constexpr std::array<int64_t, 4> kFarRemoveEnds = {
+    std::numeric_limits<int32_t>::max(), int64_t{std::numeric_limits<int32_t>::max()} + 1,
+    kMaxPosition + 1, kvtwin::kUnbounded - 1};
 
 enum class MsOpKind : uint8_t { kForward, kCopyPrefix, kRemove, kCanResume };
 

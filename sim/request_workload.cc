@@ -13,8 +13,6 @@ constexpr int64_t kOutputsMax = 6;
 // from this many images per workload.
 constexpr int64_t kMediaSpanMax = 64;
 constexpr int kMediaImages = 3;
-// A user point far past any prompt that a 32-bit narrowing would bring back into it.
-constexpr int64_t kFarUserPoint = int64_t{1} << 32;
 constexpr int64_t kSpeculativeRejectedMax = 3;
 constexpr size_t kSpeculativeStepsMax = 2;
 
@@ -101,13 +99,11 @@ RequestWorkload::RequestWorkload(Rng rng, WorkloadOptions options)
   system_ = Tokens(rng_.Range(4, 10));
   conversations_.resize(static_cast<size_t>(options_.conversations));
   for (int i = 0; i < kMediaImages; ++i) {
-    // A fold value: 32 bits with bit 31 forced, as a negative int32. One in four is the
-    // extreme pattern (bit 31 alone, or every bit), where a sign or width slip shows most.
-    const uint32_t extremes[] = {0x80000000u, 0xFFFFFFFFu};
-    const uint32_t fold = media_rng_.Chance(1, 4)
-                              ? extremes[media_rng_.Below(2)]
-                              : static_cast<uint32_t>(media_rng_.Next()) | 0x80000000u;
-    images_.push_back(static_cast<int32_t>(fold));
+    // A fold value: 32 bits with bit 31 forced, as a negative int32; one in four extreme.
+    images_.push_back(
+        media_rng_.Chance(1, 4)
+            ? kExtremeFolds[media_rng_.Below(kExtremeFolds.size())]
+            : static_cast<int32_t>(static_cast<uint32_t>(media_rng_.Next()) | 0x80000000u));
   }
 }
 

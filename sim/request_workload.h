@@ -18,13 +18,23 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "src/core/rng.h"
 
 namespace kvtwin::sim {
+
+// The extreme fold values of a media span (spec §3.1 Keys: bit 31 set), as kvtwin's negative
+// int32 ids: bit 31 alone (0x80000000) and every bit (0xFFFFFFFF), where a sign or width
+// slip shows most. Drawn by the request workload and the prefix fuzz records.
+inline constexpr std::array<int32_t, 2> kExtremeFolds = {std::numeric_limits<int32_t>::min(), -1};
+// How far past the prompt a far user restore point lies: dropped by the manager (spec
+// §3.4 clips to (cached, len]), back in range if narrowed to 32 bits.
+inline constexpr int64_t kFarUserPoint = int64_t{1} << 32;
 
 enum class RequestKind : uint8_t { kNew, kExtend, kDiverge, kRepeat, kRetry };
 const char* RequestKindName(RequestKind kind);

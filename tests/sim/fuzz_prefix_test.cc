@@ -171,7 +171,8 @@ void ExpectValidPlan(const RequestPlan& p, size_t position) {
   // Prompts may hold an image span's fold value (bit 31 set: INT32_MIN or -1); outputs are
   // text.
   for (const int32_t t : p.inputs) {
-    EXPECT_TRUE((t >= 1 && t <= kVocab) || t == std::numeric_limits<int32_t>::min() || t == -1)
+    EXPECT_TRUE((t >= 1 && t <= kVocab) ||
+                std::ranges::find(kExtremeFolds, t) != kExtremeFolds.end())
         << t;
   }
   for (const int32_t t : p.outputs) EXPECT_TRUE(t >= 1 && t <= kVocab) << t;
