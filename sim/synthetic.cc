@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include <cmath>
+#include <limits>
 
 #include "src/core/check.h"
 #include "src/core/rng.h"
@@ -16,7 +17,15 @@ namespace kvtwin::sim {
 namespace {
 
 // Stream tags keep the value families of one (layer, p, h) independent.
-enum Stream : uint64_t { kKey = 1, kValue = 2, kConv = 3, kGdn = 4, kParams = 5, kQuery = 6 };
+enum Stream : uint64_t {
+  kKey = 1,
+  kValue = 2,
+  kConv = 3,
+  kGdn = 4,
+  kParams = 5,
+  kQuery = 6,
+  kGdnGate = 7,
+};
 
 uint64_t RowSeed(uint64_t run_seed, Stream stream, int32_t layer, int64_t p, uint64_t h) {
   const uint64_t words[4] = {static_cast<uint64_t>(stream), static_cast<uint64_t>(layer),
@@ -122,6 +131,26 @@ void SyntheticForward::FillGdnInput(MatF& qkv, MatF& ba, int64_t row, DType dtyp
                                    : x;
     ba(row, c) = RoundTo(dtype, v);
   }
+  // Gates at exactly ±inf on a real token, from a stream of their own (every other cell
+  // keeps its value). Spec §2.4.2 marks padding with β_raw = α_raw = -inf, an identity
+  // step, but a real token may carry either alone: β_raw = -inf on every head (one token in
+  // 16) shuts the write gate while the state still decays; α_raw = -inf (one in 16) keeps
+  // the state undecayed while it still writes; both (one in 32) is an identity step that
+  // still advances the offset; α_raw = +inf on one head (one in 64) decays it to exactly 0.
+  // A kernel or a commit that takes a shut gate for "nothing happened", or one of these
+  // tokens for padding, differs only here.
+  uint64_t gate = RowSeed(seed_, kGdnGate, layer, p, h);
+  const uint64_t pick = SplitMix64(gate) % 64;
+  const int64_t hv = dims.num_v_heads;
+  const float inf = std::numeric_limits<float>::infinity();
+  const bool shut = pick < 4 || (pick >= 8 && pick < 10);
+  const bool still = (pick >= 4 && pick < 10);
+  for (int64_t c = 0; c < hv; ++c) {
+    if (shut) ba(row, c) = -inf;
+    if (still) ba(row, hv + c) = -inf;
+  }
+  if (pick == 10)
+    ba(row, hv + static_cast<int64_t>(SplitMix64(gate) % static_cast<uint64_t>(hv))) = inf;
 }
 
 ConvWeights SyntheticForward::ConvParams(int32_t layer, const RecurrentDims& dims) const {
