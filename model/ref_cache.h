@@ -84,6 +84,8 @@ class RefCache {
   Status PrepareSnapshots(const std::vector<int64_t>& offsets);
   std::vector<RefSnap> TakeSnapshots();
   bool ScheduleActive() const { return schedule_active_; }
+  // The active schedule's offsets (those already reached included).
+  const std::vector<int64_t>& Scheduled() const { return scheduled_; }
   bool Restore(const RefSnapshot* snap, int64_t target);
   RefSnap Merge(RefSnap parent, RefSnap child) const;
   // A committed speculative forward of `forward` (spec §2.7): afterwards the log is the

@@ -115,6 +115,21 @@ Op OpGenerator::Fresh(const LockstepDriver& driver) {
 
 int64_t OpGenerator::WriteLength(const LockstepDriver& driver) {
   const int64_t w = SmallestWindow(driver.config());
+  // A layer with more than ten scheduled offsets ahead (a dense schedule, MakePrepare): one
+  // forward past the last of them, so all are interior states of that forward. Checked
+  // before any draw, so a stream without dense schedules is what it was.
+  for (int32_t l = 0; l < driver.num_layers(); ++l) {
+    const model::RefCache& ref = driver.ref(l);
+    if (!ref.ScheduleActive()) continue;
+    const int64_t off = ref.Offset();
+    int64_t ahead = 0, last = off;
+    for (const int64_t s : ref.Scheduled()) {
+      if (s <= off) continue;
+      ++ahead;
+      last = std::max(last, s);
+    }
+    if (ahead > 10) return last - off + 1;
+  }
   // Rarely a write longer than the 256-slot KV growth step: an append past the capacity
   // from a step-aligned offset below it (after a rewind) grows by ceil(L / 256) * 256
   // slots, which only a long append distinguishes from growing by the shortfall.
@@ -300,6 +315,14 @@ Op OpGenerator::MakePrepare(const LockstepDriver& driver, int32_t layer) {
   const int64_t offset = driver.ref(layer).Offset();
   const auto count = rng_.Below(5);
   for (uint64_t i = 0; i < count; ++i) op.offsets.push_back(offset + rng_.Range(0, 10));
+  // Now and then (about one prepare in 14, derived from the draws above, so the stream is
+  // what it was) a dense schedule, every position of the next 11 to 21, which the next write
+  // crosses in one forward (WriteLength): a cap on the interior states of one forward shows
+  // only past ten of them.
+  if (count >= 3 && (op.offsets[0] - offset) % 4 == 3) {
+    const int64_t dense = 11 + (op.offsets[1] - offset);
+    for (int64_t i = 1; i <= dense; ++i) op.offsets.push_back(offset + i);
+  }
   // Sometimes a schedule that names a held snapshot's end ahead of the layer, and then a
   // restore of that snapshot before any write reaches it: the restore moves the layer onto a
   // scheduled offset, but only a write or the prepare itself captures (spec §2.1-§2.3), so a

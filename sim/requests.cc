@@ -47,6 +47,10 @@ std::string SwarmStack(RequestOptions& o) {
       o.preset = kStaggeredPreset;
       o.layers = static_cast<int32_t>(wide.Range(2, 4));
     }
+    // A capture every one to three tokens in one seed in four: a chunk of 16 or 64 then
+    // crosses many scheduled offsets at once (up to 63 interior states of one forward), where
+    // a cap on the splits of one forward shows.
+    if (wide.Chance(1, 4)) o.capture_interval = wide.Range(1, 3);
   }
   return fmt::format(
       "preset {} layers {} window {} dtype {} {} budget {} chunk {} interval {} "
