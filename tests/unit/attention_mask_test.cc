@@ -727,6 +727,46 @@ TEST(Sdpa, EmptyHistoryGivesZeroRowsWithOrWithoutTensors) {
   ExpectSameMask(*zeros, MatF::Zero(2, 2));
 }
 
+// Values of width 0 give outputs of width 0: a layer without MLA's V := K[..., :Dv] slice
+// (spec §2.5) never reads its values from K.
+TEST(Sdpa, ZeroWidthValuesGiveZeroWidthRows) {
+  const Tensor k = Tensor::FromFloat(DType::kFloat32, MatF::Ones(3, 4));
+  const Tensor v = Tensor::FromFloat(DType::kFloat32, MatF(3, 0));
+  const History h{&k, &v, 3, false, {}};
+  for (const AttentionMask& mask : {AttentionMask::Causal(), AttentionMask::Zero()}) {
+    const Result<MatF> out = Sdpa(MatF::Ones(3, 4), h, mask, 0, 1.0f);
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(out->rows(), 3);
+    EXPECT_EQ(out->cols(), 0);
+  }
+}
+
+// A value row the mask hides weighs nothing, even when it is not finite (a bf16 overflow, a
+// NaN a runner wrote to a dead slot): between two visible rows it must not turn the output
+// into 0 * inf = NaN. The output equals the one over the same history with that row zeroed.
+TEST(Sdpa, HiddenNonFiniteValueRowsDoNotReachTheOutput) {
+  const float inf = std::numeric_limits<float>::infinity();
+  MatF kf(4, 2), vf(4, 2), q(1, 2);
+  kf << 0.5f, -0.25f, 1.0f, 0.75f, -0.5f, 0.25f, 0.125f, 1.0f;
+  vf << 1.0f, 2.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 3.0f, -1.0f, 0.5f;
+  q << 0.3f, -0.7f;
+  MatF bias(1, 4);
+  bias << 0.0f, -inf, -inf, 0.0f;
+  MatF clean = vf;
+  clean.row(1).setZero();
+  clean.row(2).setZero();
+  const Tensor k = Tensor::FromFloat(DType::kFloat32, kf);
+  const Tensor v = Tensor::FromFloat(DType::kFloat32, vf);
+  const Tensor v_clean = Tensor::FromFloat(DType::kFloat32, clean);
+  const Result<MatF> got =
+      Sdpa(q, History{&k, &v, 4, false, {}}, AttentionMask::Array(bias), 3, 1.0f);
+  const Result<MatF> want =
+      Sdpa(q, History{&k, &v_clean, 4, false, {}}, AttentionMask::Array(bias), 3, 1.0f);
+  ASSERT_TRUE(got.ok() && want.ok());
+  ASSERT_TRUE(want->allFinite());
+  ExpectSameMask(*got, *want);
+}
+
 TEST(Sdpa, QueryWidthMismatchIsAnError) {
   Tensor k = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 2));
   Tensor v = Tensor::FromFloat(DType::kFloat32, MatF::Ones(2, 2));

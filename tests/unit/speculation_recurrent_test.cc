@@ -14,6 +14,7 @@
 // of everything vs the forward's own end state). Deterministic; no randomness.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -139,6 +140,30 @@ TEST(RecurrentSpeculation, NoRealTokenCommitsNothingWhateverTheCount) {
       if (prefix > 0) ExpectSameRecurrent(live, Twin(prefix, 0));
     }
   }
+}
+
+// A live state holding a NaN (an input that overflowed upstream: the cache keeps what it
+// is given) still speculates and commits like a clean one: nothing on the speculative path
+// compares states by value, where NaN != NaN would read as a state changed under it.
+TEST(RecurrentSpeculation, ALiveStateHoldingANanStillSpeculatesAndCommits) {
+  RecurrentCache live(specfx::Dims());
+  Prefill(live, K(), 5);
+  MatF delta = live.delta();
+  delta(0, 0) = std::numeric_limits<float>::quiet_NaN();
+  Tensor conv = live.conv();
+  (void)live.Get(conv.dtype());
+  live.Put(1, {conv}, {delta});
+  ASSERT_EQ(live.Offset(), 6);
+  {
+    Speculation spec = Begin({&live});
+    Forward(Rec(spec, 0), K(), 3);
+    Forward(Rec(spec, 0), K(), 1);
+    spec.Commit(3);
+  }
+  EXPECT_EQ(live.Offset(), 9);
+  EXPECT_TRUE(std::isnan(live.delta()(0, 0)));
+  // Head 0's first value row is NaN through its m = S k-hat; a row of another head is not.
+  EXPECT_TRUE(std::isfinite(live.delta()(live.delta().rows() - 1, 0)));
 }
 
 // Interior boundaries 1..T-1 of a forward of T tokens.

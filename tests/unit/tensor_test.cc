@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <tuple>
 
@@ -236,6 +237,22 @@ TEST(Tensor, Bf16ConversionRoundsAtTheEdgesOfTheRange) {
   EXPECT_EQ(t.At(0, 6), -inf);
   EXPECT_EQ(t.At(0, 7), std::ldexp(1.0f, -130));  // a subnormal bf16 holds exactly
   EXPECT_EQ(t.At(0, 8), std::ldexp(3.0f, -133));
+}
+
+// Every float NaN stays a NaN in bf16, whatever its payload: rounding the bit pattern as an
+// integer (add 0x7FFF, keep the top half) would carry a payload held only in the low 16 bits
+// into an infinity, and an all-ones one round to zero.
+TEST(Tensor, Bf16ConversionKeepsEveryNanANan) {
+  const uint32_t patterns[] = {0x7F800001u, 0xFF800001u, 0x7F80FFFFu, 0x7FFFFFFFu,
+                               0xFFFFFFFFu, 0x7FC00000u, 0x7FA00000u, 0xFFC00001u};
+  MatF v(1, static_cast<Eigen::Index>(std::size(patterns)));
+  for (size_t i = 0; i < std::size(patterns); ++i) {
+    v(0, static_cast<Eigen::Index>(i)) = std::bit_cast<float>(patterns[i]);
+  }
+  const Tensor t = Tensor::FromFloat(DType::kBFloat16, v);
+  for (size_t i = 0; i < std::size(patterns); ++i) {
+    EXPECT_TRUE(std::isnan(t.At(0, static_cast<int64_t>(i)))) << std::hex << patterns[i];
+  }
 }
 
 TEST(TensorView, ReadsTheRowsOfItsStorageAndCopiesAsTheTensorsRows) {
