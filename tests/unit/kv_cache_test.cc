@@ -293,6 +293,29 @@ TEST(KvCache, RestoreRefillsFromTheSnapshotStartOverDivergedRows) {
   EXPECT_EQ(Tags(cache.keys(), cache.values(), 6, 2), Positions(6, 2));
 }
 
+// A restore is a rewind to the snapshot's start and an append of its rows (spec §2.1), also
+// when the cache already holds the same leading rows (it re-prefilled the same tokens after
+// a Free): the append then grows from offset 0, step-aligned, by a whole chunk (256 + 512),
+// not from the live offset past the rows it kept (10 + 512).
+TEST(KvCache, RestoreOntoTheSameLeadingRowsIsARewindAndAnAppend) {
+  KvCache source;
+  Write(source, Positions(0, 300));
+  SnapshotPtr snap = source.Snapshot(0);
+  KvCache twin;
+  Write(twin, Positions(0, 10));
+  ASSERT_TRUE(twin.Restore(nullptr, 0));
+  Write(twin, Positions(0, 300));
+  KvCache same;
+  Write(same, Positions(0, 10));
+  ASSERT_EQ(same.Capacity(), 256);
+  ASSERT_TRUE(same.Restore(snap.get(), 300));
+  EXPECT_EQ(same.Offset(), 300);
+  EXPECT_EQ(same.Capacity(), twin.Capacity());
+  EXPECT_EQ(same.Capacity(), 256 + 512);
+  EXPECT_EQ(same.LiveBytes(), twin.LiveBytes());
+  EXPECT_EQ(LiveTags(same), Positions(0, 300));
+}
+
 TEST(KvCache, RestoreToATargetBelowTheSnapshotStartActsAsARewind) {
   KvCache cache;
   WriteSingles(cache, 8);

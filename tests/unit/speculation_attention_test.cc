@@ -554,6 +554,36 @@ TEST(SpeculationWrappers, LiveBytesCountWhatTheWrapperHolds) {
   }
 }
 
+// K and V may be stored in two dtypes (KvCache.SnapshotsKeepKAndVEachInItsOwnDtype): a
+// wrapper prices each side at its own width, bf16 K and f32 V here.
+TEST(SpeculationWrappers, LiveBytesPriceKAndVEachAtItsOwnDtype) {
+  const auto write = [](AttentionCache& c, int64_t first, int64_t count) {
+    const std::vector<float> tags = tagged::Positions(first, count);
+    return c.Update(tagged::Keys(tags, DType::kBFloat16), tagged::Values(tags, DType::kFloat32));
+  };
+  const std::vector<float> one = tagged::Positions(0, 1);
+  const int64_t row =
+      tagged::Keys(one, DType::kBFloat16).Bytes() + tagged::Values(one, DType::kFloat32).Bytes();
+  ASSERT_EQ(row, 3 * 2 + 2 * 4);
+  {
+    KvCache live;
+    write(live, 0, 7);
+    Speculation spec = BeginIsolated({&live});
+    EXPECT_EQ(spec.layer(0).LiveBytes(), 7 * row) << "isolated KV before the forward";
+    write(Attn(spec, 0), 7, 4);
+    EXPECT_EQ(spec.layer(0).LiveBytes(), (7 + 4 + 11) * row) << "isolated KV";
+  }
+  for (const bool isolated : {false, true}) {
+    RotatingCache live(4);
+    write(live, 0, 6);
+    write(live, 6, 1);
+    Speculation spec = isolated ? BeginIsolated({&live}) : Begin({&live});
+    write(Attn(spec, 0), 7, 4);
+    EXPECT_EQ(spec.layer(0).LiveBytes(), (4 + 4 + 7) * row)
+        << (isolated ? "isolated" : "committing") << " rotating";
+  }
+}
+
 // Before the forward, View (a draft reading the target cache through the wrapper) shows
 // the live history: the whole window (in ring order on the live side, logical on the
 // wrapper's, so compared as sets) or all KV rows. This once aborted: appending the empty
