@@ -9,7 +9,7 @@
 namespace kvtwin::sim {
 namespace {
 
-int64_t SmallestWindow(const StackConfig& config) {
+int64_t StackSmallestWindow(const StackConfig& config) {
   int64_t w = 8;
   bool found = false;
   for (const LayerSpec& s : config.layers) {
@@ -19,6 +19,15 @@ int64_t SmallestWindow(const StackConfig& config) {
     }
   }
   return w;
+}
+
+// The window the op lengths and draft counts follow: the stack's smallest, but at most 640
+// (past every window of the bundled stages). A window of real models' size (4096) would
+// otherwise make a third of the writes thousands of tokens long and a 1500-step run hold
+// millions of rows; its edge is still crossed, since offsets pass it within a few writes.
+int64_t SmallestWindow(const StackConfig& config) {
+  constexpr int64_t kMaxFollowedWindow = 640;
+  return std::min(StackSmallestWindow(config), kMaxFollowedWindow);
 }
 
 Op OpFor(OpKind kind, int32_t layer) {
