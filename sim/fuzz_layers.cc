@@ -23,6 +23,7 @@
 //   3 slot2     as slot (merge child)
 //   4 count     forward length / speculation drafts D (LengthOf: b < 128: 1 + b % 4;
 //               b < 192: W - 1 + b % 3; else 1 + b % (2 W + 4)), or prepare offsets b % 4
+//               (and a dense schedule when (b / 4) % 8 == 7, see PrepareOffsets)
 //   5 pad       b % 5 == 0: 1 + (b / 5) % 3, else 0; kRecurrent: a padded write with
 //               (b / 15) % 4 == 3 has no tokens (padding alone)
 //   6 segmented b % 2
@@ -276,13 +277,21 @@ void Forward(const RawRecord& r, OpKind kind, const LockstepDriver& d, const Sha
 // Up to three offsets, each anchored 8 past the previous one (the first 8 past the layer's
 // offset), so kRelative gives mostly ascending schedules ahead of the cache and sometimes a
 // duplicate or one behind it; the other modes aim at the window or a snapshot end.
+// Spare bits of the count byte ((b / 4) % 8 == 7) add a dense schedule: every position of
+// the next 11 + b / 32 (11-18), merged into the others in order, which one long forward
+// crosses at once (the op generator's dense prepares, at the fuzzer's reach).
 void PrepareOffsets(const RawRecord& r, ValueContext c, std::vector<int64_t>& offsets) {
+  const int64_t base = c.anchor;
   const size_t n = r.count % (kValueFields + 1);
   for (size_t i = 0; i < n; ++i) {
     c.anchor += 8;
     offsets.push_back(Value(r, i, c));
     c.anchor = offsets.back();
   }
+  if ((r.count / 4) % 8 != 7) return;
+  for (int64_t i = 1; i <= 11 + r.count / 32; ++i) offsets.push_back(base + i);
+  std::sort(offsets.begin(), offsets.end());
+  offsets.erase(std::unique(offsets.begin(), offsets.end()), offsets.end());
 }
 
 // A one-layer op into a cleared `op`; false when the record names nothing (a close with an

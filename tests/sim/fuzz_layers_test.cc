@@ -310,7 +310,11 @@ TEST_P(LayerFuzz, EveryValueFieldIsWhereTheLayoutSays) {
     const size_t prefix_records = static_cast<size_t>(rng.Range(0, 12));
     const Bytes prefix =
         RandomBytes(rng, layout.header_bytes + prefix_records * layout.record_bytes);
-    const Bytes record = RandomBytes(rng, layout.record_bytes);
+    Bytes record = RandomBytes(rng, layout.record_bytes);
+    // A dense prepare (PrepareOffsets) sorts offsets of its own in among the fields' ones,
+    // so the count byte stays out of that mode here: field i is then offset i.
+    const uint8_t count = record[record.size() - 1 - kCountField];
+    if ((count / 4) % 8 == 7) SetField(record, kCountField, static_cast<uint8_t>(count ^ 4));
     const std::optional<FuzzRun> base = RunWithLast(target, prefix, record);
     if (!base) continue;
     const std::string base_op = EventToJson(base->trace.events.back());
