@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <iterator>
-
 #include "src/core/check.h"
 #include "src/core/rng.h"
 
@@ -36,16 +34,7 @@ std::string SwarmStack(RequestOptions& o) {
   o.capture_interval = intervals[rng.Below(4)];
   o.pre_thinking = rng.Range(0, 5);
   o.dims = SwarmDims(o.seed);
-  // One seed in 16 a window of real models' size (as the op-level swarm; a stream of its
-  // own, so every other draw is what the seed draws without it).
-  Rng big = Rng::Derive(o.seed, "swarm-big-window");
-  // Only over narrow rows: a ring of 8192 rows of 64 heads of 512 columns, and the snapshots
-  // that clone it, would take gigabytes.
-  const int64_t row = o.dims.kv_heads * (o.dims.head_dim + o.dims.value_dim);
-  if (big.Chance(1, 16) && row <= 32) {
-    const int64_t bigs[] = {2047, 4096, 4097, 8192};
-    o.window = bigs[big.Below(std::size(bigs))];
-  }
+  o.window = SwarmWindow(o.seed, o.dims, o.window);
   if (o.long_context) {
     // From a stream of its own, so every draw above is what the seed draws without it.
     Rng wide = Rng::Derive(o.seed, "swarm-long");

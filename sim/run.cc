@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <iterator>
-
 #include "src/core/rng.h"
 
 namespace kvtwin::sim {
@@ -27,18 +25,7 @@ void Swarm(uint64_t seed, Rng& rng, RunOptions& options, OpWeights& weights) {
     if (rng.Chance(1, 4)) *w = 0;
   }
   options.dims = SwarmDims(seed);
-  // One seed in 16 a window of real models' size instead (Phi-3's 2047, Mistral's and
-  // Gemma-2's 4096, and 4097 and 8192), from a stream of its own so every draw above is what
-  // the seed draws without it: growth or ring arithmetic keyed to a large window shows only
-  // there.
-  Rng big = Rng::Derive(seed, "swarm-big-window");
-  // Only over narrow rows: a ring of 8192 rows of 64 heads of 512 columns, and the snapshots
-  // that clone it, would take gigabytes.
-  const int64_t row = options.dims.kv_heads * (options.dims.head_dim + options.dims.value_dim);
-  if (big.Chance(1, 16) && row <= 32) {
-    const int64_t bigs[] = {2047, 4096, 4097, 8192};
-    options.window = bigs[big.Below(std::size(bigs))];
-  }
+  options.window = SwarmWindow(seed, options.dims, options.window);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <limits>
 #include <string_view>
 
@@ -150,6 +151,17 @@ ModelDims DrawModelDims(Rng& rng) {
 ModelDims SwarmDims(uint64_t seed) {
   Rng rng = Rng::Derive(seed, "swarm-dims");
   return rng.Chance(1, 2) ? DrawModelDims(rng) : ModelDims{};
+}
+
+int64_t SwarmWindow(uint64_t seed, const ModelDims& dims, int64_t window) {
+  // Growth or ring arithmetic keyed to a large window (Phi-3's 2047, Mistral's and Gemma-2's
+  // 4096) shows only there. Only over narrow rows: a ring of 8192 rows of 64 heads of 512
+  // columns, and the snapshots that clone it, would take gigabytes.
+  Rng big = Rng::Derive(seed, "swarm-big-window");
+  const int64_t row = dims.kv_heads * (dims.head_dim + dims.value_dim);
+  if (!big.Chance(1, 16) || row > 32) return window;
+  const int64_t bigs[] = {2047, 4096, 4097, 8192};
+  return bigs[big.Below(std::size(bigs))];
 }
 
 Status StackConfig::Validate() const {

@@ -89,6 +89,10 @@ ModelDims DrawModelDims(Rng& rng);
 // Drawn from a stream of its own (Rng::Derive(seed, "swarm-dims")), so a seed's other
 // choices are what they were before dims were drawn.
 ModelDims SwarmDims(uint64_t seed);
+// A swarm seed's window: `window` (the seed's own draw), or for one seed in 16 a window of
+// real models' size (2047, 4096, 4097 or 8192), when the K/V rows are narrow. A stream of its
+// own (Rng::Derive(seed, "swarm-big-window")), so a seed's other choices are unchanged.
+int64_t SwarmWindow(uint64_t seed, const ModelDims& dims, int64_t window);
 
 struct StackConfig {
   std::string preset = "mixed";
