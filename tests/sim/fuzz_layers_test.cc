@@ -94,6 +94,7 @@ void CollectShapes(const Op& op, std::set<std::string>& shapes) {
   if (op.kind == OpKind::kMerge && op.slot >= 0 && op.slot2 >= 0) shapes.insert("merge held");
   if (op.kind == OpKind::kSplit && op.slot >= 0) shapes.insert("split held");
   if (op.kind == OpKind::kPrepare && op.offsets.size() >= 2) shapes.insert("prepare several");
+  if (op.kind == OpKind::kPrepare && op.offsets.size() > 10) shapes.insert("prepare dense");
 }
 
 void CheckReplay(const FuzzRun& run, int input, Sweep& s) {
@@ -164,7 +165,7 @@ TEST_P(LayerFuzz, ReachesEveryOpKindAndArgumentShape) {
        {"relax mask", "zero mask", "block mask", "relax_block mask", "array mask", "padded forward",
         "segmented forward", "isolated speculation", "abandoned speculation", "accepted in range",
         "accepted clamped", "restore held", "restore null", "merge held", "split held",
-        "prepare several"}) {
+        "prepare several", "prepare dense"}) {
     EXPECT_TRUE(s.shapes.count(shape)) << "never reached " << shape;
   }
 }
@@ -428,6 +429,26 @@ TEST(LayerFuzzBoundaries, BehindWindowModeAimsJustBehindTheWindow) {
     EXPECT_EQ(op.kind, OpKind::kRestore);
     EXPECT_EQ(op.slot, -1);
     EXPECT_EQ(op.value, offset - kW - 1 + arg) << "arg " << int{arg};
+  }
+}
+
+// A prepare whose count byte has (b / 4) % 8 == 7 schedules every position of the next
+// 11 + b / 32 (PrepareOffsets); the byte with 6 there schedules only its value fields (none
+// for b % 4 == 0).
+TEST(LayerFuzzBoundaries, ADenseCountByteSchedulesEveryPositionAhead) {
+  int64_t offset = 0;
+  const Bytes writes = Writes(&offset);
+  for (const uint8_t count : std::array<uint8_t, 3>{28, 252, 24}) {
+    Bytes r = Zeros();
+    SetField(r, kKindField, KindByte(OpKind::kPrepare));
+    SetField(r, kCountField, count);
+    const Op op = Resolved(Concat(writes, r), 4);
+    ASSERT_EQ(op.kind, OpKind::kPrepare);
+    std::vector<int64_t> want;
+    if ((count / 4) % 8 == 7) {
+      for (int64_t i = 1; i <= 11 + count / 32; ++i) want.push_back(offset + i);
+    }
+    EXPECT_EQ(op.offsets, want) << "count byte " << int{count};
   }
 }
 
