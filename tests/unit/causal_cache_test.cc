@@ -544,6 +544,42 @@ TEST_P(CausalCacheTest, RemoveWithGapWithoutShiftIsUnsupportedAfterRenumbering) 
   EXPECT_FALSE(cache.ranges().contains(0));
 }
 
+// set_shift with an empty function unsets the callback (a runner whose model has no RoPE
+// after a reload): a later Remove with a gap is Unsupported again and the old callback is
+// never called.
+TEST_P(CausalCacheTest, AnEmptyShiftCallbackUnsetsTheOldOne) {
+  CausalCache cache = std::move(CausalCache::Create(Config(1, 16, 8))).value();
+  RunStep(
+      cache,
+      {{0, 0, 0, 0}, {0, 1, 2, 3}, {1, 2, 3, 4}, {1, 2, 3, 4}, {"0xxx", "00xx", "000x", "0000"}});
+  int calls = 0;
+  cache.set_shift([&calls](CausalCache&, std::span<const int64_t>, int64_t) {
+    ++calls;
+    return Status::Ok();
+  });
+  cache.set_shift(CausalCache::ShiftFn{});
+  EXPECT_EQ(cache.Remove(0, 1, 2).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(cache.cells()[2].pos, 1);  // renumbered all the same, as without a callback
+}
+
+// Put scatters every row into the cell StartForward chose for it (spec §2.8), whatever the
+// metadata says by then: a Remove or CopyPrefix between StartForward and Put takes the
+// batch's sequence out of its cells, and the rows still land there.
+TEST_P(CausalCacheTest, PutWritesTheChosenCellsEvenAfterTheirSequenceLeftThem) {
+  CausalCache cache = std::move(CausalCache::Create(Config(2, 8, 4))).value();
+  ASSERT_TRUE(cache.StartForward(Batch({0, 0, 1}, {0, 1, 0})).ok());
+  ASSERT_TRUE(cache.Remove(0, 1, kUnbounded).ok());  // cell 1 is free again
+  ASSERT_TRUE(cache.CopyPrefix(0, 1, 1).ok());       // cell 2 loses sequence 1
+  ASSERT_TRUE(cache.cells()[1].seqs.empty());
+  ASSERT_FALSE(cache.cells()[2].seqs.contains(1));
+  ASSERT_TRUE(cache.Put(RowsOf({7, 8, 9}, TokenRow), RowsOf({7, 8, 9}, TokenRow)).ok());
+  for (int64_t cell = 0; cell < 3; ++cell) {
+    EXPECT_EQ(cache.k().At(cell, 0), 7.0f + static_cast<float>(cell)) << "cell " << cell;
+    EXPECT_EQ(cache.VRow(cell).At(0, 2), 2007.0f + static_cast<float>(cell)) << "cell " << cell;
+  }
+}
+
 TEST_P(CausalCacheTest, ShiftGroupsAreMaxBatchWindowsFromTheRangeStart) {
   CausalCache cache = std::move(CausalCache::Create(Config(1, 16, 2))).value();
   std::vector<std::vector<int64_t>> calls;

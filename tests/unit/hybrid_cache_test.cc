@@ -459,6 +459,40 @@ TEST(HybridCache, Bf16CacheRoundsStoredValues) {
   EXPECT_EQ(cache.SlotRow(0, 0).dtype(), DType::kBFloat16);
 }
 
+// K/V rows reach the cells as they arrive, unlike the conv writes: rows in another dtype
+// than the cache's are refused on either side with nothing written, and the cache's own
+// rows are stored bit for bit (in bf16, a NaN keeps its payload and an infinity its sign).
+TEST(HybridCache, PutStoresTheCacheDtypeBitExactlyAndRefusesAnother) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    HybridCache cache = Make(2, dtype);
+    ASSERT_TRUE(cache.StartForward(std::vector<BatchToken>{{0, 0}, {0, 1}}).ok());
+    const int64_t cols = cache.config().kv.kv_cols;
+    Tensor own;
+    if (dtype == DType::kBFloat16) {
+      // A signalling NaN with a payload, a negative quiet NaN, -inf, a subnormal.
+      const std::vector<uint16_t> bits = {0x7F81, 0xFFC3, 0xFF80, 0x0001};
+      ASSERT_EQ(static_cast<int64_t>(bits.size()), 2 * cols);
+      own = Tensor(TensorView(dtype, bits.data(), 2, cols));
+    } else {
+      const std::vector<uint32_t> bits = {0x7F800001u, 0xFFC00003u, 0xFF800000u, 0x00000001u};
+      ASSERT_EQ(static_cast<int64_t>(bits.size()), 2 * cols);
+      own = Tensor(TensorView(dtype, bits.data(), 2, cols));
+    }
+    const DType other = dtype == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
+    const Tensor foreign = Tensor::FromFloat(other, MatF::Constant(2, cols, 1.5f));
+    EXPECT_EQ(cache.Put(foreign, own).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(cache.Put(own, foreign).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(cache.Put(foreign, foreign).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(cache.kv().k().Rows(0, 2).Equals(Tensor(dtype, 2, cols)));  // nothing written
+    ASSERT_TRUE(cache.Put(own, own).ok());
+    const CausalCache::View view = cache.Get();
+    ASSERT_EQ(view.range_end - view.range_begin, 2);
+    EXPECT_TRUE(view.k.Equals(own)) << view.k.ShapeString();
+    EXPECT_TRUE(view.v.Equals(own)) << view.v.ShapeString();
+  }
+}
+
 TEST(HybridCache, ReserveUsesFakeSlotsAndMapsNothing) {
   HybridCache cache = Make(4);
   Forward(cache, {{0, 0}}, {5});

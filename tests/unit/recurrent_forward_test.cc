@@ -83,5 +83,30 @@ TEST(RunRecurrentForward, ASharedScratchGivesTheStatesAndCapturesOfFreshBuffers)
   }
 }
 
+// A forward of no rows at all still reads the layer (spec §2.3: Get creates the zero state
+// of a layer that has none) and puts it back at an unchanged offset: the layer then holds
+// a zero state, as after any forward, and a scheduled offset ahead stays pending.
+TEST(RunRecurrentForward, AForwardOfNoRowsStillCreatesTheState) {
+  const specfx::Kernels k = specfx::MakeKernels();
+  RecurrentCache layer(specfx::Dims());
+  ASSERT_FALSE(layer.HasState());
+  ASSERT_TRUE(layer.PrepareSnapshots({2}).ok());
+  RecurrentForwardScratch scratch;
+  RunRecurrentForward(layer, specfx::TokenInputs(0, 0), k.conv, k.gdn, &scratch);
+  EXPECT_TRUE(layer.HasState());
+  EXPECT_EQ(layer.Offset(), 0);
+  EXPECT_GT(layer.LiveBytes(), 0);
+  EXPECT_EQ(layer.conv().dtype(), DType::kBFloat16);
+  EXPECT_TRUE(layer.conv().ToFloat().isZero(0.0f));
+  EXPECT_TRUE(layer.delta().isZero(0.0f));
+  EXPECT_EQ(scratch.conv.out.rows(), 0);
+  // The same layer then folds two tokens and takes the capture at 2.
+  RunRecurrentForward(layer, specfx::TokenInputs(0, 2), k.conv, k.gdn, &scratch);
+  const std::vector<SnapshotPtr> taken = layer.TakeSnapshots();
+  ASSERT_EQ(taken.size(), 1u);
+  ASSERT_NE(taken[0], nullptr);
+  EXPECT_EQ(static_cast<const RecurrentSnapshot&>(*taken[0]).offset(), 2);
+}
+
 }  // namespace
 }  // namespace kvtwin

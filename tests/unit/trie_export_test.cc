@@ -92,6 +92,48 @@ TEST(TrieExport, DumpAbbreviatesExactlyTheEdgesPastEightKeys) {
   EXPECT_EQ(lines[3].rfind("  [0,9) keys=100 2 3 4 5 6 7 8 ... (9 keys) last=", 0), 0u) << lines[3];
 }
 
+// Keys are 64-bit (a token id, or a block hash when a trace keys the trie by blocks), so
+// the dump prints every one whole: a key with bit 31 or bit 63 set is neither narrowed nor
+// shown signed.
+TEST(TrieExport, DumpPrintsSixtyFourBitKeysWhole) {
+  KvCache kv;
+  PrefixTrie trie{{&kv}, Tick{1}};
+  const std::vector<TrieKey> edge = {TrieKey{1} << 31, (TrieKey{1} << 31) + 99,
+                                     (TrieKey{1} << 63) + 1, ~TrieKey{0}};
+  trie.AppendChild(trie.root(), edge, 4);
+  const std::vector<TrieNode*> active = {trie.root()};
+  const std::vector<std::string> lines = Lines(DumpTrie(trie, active));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[2].rfind("  [0,4) keys=2147483648 2147483747 9223372036854775809 "
+                           "18446744073709551615 last=",
+                           0),
+            0u)
+      << lines[2];
+  const std::string dot = TrieToDot(trie, active);
+  EXPECT_NE(dot.find("18446744073709551615"), std::string::npos) << dot;
+}
+
+// A long conversation with a restore point every few tokens is a deep chain; the dump
+// indents each node by its full depth, however deep (no cap that would flatten the tail).
+TEST(TrieExport, DumpIndentsEveryNodeByItsFullDepth) {
+  KvCache kv;
+  PrefixTrie trie{{&kv}, Tick{1}};
+  constexpr int kDepth = 600;
+  TrieNode* n = trie.root();
+  for (int d = 0; d < kDepth; ++d) {
+    n = trie.AppendChild(n, std::vector<TrieKey>{static_cast<TrieKey>(d)}, d + 1);
+  }
+  const std::vector<TrieNode*> active = {trie.root()};
+  const std::vector<std::string> lines = Lines(DumpTrie(trie, active));
+  ASSERT_EQ(lines.size(), static_cast<size_t>(kDepth + 2));
+  for (int d = 1; d <= kDepth; ++d) {
+    const std::string& line = lines[static_cast<size_t>(d + 1)];
+    const std::string want = std::string(static_cast<size_t>(2 * d), ' ') + "[" +
+                             std::to_string(d - 1) + "," + std::to_string(d) + ") ";
+    ASSERT_EQ(line.rfind(want, 0), 0u) << "depth " << d << ": " << line;
+  }
+}
+
 // A rotating snapshot restores to its to(); its from() is only the window's first position,
 // so the dump must name to() (a recurrent snapshot's from() and to() are equal).
 TEST(TrieExport, DumpNamesWholeStateSnapshotsByTheOffsetTheyRestoreTo) {
