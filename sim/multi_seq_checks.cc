@@ -83,6 +83,9 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"half_edited_ops", &MsCoverage::half_edited_ops},
       {"causal_reset_calls", &MsCoverage::causal_reset_calls},
       {"removes_far_end", &MsCoverage::removes_far_end},
+      {"far_batches", &MsCoverage::far_batches},
+      {"last_position_batches", &MsCoverage::last_position_batches},
+      {"high_id_batches", &MsCoverage::high_id_batches},
   };
   return fields;
 }

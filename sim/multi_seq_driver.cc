@@ -69,8 +69,9 @@ RemoveOutcome ClassifyRemove(const Status& s) {
 }  // namespace
 
 Status MultiSeqConfig::Validate() const {
-  if (max_seqs < 1 || max_seqs > 64 || capacity < 1 || max_batch < 1 || padding < 1) {
-    return InvalidArgument("multiseq: max_seqs (1..64), capacity, max_batch, padding >= 1");
+  // Past 4,096 sequences the generator's per-op scans of every id would dominate a run.
+  if (max_seqs < 1 || max_seqs > 4096 || capacity < 1 || max_batch < 1 || padding < 1) {
+    return InvalidArgument("multiseq: max_seqs (1..4096), capacity, max_batch, padding >= 1");
   }
   if (window < 1 || memory < 1 || chunk < 0) {
     return InvalidArgument("multiseq: window and memory >= 1, chunk >= 0");
@@ -174,7 +175,7 @@ bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref,
       const auto n = static_cast<int64_t>(op.batch.size());
       if (n == 0 || n > config.max_batch) return false;
       for (const MsBatchToken& t : op.batch) {
-        if (!seq_ok(t.seq) || t.pos < 0 || t.pos > kMaxPosition) return false;
+        if (!seq_ok(t.seq) || t.pos < 0 || t.pos > kMaxBatchPosition) return false;
       }
       for (int64_t i : op.causal_off) {
         if (i < 0 || i >= n) return false;

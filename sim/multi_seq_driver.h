@@ -93,15 +93,18 @@ struct MsCoverage {
   int64_t cow_copies = 0;
   int64_t can_resume_true = 0;
   int64_t can_resume_false = 0;
-  int64_t ideal_divergences = 0;   // a sequence newly leaving the ideal conv state
-  int64_t rewrites = 0;            // forwards writing a position their sequence holds
-  int64_t cache_full_pruned = 0;   // cache full after window maintenance dropped cells
-  int64_t unordered_batches = 0;   // forwards whose positions descend within a sequence
-  int64_t joins = 0;               // forwards where a new sequence joins others
-  int64_t removes_degenerate = 0;  // finite Removes: begin == end, or past the last position
-  int64_t half_edited_ops = 0;     // ops on a sequence a refused Remove left half-edited
-  int64_t causal_reset_calls = 0;  // SetCausal with an empty list
-  int64_t removes_far_end = 0;     // finite Removes ending at or past int32's largest value
+  int64_t ideal_divergences = 0;      // a sequence newly leaving the ideal conv state
+  int64_t rewrites = 0;               // forwards writing a position their sequence holds
+  int64_t cache_full_pruned = 0;      // cache full after window maintenance dropped cells
+  int64_t unordered_batches = 0;      // forwards whose positions descend within a sequence
+  int64_t joins = 0;                  // forwards where a new sequence joins others
+  int64_t removes_degenerate = 0;     // finite Removes: begin == end, or past the last position
+  int64_t half_edited_ops = 0;        // ops on a sequence a refused Remove left half-edited
+  int64_t causal_reset_calls = 0;     // SetCausal with an empty list
+  int64_t removes_far_end = 0;        // finite Removes ending at or past int32's largest value
+  int64_t far_batches = 0;            // forwards with a position past 2^24 (inexact as a float)
+  int64_t last_position_batches = 0;  // forwards with a token at int32's largest position
+  int64_t high_id_batches = 0;        // forwards with a sequence id of 64 or more
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
   // Every counter by name ("forwards", ...), in declaration order.

@@ -50,11 +50,22 @@ Tensor ConvUpdateRows(DType dtype, int64_t step, int32_t layer, MatF& next) {
 
 // The forward's SetCausal calls. The op's list goes in when it is non-empty, and an empty one
 // when `empty_too` (so a StartForward that keeps the last list shows); a CausalDecoy first
-// forces the call, the op's list then replacing the decoy.
+// forces the call, the op's list then replacing the decoy. Before a non-empty list, one
+// forward in two also hands over that list with an index past the batch appended: refused
+// with InvalidArgument, and nothing changes, so the list itself is still a change (a
+// refusal that kept the indices before the bad one would pass it as unchanged).
 Check SetCausalLists(CausalCache& kv, const MsOp& op, bool empty_too, MsCoverage& coverage) {
   const std::optional<std::vector<int64_t>> decoy = CausalDecoy(op);
   if (Status s = decoy ? kv.SetCausal(*decoy) : Status::Ok(); !s.ok()) {
     return Outcome("decoy SetCausal", Status::Ok(), s);
+  }
+  if (!op.causal_off.empty() && (op.batch.size() + op.causal_off.front()) % 2 == 0) {
+    std::vector<int64_t> refused = op.causal_off;
+    refused.push_back(static_cast<int64_t>(op.batch.size()));
+    const Status want = InvalidArgument("an index past the batch");
+    if (Status s = kv.SetCausal(refused); s.code() != want.code()) {
+      return Outcome("SetCausal with an index past the batch", want, s);
+    }
   }
   if (!decoy && op.causal_off.empty() && !empty_too) return std::nullopt;
   if (Status s = kv.SetCausal(op.causal_off); !s.ok()) return Outcome("SetCausal", Status::Ok(), s);
@@ -270,12 +281,16 @@ Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch,
 
 void MultiSeqDriver::CountForward(const MsOp& op) {
   // Before the forward: what it writes over, whether its runs ascend, who joins.
-  bool rewrites = false, unordered = false, joins = false;
+  bool rewrites = false, unordered = false, joins = false, far = false, last = false,
+       high_id = false;
   last_.clear();  // (sequence, its last position so far in the batch)
   for (const MsBatchToken& t : op.batch) {
     std::vector<int64_t>& held = held_;
     model_.kv().RetainedPositionsInto(S(t.seq), held);
     rewrites |= std::find(held.begin(), held.end(), t.pos) != held.end();
+    far |= t.pos > kMaxPosition;
+    last |= t.pos == kMaxBatchPosition;
+    high_id |= t.seq >= 64;
     if (held.empty()) {
       model_.kv().HistoryInto(S(t.seq), entries_);
       joins |= entries_.empty();
@@ -292,6 +307,9 @@ void MultiSeqDriver::CountForward(const MsOp& op) {
   coverage_.rewrites += rewrites;
   coverage_.unordered_batches += unordered;
   coverage_.joins += joins && last_.size() > 1;
+  coverage_.far_batches += far;
+  coverage_.last_position_batches += last;
+  coverage_.high_id_batches += high_id;
 }
 
 Check MultiSeqDriver::ApplyForward(const MsOp& op) {

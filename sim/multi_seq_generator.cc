@@ -4,12 +4,18 @@
 #include <limits>
 #include <utility>
 
+#include "src/core/check.h"
+
 namespace kvtwin::sim {
 namespace {
 
 SeqId S(int32_t seq) { return SeqId{seq}; }
 
 }  // namespace
+
+MultiSeqGenerator::MultiSeqGenerator(Rng rng, int64_t base) : rng_(rng), base_(base) {
+  KV_CHECK(base >= 0 && base <= kMaxBatchPosition - 8, "a run's base position out of range");
+}
 
 MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
   MultiSeqConfig c;
@@ -87,7 +93,7 @@ MsOp MultiSeqGenerator::Next(const MultiSeqDriver& driver) {
     // Now and then a probe first, as a server asks whether it can resume a sequence before
     // its prompt: at the start no conv layer has been read yet, so an allocation made
     // before a layer's first use shows here (a forward reads every layer).
-    last_ = rng_.Chance(1, 4) ? MsOp::CanResume(seq, 0) : Prompt(driver, seq);
+    last_ = rng_.Chance(1, 4) ? MsOp::CanResume(seq, base_) : Prompt(driver, seq);
   } else {
     last_ = Choose(driver, active, free);
   }
@@ -158,7 +164,7 @@ MsOp MultiSeqGenerator::Choose(const MultiSeqDriver& driver, const std::vector<S
 MsOp MultiSeqGenerator::Prompt(const MultiSeqDriver& driver, int32_t seq) {
   const int64_t len = rng_.Range(1, std::min<int64_t>(driver.config().max_batch, 6));
   std::vector<MsBatchToken> batch;
-  for (int64_t p = 0; p < len; ++p) batch.push_back({seq, p, Token()});
+  for (int64_t p = base_; p < base_ + len; ++p) batch.push_back({seq, p, Token()});
   Scramble(driver, batch);
   return MsOp::Forward(std::move(batch), CausalOff(static_cast<size_t>(len)));
 }
@@ -178,7 +184,7 @@ MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<Seq
   for (int64_t j = 0; j < k; ++j) {
     const SeqState& s = active[(start + static_cast<size_t>(j)) % active.size()];
     int64_t n = per_seq + (unequal && j == k - 1 && k > 1 ? 1 : 0);
-    if (s.next + n - 1 > kMaxPosition) continue;
+    if (s.next + n - 1 > kMaxBatchPosition) continue;
     for (int64_t p = s.next; p < s.next + n; ++p) batch.push_back({s.seq, p, Token()});
   }
   // A new sequence joins the running beams with a prompt chunk of the same length.
@@ -189,7 +195,7 @@ MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<Seq
                                       per_seq, static_cast<int64_t>(batch.size()))));
     }
     const int32_t seq = PickOf(free);
-    for (int64_t p = 0; p < per_seq; ++p) batch.push_back({seq, p, Token()});
+    for (int64_t p = base_; p < base_ + per_seq; ++p) batch.push_back({seq, p, Token()});
   }
   if (batch.empty()) return MsOp::Remove(active[start].seq, 0, kvtwin::kUnbounded);
   if (!unequal) Scramble(driver, batch);
@@ -198,7 +204,7 @@ MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<Seq
 }
 
 std::optional<MsOp> MultiSeqGenerator::Rewrite(const MultiSeqDriver& driver, const SeqState& s) {
-  const int64_t most = std::min(s.next, driver.config().max_batch);
+  const int64_t most = std::min(s.next - Low(s), driver.config().max_batch);
   if (most < 1) return std::nullopt;
   int64_t k = rng_.Range(1, most);
   if (driver.config().num_conv_layers > 0) {
@@ -236,7 +242,13 @@ MsOp MultiSeqGenerator::Fork(const MultiSeqDriver& driver, const std::vector<Seq
   const SeqState& src = PickOf(active);
   std::vector<int32_t> free = FreeIds(driver);
   int32_t dst = 0;
-  if (!free.empty() && rng_.Chance(4, 5)) {
+  const int32_t partner = (src.seq + 64) % driver.config().max_seqs;
+  if (driver.config().max_seqs > 64 && std::find(free.begin(), free.end(), partner) != free.end() &&
+      rng_.Chance(1, 2)) {
+    // Past 64 sequences, ids 64 apart side by side: one 64-bit word of sequence bits per
+    // cell (llama.cpp's LLAMA_MAX_SEQ) would alias them.
+    dst = partner;
+  } else if (!free.empty() && rng_.Chance(4, 5)) {
     dst = PickOf(free);
   } else if (rng_.Chance(1, 10)) {
     dst = src.seq;  // a copy onto itself empties the sequence
@@ -246,7 +258,7 @@ MsOp MultiSeqGenerator::Fork(const MultiSeqDriver& driver, const std::vector<Seq
   // Mostly the whole source; sometimes a prefix (the hybrid's conv state ignores len), from
   // -1 up: a negative length copies nothing (spec §2.8: no cell has pos < len), where
   // llama.cpp's seq_cp would read it as "to the end".
-  const int64_t len = rng_.Chance(2, 3) ? src.next : rng_.Range(-1, src.next);
+  const int64_t len = rng_.Chance(2, 3) ? src.next : rng_.Range(Low(src) - 1, src.next);
   return MsOp::CopyPrefix(src.seq, dst, len);
 }
 
@@ -255,8 +267,7 @@ MsOp MultiSeqGenerator::Prune(const SeqState& s) {
   // (a begin past the end).
   if (rng_.Chance(1, 4)) return MsOp::Remove(s.seq, 0, kvtwin::kUnbounded);
   if (rng_.Chance(1, 10)) return MsOp::Remove(s.seq, s.next + rng_.Range(0, 1), kvtwin::kUnbounded);
-  const int64_t begin =
-      rng_.Range(std::max<int64_t>(0, s.next - 3), std::max<int64_t>(0, s.next - 1));
+  const int64_t begin = rng_.Range(std::max(Low(s), s.next - 3), std::max(Low(s), s.next - 1));
   return MsOp::Remove(s.seq, begin, kvtwin::kUnbounded);
 }
 
@@ -264,18 +275,19 @@ MsOp MultiSeqGenerator::Cut(const SeqState& s) {
   // A finite range: a gap closed by a shift, and the shapes at its edges.
   switch (rng_.Below(6)) {
     case 0: {  // begin == end: removes nothing, still shifts (by 0) what follows
-      const int64_t at = rng_.Range(0, s.next);
+      const int64_t at = rng_.Range(Low(s), s.next);
       return MsOp::Remove(s.seq, at, at);
     }
     case 1: {  // past the last position: a tail remove with a shift of nothing
-      const int64_t begin = rng_.Range(0, std::max<int64_t>(0, s.next - 1));
+      const int64_t begin = rng_.Range(Low(s), std::max(Low(s), s.next - 1));
       const int64_t past = rng_.Range(1, 3);
       // The farthest draws end far out instead: at int32's and the tag's bounds, or
       // just short of kUnbounded. Still finite (spec §2.8), so the shift step runs (and is
       // refused without a callback), though nothing is left to shift. Derived from the
       // draws, so every stream is what it was.
       if (past == 3) {
-        return MsOp::Remove(s.seq, begin, kFarRemoveEnds[static_cast<size_t>(begin % 4)]);
+        return MsOp::Remove(s.seq, begin,
+                            std::max(begin, kFarRemoveEnds[static_cast<size_t>(begin % 4)]));
       }
       return MsOp::Remove(s.seq, begin, s.next + past);
     }
@@ -284,7 +296,7 @@ MsOp MultiSeqGenerator::Cut(const SeqState& s) {
       return MsOp::Remove(s.seq, begin, begin + rng_.Range(0, 3));
     }
     default: {
-      const int64_t begin = rng_.Range(0, std::max<int64_t>(0, s.next - 1));
+      const int64_t begin = rng_.Range(Low(s), std::max(Low(s), s.next - 1));
       return MsOp::Remove(s.seq, begin, rng_.Range(begin + 1, s.next + 1));
     }
   }
@@ -293,7 +305,7 @@ MsOp MultiSeqGenerator::Cut(const SeqState& s) {
 MsOp MultiSeqGenerator::Probe(const MultiSeqDriver& driver, const SeqState& s) {
   const int64_t w = driver.config().window;
   std::vector<int64_t> at = {s.first, s.next, s.next + 1, std::max<int64_t>(0, s.first - 1),
-                             rng_.Range(0, s.next + 2)};
+                             rng_.Range(Low(s), s.next + 2)};
   if (w != kvtwin::kUnbounded) {
     at.push_back(std::max<int64_t>(0, s.next - w));
     at.push_back(s.first + w);
@@ -311,7 +323,7 @@ MsOp MultiSeqGenerator::Reserve(const MultiSeqDriver& driver, const std::vector<
     const int64_t len = std::clamp<int64_t>(cells - 1 + static_cast<int64_t>(rng_.Below(3)), 1,
                                             driver.config().max_batch);
     const SeqState& s = PickOf(active);
-    if (s.next + len - 1 <= kMaxPosition) {
+    if (s.next + len - 1 <= kMaxBatchPosition) {
       std::vector<MsBatchToken> batch;
       for (int64_t p = s.next; p < s.next + len; ++p) batch.push_back({s.seq, p, Token()});
       MsOp op = MsOp::Forward(std::move(batch), {});

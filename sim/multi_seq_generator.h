@@ -18,6 +18,7 @@
 // picks a cache shape per seed (swarm style). Single-threaded.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -35,7 +36,10 @@ MultiSeqConfig DrawMultiSeqConfig(Rng& rng);
 
 class MultiSeqGenerator {
  public:
-  explicit MultiSeqGenerator(Rng rng) : rng_(rng) {}
+  // Sequences start at position `base` (a runner's positions need not start at 0; far up,
+  // float and int32 arithmetic on positions show). REQUIRES: 0 <= base, and room for a
+  // prompt below kMaxBatchPosition.
+  explicit MultiSeqGenerator(Rng rng, int64_t base = 0);
   // The next op for the driver's current state. REQUIRES: no divergence.
   MsOp Next(const MultiSeqDriver& driver);
 
@@ -70,6 +74,9 @@ class MultiSeqGenerator {
   // A few batch indices for SetCausal, usually none.
   std::vector<int64_t> CausalOff(size_t batch_size);
   int32_t Token() { return static_cast<int32_t>(rng_.Below(1u << 20)); }
+  // The lowest position worth drawing for `s`: the run's base, or lower where a shift took
+  // the sequence below it.
+  int64_t Low(const SeqState& s) const { return std::min(base_, s.first); }
   template <typename T>
   const T& PickOf(const std::vector<T>& v) {
     return v[static_cast<size_t>(rng_.Below(v.size()))];
@@ -80,6 +87,7 @@ class MultiSeqGenerator {
     int64_t left = 0;
   };
   Rng rng_;
+  int64_t base_ = 0;            // where sequences start
   std::optional<Burst> burst_;  // rewrites still to come
   MsOp last_;                   // the op Next returned last
   int64_t refused_seen_ = 0;    // the driver's refused-shared count at the last Next

@@ -17,10 +17,11 @@
 
 namespace kvtwin::sim {
 
-// Finite Remove ends far past every position the drivers write (they stop at kMaxPosition):
-// int32's largest value (Go's math.MaxInt32 sentinel), one past it, one past the tag's
-// range, and just short of kUnbounded. The tail goes and the shift step still runs (spec
-// §2.8), refused without a callback. Drawn by the generator and the hybrid fuzz records.
+// Finite Remove ends far past the positions the drivers write (most runs stay below
+// kMaxPosition): int32's largest value (Go's math.MaxInt32 sentinel), one past it, one past
+// the tag's range (inside a run whose positions start far up), and just short of kUnbounded. The
+// tail goes and the shift step still runs (spec §2.8), refused without a callback. Drawn by the
+// generator and the hybrid fuzz records.
 inline constexpr std::array<int64_t, 4> kFarRemoveEnds = {
     std::numeric_limits<int32_t>::max(), int64_t{std::numeric_limits<int32_t>::max()} + 1,
     kMaxPosition + 1, kvtwin::kUnbounded - 1};

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <iterator>
+#include <optional>
+
 #include "sim/multi_seq_generator.h"
 #include "src/core/check.h"
 #include "src/core/rng.h"
@@ -11,12 +14,50 @@ namespace {
 
 constexpr size_t kRecentOps = 8;
 
+// Where a seed's sequences start, and the chunk that goes with it.
+struct FarStart {
+  int64_t base = 0;
+  std::optional<int64_t> chunk;  // replaces the drawn chunk
+};
+
+// One run in eight starts its sequences far up: around 2^24, where neighbouring positions
+// stop being distinct floats, or near int32's last position, where position arithmetic
+// meets int32's edge; half of those also put a chunk boundary in reach (at 2^24, or at
+// int32's last or second-to-last position). From a stream of its own, so every other
+// draw of every seed is what it was.
+FarStart FarStartForSeed(uint64_t seed) {
+  Rng far = Rng::Derive(seed, "multiseq-far-positions");
+  FarStart out;
+  if (!far.Chance(1, 8)) return out;
+  constexpr int64_t k24 = int64_t{1} << 24;
+  const int64_t bases[] = {k24 - 6, k24 + 3, kMaxBatchPosition - 60, kMaxBatchPosition - 12};
+  out.base = bases[far.Below(std::size(bases))];
+  if (far.Chance(1, 2)) {
+    const bool high = out.base > k24 + 3;
+    const int64_t chunks[] = {high ? kMaxBatchPosition : k24,
+                              high ? kMaxBatchPosition - 1 : k24 / 2};
+    out.chunk = chunks[far.Below(std::size(chunks))];
+  }
+  return out;
+}
+
 }  // namespace
 
 MultiSeqConfig MultiSeqConfigForSeed(const MultiSeqRunOptions& options, uint64_t seed) {
   Rng rng = Rng::Derive(seed, "multiseq-config");
   MultiSeqConfig config = DrawMultiSeqConfig(rng);
   config.conv = options.conv;
+  if (const std::optional<int64_t> chunk = FarStartForSeed(seed).chunk) config.chunk = *chunk;
+  // One run in sixteen has more than 64 sequences (the most one 64-bit word of sequence
+  // bits holds), where a layout that fits the cache's bound allows it. From a stream of its
+  // own, so every other draw is what it was.
+  Rng many = Rng::Derive(seed, "multiseq-many-seqs");
+  if (many.Chance(1, 16)) {
+    const int32_t counts[] = {65, 96, 129};
+    MultiSeqConfig wide = config;
+    wide.max_seqs = counts[many.Below(std::size(counts))];
+    if (wide.Validate().ok()) config = wide;
+  }
   return config;
 }
 
@@ -42,7 +83,7 @@ MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed, 
   }
   MultiSeqDriver driver(config, Rng::Derive(seed, "multiseq-values").Next());
   result.divergence = driver.divergence();  // a disagreement on the derived shape
-  MultiSeqGenerator generator(Rng::Derive(seed, "multiseq-ops"));
+  MultiSeqGenerator generator(Rng::Derive(seed, "multiseq-ops"), FarStartForSeed(seed).base);
   for (int64_t i = 0; i < options.steps && !result.divergence; ++i) {
     const MsOp op = generator.Next(driver);
     result.recent_ops.push_back(op.ToString());

@@ -62,7 +62,7 @@ Tensor SyntheticForward::KvRow(DType dtype, int64_t cols, int32_t layer, int64_t
 void SyntheticForward::FillKvRow(Tensor& out, int64_t row, int32_t layer, int64_t p, uint64_t h,
                                  bool is_value) const {
   KV_CHECK(out.cols() >= kTagElements, "K/V rows need room for the provenance tag");
-  KV_CHECK(p >= 0 && p <= kMaxPosition, "position outside the 24-bit tag");
+  KV_CHECK(p >= 0 && p <= kMaxBatchPosition, "position outside int32");
   KV_CHECK(row >= 0 && row < out.rows(), "row out of range");
   const auto up = static_cast<uint64_t>(p);
   const float tag[kTagElements] = {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "src/core/tensor.h"
@@ -18,8 +19,12 @@ namespace kvtwin::sim {
 
 // Elements at the front of a K/V row that carry provenance.
 inline constexpr int64_t kTagElements = 7;
-// Positions must fit the 24-bit tag.
+// Positions the single-sequence drivers reach (a layer's offset is its row count).
 inline constexpr int64_t kMaxPosition = (int64_t{1} << 24) - 1;
+// Positions a multi-sequence batch can carry (int32, ggml's type; the causal cache refuses
+// more). The tag keeps a position's low 24 bits, so rows beyond kMaxPosition are told apart
+// by their hash and values, which are drawn from the whole position.
+inline constexpr int64_t kMaxBatchPosition = std::numeric_limits<int32_t>::max();
 
 // What a K/V row says about itself.
 struct Provenance {
@@ -40,8 +45,8 @@ class SyntheticForward {
   explicit SyntheticForward(uint64_t seed) : seed_(seed) {}
   uint64_t seed() const { return seed_; }
 
-  // One K or V row of `cols` elements for (layer, p, h), rounded to `dtype`.
-  // REQUIRES: cols >= kTagElements, 0 <= p <= kMaxPosition.
+  // One K or V row of `cols` elements for (layer, p, h), rounded to `dtype`; its tag holds
+  // p's low 24 bits. REQUIRES: cols >= kTagElements, 0 <= p <= kMaxBatchPosition.
   Tensor KvRow(DType dtype, int64_t cols, int32_t layer, int64_t p, uint64_t h,
                bool is_value) const;
   // Writes the same values into row `row` of `out` (no allocation).

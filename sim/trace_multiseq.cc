@@ -1,5 +1,5 @@
 // Trace format v1, kind "multiseq" (sim/trace.h): the header's cache shape and the MsOp
-// events. Ids are range-checked against max_seqs and positions against kMaxPosition here;
+// events. Ids are range-checked against max_seqs and batch positions against int32 here;
 // whether an op is one a correct runner would issue at that point is the replayer's to judge.
 #include <fmt/format.h>
 
@@ -12,6 +12,10 @@
 namespace kvtwin::sim::trace_json {
 namespace {
 
+// Lengths, Remove bounds and probes reach one past a sequence at int32's last position and
+// a little beyond; this bound only keeps arithmetic on them far from int64's edge.
+constexpr int64_t kMaxProbe = int64_t{1} << 32;
+
 // "window" / "memory": an integer, or null or absent for kvtwin::kUnbounded.
 Status DecodeUnbounded(const Fields& m, std::string_view key, int64_t* out) {
   const Json* v = m.Find(key);
@@ -19,7 +23,7 @@ Status DecodeUnbounded(const Fields& m, std::string_view key, int64_t* out) {
     *out = kvtwin::kUnbounded;
     return Status::Ok();
   }
-  return m.Int(key, 1, kMaxPosition + 1, out, Need::kRequired);
+  return m.Int(key, 1, kMaxBatchPosition + 1, out, Need::kRequired);
 }
 
 }  // namespace
@@ -41,7 +45,7 @@ Status DecodeMultiSeq(const Fields& f, TraceHeader* h) {
   // Up to the cache's 2^24 cells: a windowed cache's cells follow its memory, so its
   // capacity may be large (MultiSeqConfig::Validate bounds the cells the layout derives).
   KV_RETURN_IF_ERROR(m.Int("capacity", 0, int64_t{1} << 24, &c.capacity, Need::kRequired));
-  KV_RETURN_IF_ERROR(m.Int("chunk", 0, kMaxPosition + 1, &c.chunk, Need::kRequired));
+  KV_RETURN_IF_ERROR(m.Int("chunk", 0, kMaxBatchPosition + 1, &c.chunk, Need::kRequired));
   KV_RETURN_IF_ERROR(m.Int("d_conv", 0, kMaxShape, &c.d_conv, Need::kRequired));
   std::string dtype;
   KV_RETURN_IF_ERROR(m.String("dtype", &dtype, Need::kRequired));
@@ -98,8 +102,9 @@ Status DecodeBatch(const Fields& f, int32_t max_seqs, std::vector<MsBatchToken>*
       return f.where().Error(ptr + "/0",
                              fmt::format("sequence {} out of range (max_seqs {})", t[0], max_seqs));
     }
-    if (t[1] > kMaxPosition) {
-      return f.where().Error(ptr + "/1", fmt::format("must be <= {}, got {}", kMaxPosition, t[1]));
+    if (t[1] > kMaxBatchPosition) {
+      return f.where().Error(ptr + "/1",
+                             fmt::format("must be <= {}, got {}", kMaxBatchPosition, t[1]));
     }
     batch->push_back({static_cast<int32_t>(t[0]), t[1], static_cast<int32_t>(t[2])});
   }
@@ -122,17 +127,17 @@ Status DecodeMsFields(const Fields& f, int32_t max_seqs, MsOp* op) {
     case MsOpKind::kCopyPrefix:
       KV_RETURN_IF_ERROR(DecodeSeq(f, "dst", max_seqs, &op->dst));
       // Negative lengths too (spec §2.8: no cell has pos < len, so dst ends empty).
-      KV_RETURN_IF_ERROR(f.Int("len", std::numeric_limits<int32_t>::min(), kMaxPosition + 1,
-                               &op->begin, Need::kRequired));
+      KV_RETURN_IF_ERROR(f.Int("len", std::numeric_limits<int32_t>::min(), kMaxProbe, &op->begin,
+                               Need::kRequired));
       return DecodeSeq(f, "src", max_seqs, &op->seq);
     case MsOpKind::kRemove:
-      KV_RETURN_IF_ERROR(f.Int("begin", 0, kMaxPosition + 1, &op->begin, Need::kRequired));
-      // Any end (absent or the largest int64: to the end); positions stay below 2^24, so a
-      // larger end removes the tail and shifts nothing.
+      KV_RETURN_IF_ERROR(f.Int("begin", 0, kMaxProbe, &op->begin, Need::kRequired));
+      // Any end (absent or the largest int64: to the end); positions stay within int32, so
+      // a larger end removes the tail and shifts nothing.
       KV_RETURN_IF_ERROR(f.Int("end", 0, kvtwin::kUnbounded, &op->end, Need::kOptional));
       return DecodeSeq(f, "seq", max_seqs, &op->seq);
     case MsOpKind::kCanResume:
-      KV_RETURN_IF_ERROR(f.Int("pos", 0, kMaxPosition, &op->begin, Need::kRequired));
+      KV_RETURN_IF_ERROR(f.Int("pos", 0, kMaxProbe, &op->begin, Need::kRequired));
       return DecodeSeq(f, "seq", max_seqs, &op->seq);
   }
   return Status::Ok();

@@ -42,18 +42,22 @@ const bool kPinnedParams = [] {
 
 struct MsModel {
   MultiSeqConfig config;
+  int64_t base = 0;  // where sequences start
   model::RefHybridCache ref;
 
-  explicit MsModel(const MultiSeqConfig& c)
+  MsModel(const MultiSeqConfig& c, int64_t first_position)
       : config(c),
+        base(first_position),
         ref(model::ResolveMultiSeqConfig(c.ToModelInit()).value(), 1, 1,
             [](int64_t, const model::Token&) { return model::ConvRow{0.0f}; }) {}
 
-  // One past the newest position of `seq` (0 for an empty sequence).
+  // One past the newest position of `seq` (the base for an empty sequence).
   int64_t Next(int32_t seq) const {
     const std::vector<model::MsEntry> h = ref.kv().History(SeqId{seq});
-    return h.empty() ? 0 : h.back().pos + 1;
+    return h.empty() ? base : h.back().pos + 1;
   }
+  // The lowest position worth drawing below `next`.
+  int64_t Low(int64_t next) const { return std::min(base, next); }
 };
 
 int32_t GenSeq(const MsModel& m) { return *rc::gen::inRange<int32_t>(0, m.config.max_seqs); }
@@ -69,7 +73,9 @@ MsOp GenForward(const MsModel& m) {
   std::vector<MsBatchToken> batch;
   for (int64_t j = 0; j < k; ++j) {
     const auto seq = static_cast<int32_t>((start + j) % m.config.max_seqs);
-    const int64_t first = std::max<int64_t>(0, m.Next(seq) - back);
+    // Up to int32's last position, where a batch's positions end.
+    const int64_t first =
+        std::min(std::max<int64_t>(0, m.Next(seq) - back), kMaxBatchPosition - per_seq + 1);
     for (int64_t i = 0; i < per_seq; ++i) {
       const int64_t p = descending ? first + per_seq - 1 - i : first + i;
       batch.push_back({seq, p, *rc::gen::inRange<int32_t>(0, 1000)});
@@ -85,7 +91,7 @@ MsOp GenForward(const MsModel& m) {
 MsOp GenRemove(const MsModel& m) {
   const int32_t seq = GenSeq(m);
   const int64_t next = m.Next(seq);
-  const int64_t begin = *rc::gen::inRange<int64_t>(0, next + 1);
+  const int64_t begin = *rc::gen::inRange<int64_t>(m.Low(next), next + 1);
   switch (*rc::gen::inRange(0, 4)) {
     case 0:
       return MsOp::Remove(seq, begin, kvtwin::kUnbounded);
@@ -106,14 +112,15 @@ MsOp GenOp(const MsModel& m) {
       const int32_t src = GenSeq(m);
       const int64_t next = m.Next(src);
       const int64_t len = *rc::gen::weightedOneOf<int64_t>(
-          {{2, rc::gen::just(next)}, {1, rc::gen::inRange<int64_t>(0, next + 2)}});
+          {{2, rc::gen::just(next)}, {1, rc::gen::inRange<int64_t>(m.Low(next), next + 2)}});
       return MsOp::CopyPrefix(src, GenSeq(m), len);
     }
     case 2:
       return GenRemove(m);
     default: {
       const int32_t seq = GenSeq(m);
-      return MsOp::CanResume(seq, *rc::gen::inRange<int64_t>(0, m.Next(seq) + 3));
+      const int64_t next = m.Next(seq);
+      return MsOp::CanResume(seq, *rc::gen::inRange<int64_t>(m.Low(next), next + 3));
     }
   }
 }
@@ -157,14 +164,27 @@ struct MsCommand : rc::state::Command<MsModel, MultiSeqDriver> {
   void show(std::ostream& os) const override { os << op.ToString(); }
 };
 
-MultiSeqConfig GenConfig() {
+// Where sequences start: mostly 0; sometimes just below 2^24, past which neighbouring
+// positions are one float, or just below int32's last position, where a batch's positions
+// end.
+int64_t GenBase() {
+  return *rc::gen::weightedElement<int64_t>(
+      {{6, 0}, {1, (int64_t{1} << 24) - 3}, {1, kMaxBatchPosition - 9}});
+}
+
+MultiSeqConfig GenConfig(int64_t base) {
   MultiSeqConfig c;
   c.max_seqs = *rc::gen::inRange<int32_t>(1, 9);
   if (*rc::gen::arbitrary<bool>()) {
     c.window = *rc::gen::element<int64_t>(1, 2, 3, 4, 8);
     if (*rc::gen::arbitrary<bool>()) c.memory = c.window + *rc::gen::inRange<int64_t>(0, 4);
   }
-  c.chunk = *rc::gen::element<int64_t>(0, 0, 2, 4);
+  // Far up, a chunk boundary in reach too: at 2^24, or at int32's last position or the one
+  // before.
+  c.chunk = base == 0 ? *rc::gen::element<int64_t>(0, 0, 2, 4)
+            : base < kMaxBatchPosition / 2
+                ? *rc::gen::element<int64_t>(0, 2, int64_t{1} << 24)
+                : *rc::gen::element<int64_t>(0, 2, kMaxBatchPosition, kMaxBatchPosition - 1);
   c.capacity = *rc::gen::element<int64_t>(6, 8, 16);
   c.max_batch = *rc::gen::element<int64_t>(2, 4, 8);
   c.padding = *rc::gen::element<int64_t>(1, 4);
@@ -178,14 +198,16 @@ MultiSeqConfig GenConfig() {
 
 RC_GTEST_PROP(MultiSeqStateMachine, HybridCacheMatchesReference, ()) {
   ASSERT_TRUE(kPinnedParams);
-  const MultiSeqConfig config = GenConfig();
+  const int64_t base = GenBase();
+  const MultiSeqConfig config = GenConfig(base);
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
-  const std::string label = config.Describe() + " value seed " + std::to_string(seed);
+  const std::string label = config.Describe() + " first position " + std::to_string(base) +
+                            " value seed " + std::to_string(seed);
   RC_LOG() << "cache " << label << "\n";
   AbortLog::Begin("op", label);
   MultiSeqDriver sut(config, seed);
   RC_ASSERT(!sut.divergence().has_value());
-  rc::state::check(MsModel(config), sut, rc::state::gen::execOneOfWithArgs<MsCommand>());
+  rc::state::check(MsModel(config, base), sut, rc::state::gen::execOneOfWithArgs<MsCommand>());
 }
 
 }  // namespace

@@ -1043,8 +1043,8 @@ TEST(TraceReaderErrors, MultiSeqHeaderFields) {
       {[](Json& j) { j["multiseq"]["dtype"] = "f64"; },
        "/multiseq/dtype: unknown dtype 'f64' (f32, bf16)"},
       {[](Json& j) { j["multiseq"]["window"] = 0; }, "/multiseq/window: must be >= 1, got 0"},
-      {[](Json& j) { j["multiseq"]["max_seqs"] = 65; },
-       "/multiseq: multiseq: max_seqs (1..64), capacity, max_batch, padding >= 1"},
+      {[](Json& j) { j["multiseq"]["max_seqs"] = 4097; },
+       "/multiseq: multiseq: max_seqs (1..4096), capacity, max_batch, padding >= 1"},
       // A memory below the window is refused where spec §2.8's Init refuses it: with one
       // sequence (several raise it to window + 1, accepted below).
       {[](Json& j) {
@@ -1087,8 +1087,8 @@ TEST(TraceReaderErrors, MsOpFields) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"layer":0,"op":"free"})", R"(/op: unknown multiseq op "free")"},
       {R"({"batch":[[4,0,1]],"op":"forward"})", "/batch/0/0: sequence 4 out of range (max_seqs 4)"},
-      {R"({"batch":[[0,16777216,1]],"op":"forward"})",
-       "/batch/0/1: must be <= 16777215, got 16777216"},
+      {R"({"batch":[[0,2147483648,1]],"op":"forward"})",
+       "/batch/0/1: must be <= 2147483647, got 2147483648"},
       {R"({"batch":[[0,1]],"op":"forward"})",
        "/batch/0: expected [seq, pos, token], got 2 entries"},
       {R"({"batch":[[0,1,-1]],"op":"forward"})", "/batch/0/2: must be >= 0, got -1"},
@@ -1102,7 +1102,8 @@ TEST(TraceReaderErrors, MsOpFields) {
        "/len: must be >= -2147483648, got -2147483649"},
       {R"({"begin":0,"op":"remove","seq":-1})", "/seq: must be >= 0, got -1"},
       {R"({"begin":0,"op":"remove","pos":1,"seq":0})", R"(/pos: unknown field for op "remove")"},
-      {R"({"op":"can_resume","pos":16777216,"seq":0})", "/pos: must be <= 16777215, got 16777216"},
+      {R"({"op":"can_resume","pos":4294967297,"seq":0})",
+       "/pos: must be <= 4294967296, got 4294967297"},
   };
   for (const auto& [event, want] : cases) {
     EXPECT_EQ(ErrorOf({kMultiSeqHeader, event}), "FILE:2: " + want) << event;
