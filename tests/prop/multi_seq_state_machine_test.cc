@@ -120,7 +120,12 @@ MsOp GenOp(const MsModel& m) {
     default: {
       const int32_t seq = GenSeq(m);
       const int64_t next = m.Next(seq);
-      return MsOp::CanResume(seq, *rc::gen::inRange<int64_t>(m.Low(next), next + 3));
+      // Now and then past every position a batch can carry: with unbounded memory still true.
+      return MsOp::CanResume(
+          seq, *rc::gen::weightedOneOf<int64_t>(
+                   {{6, rc::gen::inRange<int64_t>(m.Low(next), next + 3)},
+                    {1, rc::gen::element<int64_t>(int64_t{kMaxBatchPosition}, kMaxBatchPosition + 1,
+                                                  int64_t{1} << 32)}}));
     }
   }
 }

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -120,7 +121,17 @@ TEST(HybridFuzz, RandomInputsPassReplayAndCoverEveryMechanism) {
   // Every record resolves to a valid op (clamped values, indices into the sequences that
   // exist): a skipped record is a byte string the fuzzer mutates for nothing.
   EXPECT_EQ(events, records);
-  for (const auto& [name, member] : MsCoverage::Fields()) EXPECT_GT(total.*member, 0) << name;
+  // Far positions and ids past 64 are the seeded runs' (MultiSeqConfigForSeed): the fuzz
+  // records resolve positions up to 2^24 and draw at most kMaxSeqs sequences.
+  const std::set<std::string_view> seeded_only = {"far_batches", "last_position_batches",
+                                                  "high_id_batches"};
+  for (const auto& [name, member] : MsCoverage::Fields()) {
+    if (seeded_only.contains(name)) {
+      EXPECT_EQ(total.*member, 0) << name << ": the fuzz records reach it now; drop the exemption";
+    } else {
+      EXPECT_GT(total.*member, 0) << name;
+    }
+  }
   RecordProperty("coverage", total.ToString());
 }
 
