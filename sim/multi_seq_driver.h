@@ -20,7 +20,10 @@
 //   slot per sequence, refcounts and free stack (order included).
 // SetCausal is called only when the op disables some causal indices, plus, on every fourth
 // step, with an empty list (both paths of "reset at the next StartForward"); on about a third
-// of the forwards a decoy list (CausalDecoy) goes first, which the op's list must replace.
+// of the forwards a decoy list (CausalDecoy) goes first, which the op's list must replace,
+// and before half of the non-empty lists the same list with an index past the batch must be
+// refused and change nothing.
+// Positions go up to int32's last one (K/V tags keep their low 24 bits), ids up to 4,095.
 // UpdateConvState of a bf16 cache mostly receives f32 values off the bf16 grid that only
 // round-to-nearest-even stores as the model expects (UnroundedConvValue).
 // With ConvExpectation::kIdeal a sequence whose as-specified conv state leaves the ideal one
@@ -49,6 +52,10 @@
 namespace kvtwin::sim {
 
 enum class ConvExpectation : uint8_t { kAsSpecified, kIdeal };
+
+// Sequence ids one 64-bit word of sequence bits per cell can tell apart (llama.cpp's
+// LLAMA_MAX_SEQ): runs go past it, and the coverage counts forwards that do.
+inline constexpr int32_t kSeqBitsPerWord = 64;
 
 // The cache shape of a run: the ggml Init arguments plus the conv side.
 struct MultiSeqConfig {
@@ -104,7 +111,7 @@ struct MsCoverage {
   int64_t removes_far_end = 0;        // finite Removes ending at or past int32's largest value
   int64_t far_batches = 0;            // forwards with a position past 2^24 (inexact as a float)
   int64_t last_position_batches = 0;  // forwards with a token at int32's largest position
-  int64_t high_id_batches = 0;        // forwards with a sequence id of 64 or more
+  int64_t high_id_batches = 0;        // forwards with a sequence id >= kSeqBitsPerWord
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
   // Every counter by name ("forwards", ...), in declaration order.

@@ -290,7 +290,7 @@ void MultiSeqDriver::CountForward(const MsOp& op) {
     rewrites |= std::find(held.begin(), held.end(), t.pos) != held.end();
     far |= t.pos > kMaxPosition;
     last |= t.pos == kMaxBatchPosition;
-    high_id |= t.seq >= 64;
+    high_id |= t.seq >= kSeqBitsPerWord;
     if (held.empty()) {
       model_.kv().HistoryInto(S(t.seq), entries_);
       joins |= entries_.empty();

@@ -242,11 +242,11 @@ MsOp MultiSeqGenerator::Fork(const MultiSeqDriver& driver, const std::vector<Seq
   const SeqState& src = PickOf(active);
   std::vector<int32_t> free = FreeIds(driver);
   int32_t dst = 0;
-  const int32_t partner = (src.seq + 64) % driver.config().max_seqs;
-  if (driver.config().max_seqs > 64 && std::find(free.begin(), free.end(), partner) != free.end() &&
-      rng_.Chance(1, 2)) {
-    // Past 64 sequences, ids 64 apart side by side: one 64-bit word of sequence bits per
-    // cell (llama.cpp's LLAMA_MAX_SEQ) would alias them.
+  const int32_t partner = (src.seq + kSeqBitsPerWord) % driver.config().max_seqs;
+  if (driver.config().max_seqs > kSeqBitsPerWord &&
+      std::find(free.begin(), free.end(), partner) != free.end() && rng_.Chance(1, 2)) {
+    // Past kSeqBitsPerWord sequences, ids that far apart side by side: one word of
+    // sequence bits per cell would alias them.
     dst = partner;
   } else if (!free.empty() && rng_.Chance(4, 5)) {
     dst = PickOf(free);

@@ -15,7 +15,8 @@
 // refused half-way on a shared cell, sometimes a forward or probe on the half-edited
 // sequence instead of the original runner's clearing Remove. The generator reads the
 // driver's reference state and never proposes an op Valid() rejects. DrawMultiSeqConfig
-// picks a cache shape per seed (swarm style). Single-threaded.
+// picks a cache shape per seed (swarm style). A run may start its sequences far up (`base`),
+// and past kSeqBitsPerWord sequences forks ids that far apart. Single-threaded.
 #pragma once
 
 #include <algorithm>
