@@ -27,6 +27,7 @@ void LockstepDriver::Reset(StackConfig config, uint64_t seed) {
   steps_ = 0;
   digest_ = 0;
   divergence_.reset();
+  held_.clear();
   auto caches = BuildCaches(config_);
   // A smaller stack parks its surplus layers and a larger one takes them back, so a reused
   // driver keeps their oracles and buffers: a fuzz input's layer count changes often, and a
@@ -176,11 +177,16 @@ std::optional<Divergence> LockstepDriver::Apply(const Op& op) {
   }
   for (int32_t i = 0; i < num_layers(); ++i) {
     Layer& layer = layers_[static_cast<size_t>(i)];
-    if (Check c = CheckLayer(layer)) {
+    if (Check c = CheckLayer(layer, i)) {
       divergence_ = Divergence{steps_ - 1, i, op.ToString(), *c};
       return divergence_;
     }
     FoldLayer(layer);
+  }
+  int32_t at = -1;
+  if (Check c = CheckHeld(&at)) {
+    divergence_ = Divergence{steps_ - 1, at, op.ToString(), *c};
+    return divergence_;
   }
   return std::nullopt;
 }
@@ -301,7 +307,9 @@ Check LockstepDriver::Write(const Op& op, Layer& layer, int32_t index) {
     return layer.oracle->CheckRecurrentOutputs(scratch_.kernels.conv.out, scratch_.kernels.scan.y,
                                                layer.ref.log(), start, n);
   }
-  return layer.oracle->CheckHistory(history, layer.ref.log(), start, n, op);
+  if (Check c = layer.oracle->CheckHistory(history, layer.ref.log(), start, n, op)) return c;
+  Hold(index, "Update", history);
+  return std::nullopt;
 }
 
 History LockstepDriver::Forward(LayerCache& target, const Op& op, const Layer& layer, int32_t index,
@@ -313,11 +321,12 @@ History LockstepDriver::Forward(LayerCache& target, const Op& op, const Layer& l
   return history;
 }
 
-Check LockstepDriver::CheckLayer(Layer& layer) {
+Check LockstepDriver::CheckLayer(Layer& layer, int32_t index) {
   if (Check m = layer.oracle->CheckLive(*layer.cache, layer.ref)) return m;
   if (layer.cache->kind() != CacheKind::kRecurrent) {
     const History view = static_cast<const AttentionCache&>(*layer.cache).View();
     if (Check m = layer.oracle->CheckView(view, layer.ref.log())) return m;
+    Hold(index, "View", view);
   }
   for (size_t i = 0; i < layer.pool.size(); ++i) {
     const PoolEntry& e = layer.pool[i];
@@ -327,6 +336,45 @@ Check LockstepDriver::CheckLayer(Layer& layer) {
     }
   }
   return std::nullopt;
+}
+
+namespace {
+
+// The rows [0, length) a History names, K then V, and its applier.
+uint64_t HashHistory(const History& h) {
+  uint64_t hash = XXH3_64bits(&h.length, sizeof(h.length));
+  for (const Tensor* t : {h.k, h.v}) {
+    if (t == nullptr || h.length == 0) continue;
+    const TensorView rows = TensorView(*t).Rows(0, h.length);
+    hash = XXH3_64bits_withSeed(rows.data(), static_cast<size_t>(rows.Bytes()), hash);
+  }
+  const int64_t applier[] = {h.has_applier ? 1 : 0, h.applier.key_len, h.applier.query_len,
+                             h.applier.window, h.applier.ring_idx};
+  return XXH3_64bits_withSeed(applier, sizeof(applier), hash);
+}
+
+}  // namespace
+
+void LockstepDriver::Hold(int32_t index, const char* what, const History& history) {
+  if (history.k == nullptr) return;
+  held_.push_back(HeldHistory{index, what, history, HashHistory(history)});
+}
+
+Check LockstepDriver::CheckHeld(int32_t* layer) {
+  Check c;
+  for (const HeldHistory& held : held_) {
+    if (HashHistory(held.history) == held.hash) continue;
+    *layer = held.layer;
+    c = Mismatch{fmt::format("the {}() History of layer {} changed before that layer was next "
+                             "mutated (src/cache.h: its rows stay valid until then), after the "
+                             "later layers' calls and the checks' View()",
+                             held.what, held.layer),
+                 fmt::format("rows hash {:016x}", held.hash),
+                 fmt::format("rows hash {:016x}", HashHistory(held.history))};
+    break;
+  }
+  held_.clear();
+  return c;
 }
 
 void LockstepDriver::Fold(uint64_t value) {

@@ -110,7 +110,13 @@ class LockstepDriver {
   Check Speculate(const Op& op, int32_t* layer);
   Check Take(Layer& layer);
   Check AddToPool(Layer& layer, SnapshotPtr prod, model::RefSnap ref, const char* what);
-  Check CheckLayer(Layer& layer);
+  Check CheckLayer(Layer& layer, int32_t index);
+  // Keeps a History the op was handed (an Update's or a View's) with a hash of its rows, and
+  // after the op checks that every kept one still reads the same: src/cache.h keeps a
+  // History's pointers valid until that cache is next mutated, so neither another layer's
+  // Update or View nor the layer's own View may change the rows it names.
+  void Hold(int32_t index, const char* what, const History& history);
+  Check CheckHeld(int32_t* layer);
   void Fold(uint64_t value);
   void FoldLayer(const Layer& layer);
 
@@ -129,6 +135,13 @@ class LockstepDriver {
   std::vector<model::TokenLog> spec_forwards_;  // Speculate: each layer's tokens
   std::vector<int64_t> spec_offsets_;           // Speculate: the contract probe's schedule
   ForwardScratch scratch_;                      // every forward's input buffers
+  struct HeldHistory {
+    int32_t layer;
+    const char* what;
+    History history;
+    uint64_t hash;
+  };
+  std::vector<HeldHistory> held_;  // this op's Histories (Hold)
 };
 
 }  // namespace kvtwin::sim
