@@ -22,6 +22,9 @@
 namespace kvtwin::sim {
 namespace {
 
+// How far ahead of the manager's clock a squeeze stamps the nodes it moves there.
+constexpr uint64_t kClockStepBack = uint64_t{1} << 20;
+
 std::string DescribePath(std::span<const NodeSketch> path) {
   std::string s;
   for (const NodeSketch& n : path) s += (s.empty() ? "" : " -> ") + DescribeNode(n);
@@ -478,6 +481,20 @@ class RequestDriver::Session {
       });
       model::ForEachRefNode(d_.reference_->manager().mutable_root(),
                             [](model::RefNode& n) { n.last_used -= n.last_used % 4; });
+    }
+    // A clock that stepped back (a restart over a persisted trie, an NTP step under a
+    // wall-clock stamp): on every fourth squeeze the nodes of odd age are stamped ahead of
+    // the manager's clock, in the same order. Eviction still ranks them by age, and a use
+    // must stamp them with now again (spec §3.4 lastUsed := now), not keep the later stamp.
+    if (audit && plan_.index % 4 == 2) {
+      const auto ahead = static_cast<uint64_t>(pc().now()) + kClockStepBack;
+      pc().trie().Walk([ahead](TrieNode* n) {
+        const auto t = static_cast<uint64_t>(n->last_used());
+        if (t % 2 == 1) n->set_last_used(Tick{ahead + t});
+      });
+      model::ForEachRefNode(d_.reference_->manager().mutable_root(), [ahead](model::RefNode& n) {
+        if (n.last_used % 2 == 1) n.last_used += static_cast<int64_t>(ahead);
+      });
     }
     ++d_.steps_;
     d_.manager_calls_.clear();

@@ -228,6 +228,19 @@ TEST_P(PrefixCacheEnv, LRUOnlyUpdatesUsedNodes) {
   }
 }
 
+// A server whose clock stepped back (a restart with a persisted trie, an NTP step under a
+// wall-clock stamp) holds nodes stamped after its "now": a use still stamps the node with
+// now (spec §3.4 lastUsed := now), so such a node becomes younger only by being used.
+TEST_P(PrefixCacheEnv, ARefreshStampsNowEvenOverATickAheadOfTheClock) {
+  env_.Request(Seq(1, 5), {10, 11});
+  env_.Request({1, 2, 3, 6, 7}, {20, 21});
+  const Tick ahead{static_cast<uint64_t>(env_.pc().now()) + 1000};
+  env_.trie().Walk([&](TrieNode* n) { n->set_last_used(ahead); });
+  env_.Request({1, 2, 3, 6, 7, 20, 21, 30}, {});
+  const std::vector<TrieNode*>& path = env_.pc().active_path();
+  EXPECT_LE(path.back()->last_used(), env_.pc().now()) << "the frontier is stamped now";
+}
+
 TEST_P(PrefixCacheEnv, CheckersSeeAForeignToken) {
   // The checkers themselves must be able to fail: the same positions with one token
   // changed are visible in every layer kind.
@@ -515,6 +528,16 @@ TEST_F(PrefixCacheEviction, FullTieTakesTheFirstInDfsOrder) {
   Age(kX, 2);  // Y and V: same age, end and bytes
   EvictOne();
   EXPECT_EQ(Gone(), std::vector<std::string>{"Y"});
+}
+
+// Every tick is an age, the largest one too: no value may serve as "none picked yet".
+TEST_F(PrefixCacheEviction, TheLargestTickIsAnAgeLikeAnyOther) {
+  AgeAll(UINT64_MAX);  // W ends deepest
+  EvictOne();
+  EXPECT_EQ(Gone(), std::vector<std::string>{"W"});
+  Age(kY, UINT64_MAX - 1);
+  EvictOne();
+  EXPECT_EQ(Gone(), (std::vector<std::string>{"Y", "W"}));
 }
 
 TEST_F(PrefixCacheEviction, MultiChildBranchPointsAreNeverEvicted) {
