@@ -193,6 +193,11 @@ Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {
     op.tokens.push_back(static_cast<int32_t>(rng_.Below(6)));
   }
   if (rng_.Chance(1, 5)) op.pad = rng_.Range(1, 3);
+  if (bucket_rng_.Chance(1, 24)) {
+    const int64_t buckets[] = {64, 128, 256};
+    const int64_t bucket = buckets[bucket_rng_.Below(std::size(buckets))];
+    op.pad = std::max(op.pad, bucket - length);
+  }
   op.segmented = rng_.Chance(1, 2);
   const uint64_t m = rng_.Below(12);
   op.mask = m < 7     ? MaskForm::kCausal
@@ -388,6 +393,16 @@ Op OpGenerator::MakeSpeculate(const LockstepDriver& driver) {
   // whole forward, and only the destructor's rollback stands between the drafts and the cache.
   if (!op.isolated && rng_.Chance(1, 8)) {
     op.abandon_after = static_cast<int32_t>(rng_.Range(0, driver.num_layers()));
+  }
+  if (long_spec_rng_.Chance(1, 16)) {
+    const int64_t long_drafts[] = {63, 64, 65, 127, 128, 129};
+    const int64_t n = long_drafts[long_spec_rng_.Below(std::size(long_drafts))];
+    while (static_cast<int64_t>(op.tokens.size()) < n + 1) {
+      op.tokens.push_back(static_cast<int32_t>(long_spec_rng_.Below(6)));
+    }
+    // Committed tokens (value + 1) of 63, 64 or 65, 127, 128 or 129, or all of them.
+    const int64_t commits[] = {62, 63, 64, 126, 127, 128, n};
+    op.value = std::min(n, commits[long_spec_rng_.Below(std::size(commits))]);
   }
   return op;
 }

@@ -30,7 +30,11 @@ struct OpWeights {
 class OpGenerator {
  public:
   OpGenerator(Rng rng, OpWeights weights)
-      : rng_(rng), padding_rng_(Rng(rng).Fork("padding-alone")), weights_(weights) {}
+      : rng_(rng),
+        padding_rng_(Rng(rng).Fork("padding-alone")),
+        bucket_rng_(Rng(rng).Fork("padding-buckets")),
+        long_spec_rng_(Rng(rng).Fork("long-speculation")),
+        weights_(weights) {}
   // The next valid op for the driver's current state.
   Op Next(const LockstepDriver& driver);
 
@@ -57,6 +61,14 @@ class OpGenerator {
 
   Rng rng_;
   Rng padding_rng_;
+  // Pads one write in 24 up to a batch bucket of 64, 128 or 256 rows (a server replaying a
+  // captured graph of that size): a short decode then runs as a long, mostly padded forward.
+  // Its own stream, so the main stream draws as before.
+  Rng bucket_rng_;
+  // Makes one speculation in 16 a long one (63-129 drafts, a chunk-sized draft tree or a
+  // speculative prefill) whose commit lands on or next to a multiple of 64 tokens, where a
+  // kernel's 64-row chunking of a replayed prefix ends. Its own stream, as above.
+  Rng long_spec_rng_;
   OpWeights weights_;
   std::deque<Pending> pending_;
 };

@@ -44,10 +44,17 @@ Check CheckWrapperContract(LayerCache& w, int64_t offset, std::vector<int64_t>& 
                        "a snapshot")) {
     return c;
   }
-  offsets.assign(1, offset + 1);
-  if (Check c = expect(!w.PrepareSnapshots(offsets).ok(), "PrepareSnapshots", "FailedPrecondition",
-                       "ok")) {
-    return c;
+  // Every list is refused, whatever it holds: an empty one (the rollback points of a step
+  // without drafts), one ahead of the offset, and one at it.
+  for (const int64_t size : {0, 1, 2}) {
+    offsets.clear();
+    for (int64_t i = 0; i < size; ++i) offsets.push_back(offset + 1 - i);
+    std::sort(offsets.begin(), offsets.end());
+    if (Check c = expect(!w.PrepareSnapshots(offsets).ok(),
+                         size == 0 ? "PrepareSnapshots of an empty list" : "PrepareSnapshots",
+                         "FailedPrecondition", "ok")) {
+      return c;
+    }
   }
   if (Check c = expect(w.TakeSnapshots().empty() && !w.ScheduleActive(), "capture schedule", "none",
                        "active")) {
