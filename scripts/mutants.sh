@@ -154,6 +154,10 @@ add_check requests-media fast "$kv requests --swarm --media --seeds 1..200"
 add_check multiseq fast "$kv multiseq --seeds 1..60"
 add_check sweep fast "$kv sweep --seeds 1..16"
 add_check sweep-swarm fast "$kv sweep --swarm --seeds 1..16"
+# Rows of a production width: buffers and snapshots past a mebibyte (about 4 s a seed).
+add_check sweep-wide-rows fast "$kv sweep --preset mixed --layers 2 --window 300 --kv-dims 8,128,128 --steps 400 --seeds 1..6"
+add_check sweep-wide-state fast "$kv sweep --preset recurrent --layers 2 --recurrent-dims 3,4,8,64,64 --steps 400 --seeds 1..4"
+add_check sweep-wide-state-bf16 fast "$kv sweep --preset recurrent --layers 2 --recurrent-dims 3,4,8,64,64 --dtype bf16 --steps 400 --seeds 1..4"
 for preset in Dense Sliding Recurrent Mixed; do
   add_check "prop-requests-${preset,,}" fast \
     "$t/prop_request_state_machine_test $ff --gtest_filter='RequestStateMachine.${preset}*'"

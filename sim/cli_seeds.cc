@@ -14,6 +14,9 @@ using sim::RunOptions;
 using sim::RunResult;
 
 constexpr int64_t kWideWindow = 300;
+// The production-width stage of RunBundled: seeds and steps per seed.
+constexpr int64_t kWideRowSeeds = 3;
+constexpr int64_t kWideRowSteps = 400;
 
 sim::CaseReport SeedCase(const RunResult& r) {
   sim::CaseReport c;
@@ -270,6 +273,31 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
     if (!RunOne(wide, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
   }
   fmt::print("  rotating  W={} {} seeds x {} steps: pass\n", kWideWindow, seeds_per_config, steps);
+  // Rows of a production width (8 heads of 128 columns, K and V: 8 KiB a row in f32) under a
+  // full KV layer and a window of 300: buffers, windows and snapshots past a mebibyte, where
+  // a path taken only for large tensors (a copy into a reused buffer, a split in place) shows.
+  // About 4 s a seed: the checks read every row of every held snapshot after each step.
+  RunOptions wide_rows = FixedStack("mixed", 2, kWideWindow, "f32", kWideRowSteps);
+  wide_rows.dims.kv_heads = 8;
+  wide_rows.dims.head_dim = 128;
+  wide_rows.dims.value_dim = 128;
+  for (int64_t i = 0; i < kWideRowSeeds; ++i) {
+    if (!RunOne(wide_rows, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
+  }
+  fmt::print("  mixed x2 W={} kv 8x128/128 {} seeds x {} steps: pass\n", kWideWindow, kWideRowSeeds,
+             kWideRowSteps);
+  // Recurrent layers of a production width (4 key and 8 value heads of 64: 64 x 64 state
+  // blocks, a conv of 1,024 channels, widths the fused kernels' size classes take), in
+  // both activation dtypes: about 0.4 s a seed.
+  for (const char* dtype : {"f32", "bf16"}) {
+    RunOptions wide_state = FixedStack("recurrent", 2, 4, dtype, kWideRowSteps);
+    wide_state.dims.recurrent = RecurrentDims{3, 4, 8, 64, 64};
+    for (int64_t i = 0; i < kWideRowSeeds; ++i) {
+      if (!RunOne(wide_state, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
+    }
+    fmt::print("  recurrent x2 {} rec 3,4,8,64,64 {} seeds x {} steps: pass\n", dtype,
+               kWideRowSeeds, kWideRowSteps);
+  }
   // Rotating layers of windows 4, 9 and 2 in one stack, under one speculation.
   const RunOptions staggered = FixedStack(sim::kStaggeredPreset, 4, 4, "bf16", steps);
   for (int64_t i = 0; i < seeds_per_config; ++i) {
