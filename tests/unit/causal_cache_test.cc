@@ -437,6 +437,15 @@ TEST(CausalCacheInit, RefusesMoreCellsThanTheBound) {
   // 2^12 sequences of 2^13 cells: each size fits, their product does not.
   EXPECT_NE(refusal(InitConfig(1 << 12, 1 << 13, 8, kUnbounded)).find("33554432 cells exceed"),
             std::string::npos);
+  // Products at or past 2^32, which a 32-bit cell count (ggml's kv_size) wraps to a small
+  // number: 2^8 x 2^24 (to 0), 2^16 x 2^16 (to 0), and with bounded memory 2^16 sequences x
+  // (2^16 + 1) cells + 8 (to 65,544). Each is refused with its true count.
+  EXPECT_NE(refusal(InitConfig(1 << 8, kBound, 8, kUnbounded)).find("4294967296 cells exceed"),
+            std::string::npos);
+  EXPECT_NE(refusal(InitConfig(1 << 16, 1 << 16, 8, kUnbounded)).find("4294967296 cells exceed"),
+            std::string::npos);
+  EXPECT_NE(refusal(InitConfig(1 << 16, (1 << 16) + 2, 8, 1 << 16)).find("4295032840 cells exceed"),
+            std::string::npos);
   // 2^24 - 1 cells fit; padded to a multiple of 11 they do not (2^24 + 6).
   EXPECT_NE(refusal(InitConfig(1, kBound - 1, 8, kUnbounded, kUnbounded, 11))
                 .find("16777222 cells exceed"),

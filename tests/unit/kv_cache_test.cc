@@ -293,6 +293,24 @@ TEST(KvCache, RestoreRefillsFromTheSnapshotStartOverDivergedRows) {
   EXPECT_EQ(Tags(cache.keys(), cache.values(), 6, 2), Positions(6, 2));
 }
 
+// A restore refills whatever the cache wrote since the capture, however many writes that
+// was: a count of writes kept to tell "untouched since the capture" (an own-snapshot fast
+// path) must not wrap. Counts one below, at and past 2^8 and 2^16, each write one row over
+// slot 4 after a rewind (another branch, as speculative rollbacks leave it).
+TEST(KvCache, ARestoreAfterAPowerOfTwoOfWritesOnAnotherBranchStillRefills) {
+  for (int64_t n : {255, 256, 257, 65535, 65536, 65537}) {
+    KvCache cache;
+    WriteSingles(cache, 8);
+    SnapshotPtr snap = cache.Snapshot(4);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(cache.Restore(nullptr, 4));
+      Write(cache, {static_cast<float>(1000 + i % 64)});
+    }
+    ASSERT_TRUE(cache.Restore(snap.get(), 8)) << n << " writes";
+    EXPECT_EQ(LiveTags(cache), Positions(0, 8)) << n << " writes";
+  }
+}
+
 // A restore is a rewind to the snapshot's start and an append of its rows (spec §2.1), also
 // when the cache already holds the same leading rows (it re-prefilled the same tokens after
 // a Free): the append then grows from offset 0, step-aligned, by a whole chunk (256 + 512),

@@ -309,6 +309,33 @@ TEST(MergeWithChildDeathTest, PanicOnMultipleChildren) {
   EXPECT_DEATH(e.trie.MergeWithChild(e.root()), "of the root");
 }
 
+// A split keeps every key and offset whatever the edge's length and wherever it falls: a
+// long conversation compacted into one node and re-entered near its end is an edge of
+// thousands of keys split late. Below an edge of 3 keys, so its start is not 0.
+TEST(PrefixTrie, SplitAnywhereInAnEdgeOfAnyLengthKeepsKeysAndOffsets) {
+  for (int64_t len : {5, 255, 256, 4095, 4096, 4097, 10000}) {
+    for (int64_t at : {int64_t{1}, len / 2, len / 2 + 1, len - 1}) {
+      KvEnv e;
+      TrieNode* head = e.trie.AppendChild(e.root(), Seq(1, 3), 3);
+      const Keys keys = Seq(100, static_cast<TrieKey>(99 + len));
+      TrieNode* n = e.trie.AppendChild(head, keys, 3 + len);
+      TrieNode* p = e.trie.SplitNode(n, at);
+      const std::string where =
+          "edge of " + std::to_string(len) + " split at " + std::to_string(at);
+      ASSERT_TRUE(TrieIsSound(e.trie)) << where;
+      EXPECT_EQ(p->start_offset(), 3) << where;
+      EXPECT_EQ(p->end_offset(), 3 + at) << where;
+      EXPECT_EQ(n->start_offset(), 3 + at) << where;
+      EXPECT_EQ(n->end_offset(), 3 + len) << where;
+      EXPECT_EQ(p->edge(), Keys(keys.begin(), keys.begin() + at)) << where;
+      EXPECT_EQ(n->edge(), Keys(keys.begin() + at, keys.end())) << where;
+      Keys all = Seq(1, 3);
+      all.insert(all.end(), keys.begin(), keys.end());
+      EXPECT_EQ(e.Match(all), (Found{3 + len, {e.root(), head, p, n}})) << where;
+    }
+  }
+}
+
 TEST(PrefixTrie, SplitMergeRoundTrip) {
   KvEnv e;
   TrieNode* n = e.trie.AppendChild(e.root(), Seq(1, 5), 5);

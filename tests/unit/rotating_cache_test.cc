@@ -386,6 +386,24 @@ TEST(RotatingCache, LiveRestoreToTheCurrentOffsetSucceedsEvenAfterWrap) {
   EXPECT_FALSE(empty.Restore(nullptr, 1));
 }
 
+// A restore installs the snapshot's window whatever the cache wrote since the capture: a
+// count of writes kept to tell "untouched since the capture" must not wrap. Counts one
+// below, at and past 2^8 and 2^16, each write one row over position 4 after a live rewind
+// (the ring has not wrapped, so the rewind is allowed).
+TEST(RotatingCache, ARestoreAfterAPowerOfTwoOfWritesOnAnotherBranchStillInstallsIt) {
+  for (int64_t n : {255, 256, 257, 65535, 65536, 65537}) {
+    RotatingCache cache(16);
+    WriteSingles(cache, 8);
+    SnapshotPtr snap = cache.Snapshot(4);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(cache.Restore(nullptr, 4));
+      Write(cache, {static_cast<float>(1000 + i % 64)});
+    }
+    ASSERT_TRUE(cache.Restore(snap.get(), 8)) << n << " writes";
+    EXPECT_EQ(WindowTags(cache), ExpectedWindow(8, 16)) << n << " writes";
+  }
+}
+
 TEST(RotatingCache, RestoreClampIsRefusedForASnapshotBeyondTheWindow) {
   RotatingCache cache(4);
   WriteSingles(cache, 6);

@@ -584,6 +584,38 @@ TEST(SpeculationWrappers, LiveBytesPriceKAndVEachAtItsOwnDtype) {
   }
 }
 
+// A zero-width V (spec §2.5's MLA variant: attention takes its values from K) is a V like
+// any other to the wrappers that gather histories: every row of the history names a V row
+// of zero columns in V's dtype, after a forward and in View.
+TEST(SpeculationWrappers, AZeroWidthVIsGatheredIntoEveryHistory) {
+  const auto write = [](AttentionCache& c, int64_t first, int64_t count) {
+    const std::vector<float> tags = tagged::Positions(first, count);
+    return c.Update(tagged::Keys(tags, DType::kBFloat16), Tensor(DType::kBFloat16, count, 0));
+  };
+  const auto expect_zero_width = [](const History& h, const std::string& where) {
+    ASSERT_NE(h.v, nullptr) << where;
+    EXPECT_GE(h.v->rows(), h.length) << where;
+    EXPECT_EQ(h.v->cols(), 0) << where;
+    EXPECT_EQ(h.v->dtype(), DType::kBFloat16) << where;
+    EXPECT_GE(h.k->rows(), h.length) << where;
+  };
+  for (const bool rotating : {false, true}) {
+    for (const bool isolated : {false, true}) {
+      const std::string where =
+          std::string(rotating ? "rotating" : "KV") + (isolated ? ", isolated" : ", committing");
+      KvCache kv;
+      RotatingCache rot(4);
+      AttentionCache& live = rotating ? static_cast<AttentionCache&>(rot) : kv;
+      write(live, 0, 6);
+      write(live, 6, 1);
+      Speculation spec = isolated ? BeginIsolated({&live}) : Begin({&live});
+      expect_zero_width(Attn(spec, 0).View(), where + ", View before the forward");
+      expect_zero_width(write(Attn(spec, 0), 7, 3), where + ", forward");
+      expect_zero_width(Attn(spec, 0).View(), where + ", View after the forward");
+    }
+  }
+}
+
 // Before the forward, View (a draft reading the target cache through the wrapper) shows
 // the live history: the whole window (in ring order on the live side, logical on the
 // wrapper's, so compared as sets) or all KV rows. This once aborted: appending the empty
