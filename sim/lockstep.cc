@@ -338,13 +338,13 @@ Check LockstepDriver::CheckLayer(Layer& layer, int32_t index) {
   return std::nullopt;
 }
 
-namespace {
-
-// The rows [0, length) a History names, K then V, and its applier.
 uint64_t HashHistory(const History& h) {
   uint64_t hash = XXH3_64bits(&h.length, sizeof(h.length));
   for (const Tensor* t : {h.k, h.v}) {
     if (t == nullptr || h.length == 0) continue;
+    // A buffer rebuilt shorter behind the History: its rows are gone, which is a change
+    // (reading them would leave the tensor).
+    if (t->rows() < h.length) return ~XXH3_64bits_withSeed(&h.length, sizeof(h.length), hash);
     const TensorView rows = TensorView(*t).Rows(0, h.length);
     hash = XXH3_64bits_withSeed(rows.data(), static_cast<size_t>(rows.Bytes()), hash);
   }
@@ -352,8 +352,6 @@ uint64_t HashHistory(const History& h) {
                              h.applier.window, h.applier.ring_idx};
   return XXH3_64bits_withSeed(applier, sizeof(applier), hash);
 }
-
-}  // namespace
 
 void LockstepDriver::Hold(int32_t index, const char* what, const History& history) {
   if (history.k == nullptr) return;

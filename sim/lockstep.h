@@ -25,6 +25,11 @@
 
 namespace kvtwin::sim {
 
+// A hash of the rows [0, length) a History names (K then V) and of its applier, to tell
+// whether they changed while the History should still be valid (src/cache.h: until its
+// cache is next mutated).
+uint64_t HashHistory(const History& h);
+
 struct Divergence {
   int64_t step = 0;
   int32_t layer = -1;

@@ -174,10 +174,20 @@ Check LockstepDriver::Speculate(const Op& op, int32_t* layer_index) {
                               split > 0 ? fmt::format(" forward [{}, {})", from, to) : "", c->what);
         return c;
       }
+      // The draft model's View must leave the forward's History as it was: it is valid until
+      // the wrapper is next written (src/cache.h), and View is read-only.
+      const uint64_t held = HashHistory(history);
       if (Check c = layer.oracle->CheckView(view(), through)) {
         c->what =
             fmt::format("after the {}forward, {}", split > 0 && from > 0 ? "second " : "", c->what);
         return c;
+      }
+      if (HashHistory(history) != held) {
+        return Mismatch{fmt::format("the speculative forward [{}, {})'s History after the "
+                                    "wrapper's View() (valid until the wrapper is next written)",
+                                    from, to),
+                        fmt::format("rows hash {:016x}", held),
+                        fmt::format("rows hash {:016x}", HashHistory(history))};
       }
     }
     const int64_t end = layer.ref.Offset() + static_cast<int64_t>(tokens.size());

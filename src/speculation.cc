@@ -137,7 +137,7 @@ AccumulatingAttention::AccumulatingAttention(AttentionCache& live, Tensor base_k
 
 int64_t AccumulatingAttention::LiveBytes() const {
   return base_k_.Bytes() + base_v_.Bytes() + acc_k_.Bytes() + acc_v_.Bytes() + hist_k_.Bytes() +
-         hist_v_.Bytes();
+         hist_v_.Bytes() + view_k_.Bytes() + view_v_.Bytes();
 }
 
 History AccumulatingAttention::Update(const Tensor& k, const Tensor& v) {
@@ -149,21 +149,22 @@ History AccumulatingAttention::Update(const Tensor& k, const Tensor& v) {
   // A window shows what a non-speculative batched forward would: the newest W - 1 older
   // tokens, then the new ones (for one forward that is exactly base ; acc).
   const int64_t keep = window_ > 0 ? std::min(before, window_ - 1) + k.rows() : before + k.rows();
-  return MakeHistory(keep, k.rows());
+  return MakeHistory(keep, k.rows(), hist_k_, hist_v_);
 }
 
 History AccumulatingAttention::View() const {
   // Read-only: a window shows its newest W tokens, as the live cache's View would.
   const int64_t total = base_k_.rows() + acc_k_.rows();
-  return MakeHistory(window_ > 0 ? std::min(total, window_) : total, 1);
+  return MakeHistory(window_ > 0 ? std::min(total, window_) : total, 1, view_k_, view_v_);
 }
 
-History AccumulatingAttention::MakeHistory(int64_t keep, int64_t query_len) const {
-  NewestRows(base_k_, acc_k_, keep, hist_k_);
-  NewestRows(base_v_, acc_v_, keep, hist_v_);
+History AccumulatingAttention::MakeHistory(int64_t keep, int64_t query_len, Tensor& k,
+                                           Tensor& v) const {
+  NewestRows(base_k_, acc_k_, keep, k);
+  NewestRows(base_v_, acc_v_, keep, v);
   History h;
-  h.k = &hist_k_;
-  h.v = &hist_v_;
+  h.k = &k;
+  h.v = &v;
   h.length = keep;
   if (window_ > 0) {
     // Logical order: a batched query gets causal ∩ sliding window; a single query sees at

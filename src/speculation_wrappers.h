@@ -79,8 +79,9 @@ class AccumulatingAttention final : public WrapperContract<AttentionCache> {
   int64_t accumulated() const { return acc_k_.rows(); }
 
  private:
-  // The newest `keep` rows of [base ; acc] as a History for a query of `query_len`.
-  History MakeHistory(int64_t keep, int64_t query_len) const;
+  // The newest `keep` rows of [base ; acc], copied into `k`/`v`, as a History for a query
+  // of `query_len`.
+  History MakeHistory(int64_t keep, int64_t query_len, Tensor& k, Tensor& v) const;
 
   AttentionCache& live_;
   int64_t start_;
@@ -89,9 +90,12 @@ class AccumulatingAttention final : public WrapperContract<AttentionCache> {
   bool done_ = false;
   Tensor base_k_, base_v_;  // history rows before the forward
   Tensor acc_k_, acc_v_;    // the forward's rows
-  // The newest rows of [base ; acc] that the last History points at; rebuilt by const
-  // View() too, like RotatingCache's view copy, so mutable.
-  mutable Tensor hist_k_, hist_v_;
+  // The newest rows of [base ; acc] that the last Update's History points at.
+  Tensor hist_k_, hist_v_;
+  // View()'s copy, apart from the above like RotatingCache's: a draft model's View between
+  // two writes must leave the last Update's History as it was (src/cache.h: valid until the
+  // next mutation). Rebuilt by const View(), so mutable.
+  mutable Tensor view_k_, view_v_;
 };
 
 // Recurrent: runs the forward from a copy of the live state and records its scan inputs.
