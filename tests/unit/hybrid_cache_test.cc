@@ -175,6 +175,40 @@ TEST(HybridCacheSlots, ChainedSharingKeepsOneSlot) {
   EXPECT_EQ(cache.ref_count(0), 3);
 }
 
+// A server fans one prompt out to hundreds of sequences (parallel sampling, a shared system
+// prompt): every reference is counted at every count, past 2^8 (a byte counter wraps at
+// 256 sharers, a 16-bit one would wrap later but a 300-sequence cache is already enough to
+// show a narrower one), a sharer's forward copies the slot instead of writing through, and
+// the slot is freed exactly when its last sharer goes.
+TEST(HybridCacheSlots, HundredsOfSharersCountEveryReference) {
+  constexpr int32_t kSeqs = 300;
+  HybridCache cache = Make(kSeqs);
+  Forward(cache, {{0, 0}}, {1});
+  for (int32_t seq = 1; seq < kSeqs; ++seq) {
+    ASSERT_TRUE(cache.CopyPrefix(0, seq, 1).ok()) << "seq " << seq;
+    ASSERT_EQ(cache.ref_count(0), seq + 1) << "after sharing with seq " << seq;
+  }
+  // Every sharer but seq 0 writes once, one forward each: each takes a slot of its own and
+  // leaves the shared row as it was, whatever the count stood at.
+  for (int32_t seq = kSeqs - 1; seq >= 1; --seq) {
+    const std::vector<std::vector<float>> read = Forward(cache, {{seq, 1}}, {2});
+    ASSERT_EQ(read[0], Tagged(1, 0)) << "seq " << seq << " reads the shared state";
+    ASSERT_NE(cache.slot_of(seq), std::optional<int32_t>(0)) << "seq " << seq;
+    ASSERT_EQ(cache.ref_count(0), seq) << "after seq " << seq << " unshared";
+    ASSERT_EQ(Row(cache, 0, 0), Tagged(1, 0)) << "the shared row after seq " << seq;
+  }
+  // The other way round: share again up to every sequence, then drop them one by one.
+  for (int32_t seq = 1; seq < kSeqs; ++seq) ASSERT_TRUE(cache.CopyPrefix(0, seq, 1).ok());
+  ASSERT_EQ(cache.ref_count(0), kSeqs);
+  for (int32_t seq = kSeqs - 1; seq >= 0; --seq) {
+    ASSERT_TRUE(cache.Remove(seq, 0, kUnbounded).ok()) << "seq " << seq;
+    ASSERT_EQ(cache.ref_count(0), seq) << "after removing seq " << seq;
+    const Slots free_now = cache.free_slots();
+    ASSERT_EQ(std::count(free_now.begin(), free_now.end(), 0), seq == 0 ? 1 : 0)
+        << "slot 0 free after removing seq " << seq;
+  }
+}
+
 TEST(HybridCacheSlots, ParamsShapeTheConvState) {
   HybridConfig config;
   config.kv.max_seqs = 2;
