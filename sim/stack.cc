@@ -144,6 +144,10 @@ ModelDims DrawModelDims(Rng& rng) {
   r.head_v_dim = rng.Range(1, 4);
   r.conv_tail = rng.Range(1, 4);
   if (rng.Chance(1, 6)) r.conv_tail = 0;
+  // Value-head groups of 3 or 4 key heads' worth in one draw in four (drawn last, so every
+  // draw above is what it was): a group that is not a power of two (Hv = 3 Hk) is where a
+  // value-to-key head mapping by shift or mask instead of division goes wrong.
+  if (rng.Chance(1, 4)) r.num_v_heads = r.num_k_heads * rng.Range(3, 4);
   KV_CHECK(d.Validate().ok(), d.Describe());
   return d;
 }

@@ -125,7 +125,7 @@ TEST(ModelDims, FlagsParseValidateAndPrintBack) {
 
 TEST(ModelDims, DrawnDimsAreValidAndCoverEveryWidthRange) {
   Rng rng = Rng::Derive(1, "dims-cover");
-  std::set<int64_t> kv_heads, conv_tails, k_heads;
+  std::set<int64_t> kv_heads, conv_tails, k_heads, groups;
   bool unequal_pairs = false;
   for (int i = 0; i < 500; ++i) {
     const ModelDims d = DrawModelDims(rng);
@@ -133,6 +133,7 @@ TEST(ModelDims, DrawnDimsAreValidAndCoverEveryWidthRange) {
     kv_heads.insert(d.kv_heads);
     conv_tails.insert(d.recurrent.conv_tail);
     k_heads.insert(d.recurrent.num_k_heads);
+    groups.insert(d.recurrent.num_v_heads / d.recurrent.num_k_heads);
     // The pairs the default dims make equal come apart in some draws.
     unequal_pairs = unequal_pairs ||
                     (d.recurrent.num_k_heads != d.recurrent.head_k_dim &&
@@ -141,6 +142,7 @@ TEST(ModelDims, DrawnDimsAreValidAndCoverEveryWidthRange) {
   EXPECT_EQ(kv_heads, (std::set<int64_t>{1, 2, 3}));
   EXPECT_EQ(conv_tails, (std::set<int64_t>{0, 1, 2, 3, 4}));  // 0: a kernel of one tap
   EXPECT_EQ(k_heads, (std::set<int64_t>{1, 2, 3}));
+  EXPECT_EQ(groups, (std::set<int64_t>{1, 2, 3, 4}));  // 3: a group not a power of two
   EXPECT_TRUE(unequal_pairs);
 }
 
