@@ -384,10 +384,12 @@ Op OpGenerator::MakeSpeculate(const LockstepDriver& driver) {
   op.kind = OpKind::kSpeculate;
   op.isolated = rng_.Chance(1, 6);
   // Mostly a real acceptance count; sometimes one the commit must clamp: just outside the
-  // forward, or the extremes of the count's type (a runner's "accept all" sentinel), which
-  // a cache that adds before it clamps overflows on.
+  // forward, a small negative count (a runner's -1 for a failed step: Commit(-1) and
+  // Commit(-2), which a clamp with no floor turns into a quiet rewind below the start), or
+  // the extremes of the count's type (a runner's "accept all" sentinel), which a cache that
+  // adds before it clamps overflows on.
   op.value = rng_.Chance(7, 8) ? rng_.Range(0, drafts)
-                               : Pick({std::numeric_limits<int64_t>::min(), -1, drafts + 1,
+                               : Pick({std::numeric_limits<int64_t>::min(), -3, -2, -1, drafts + 1,
                                        std::numeric_limits<int64_t>::max()});
   // Sometimes the caller drops the transaction before its commit, mid-stack or after the
   // whole forward, and only the destructor's rollback stands between the drafts and the cache.
