@@ -158,6 +158,9 @@ add_check sweep-swarm fast "$kv sweep --swarm --seeds 1..16"
 add_check sweep-wide-rows fast "$kv sweep --preset mixed --layers 2 --window 300 --kv-dims 8,128,128 --steps 400 --seeds 1..6"
 add_check sweep-wide-state fast "$kv sweep --preset recurrent --layers 2 --recurrent-dims 3,4,8,64,64 --steps 400 --seeds 1..4"
 add_check sweep-wide-state-bf16 fast "$kv sweep --preset recurrent --layers 2 --recurrent-dims 3,4,8,64,64 --dtype bf16 --steps 400 --seeds 1..4"
+# A production window (Phi-3's 2047), the ring taken past W and wrapped (`make run` runs
+# 1024, 2047 and 4096): about 2 s.
+add_check sweep-big-window fast "$kv sweep --preset rotating --layers 2 --window 2047 --seeds 1..1"
 for preset in Dense Sliding Recurrent Mixed; do
   add_check "prop-requests-${preset,,}" fast \
     "$t/prop_request_state_machine_test $ff --gtest_filter='RequestStateMachine.${preset}*'"

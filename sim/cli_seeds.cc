@@ -1,6 +1,7 @@
 // The seeded commands: `run` (the bundled job), `sweep` (op-level seeds) and `requests`
 // (request-level seeds).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +15,7 @@ using sim::RunOptions;
 using sim::RunResult;
 
 constexpr int64_t kWideWindow = 300;
+constexpr int64_t kProductionWindows[] = {1024, 2047, 4096};
 // The production-width stage of RunBundled: seeds and steps per seed.
 constexpr int64_t kWideRowSeeds = 3;
 constexpr int64_t kWideRowSteps = 400;
@@ -273,6 +275,15 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
     if (!RunOne(wide, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
   }
   fmt::print("  rotating  W={} {} seeds x {} steps: pass\n", kWideWindow, seeds_per_config, steps);
+  // Production windows (Mistral's and Gemma-2's 4096, Phi-3's 2047, 1024): a path keyed to a
+  // wide window (a commit or a copy that changes strategy past some width) shows only there,
+  // and a seed of 2,000 steps takes the ring past W and wraps it. One seed each, 1-4 s.
+  for (const int64_t window : kProductionWindows) {
+    const RunOptions big = FixedStack("rotating", 2, window, "f32", steps);
+    if (!RunOne(big, root_seed, runs, total_steps)) return 1;
+  }
+  fmt::print("  rotating  W={} 1 seed x {} steps each: pass\n", fmt::join(kProductionWindows, ","),
+             steps);
   // Rows of a production width (8 heads of 128 columns, K and V: 8 KiB a row in f32) under a
   // full KV layer and a window of 300: buffers, windows and snapshots past a mebibyte, where
   // a path taken only for large tensors (a copy into a reused buffer, a split in place) shows.
