@@ -135,6 +135,21 @@ MsOp MultiSeqGenerator::Choose(const MultiSeqDriver& driver, const std::vector<S
       if (std::optional<MsOp> op = Rewrite(driver, *it)) return *op;
     }
   }
+  // Past kSeqBitsPerWord sequences, now and then one sequence is forked into every free id
+  // in a row (one prompt fanned out to a whole batch for parallel sampling): its conv slot
+  // then has as many sharers as the cache has sequences, past a narrow reference count's
+  // range (a byte wraps at 256). Drawn only in those runs: every other stream is as it was.
+  if (!fanout_ && driver.config().max_seqs > kSeqBitsPerWord && !free.empty() &&
+      rng_.Chance(1, 32)) {
+    fanout_ = PickOf(active).seq;
+  }
+  if (fanout_) {
+    const int32_t src = *fanout_;
+    const auto it = std::find_if(active.begin(), active.end(),
+                                 [src](const SeqState& s) { return s.seq == src; });
+    if (it != active.end() && !free.empty()) return MsOp::CopyPrefix(src, free.front(), it->next);
+    fanout_.reset();
+  }
   // Near a full cache, prune more often so runs keep moving.
   const model::MultiSeqConfig& m = driver.model().kv().config();
   const int64_t used = driver.model().kv().UsedCells();

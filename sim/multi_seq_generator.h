@@ -16,7 +16,8 @@
 // sequence instead of the original runner's clearing Remove. The generator reads the
 // driver's reference state and never proposes an op Valid() rejects. DrawMultiSeqConfig
 // picks a cache shape per seed (swarm style). A run may start its sequences far up (`base`),
-// and past kSeqBitsPerWord sequences forks ids that far apart. Single-threaded.
+// and past kSeqBitsPerWord sequences forks ids that far apart and, now and then, one
+// sequence into every free id (hundreds of sharers of one conv slot). Single-threaded.
 #pragma once
 
 #include <algorithm>
@@ -88,10 +89,11 @@ class MultiSeqGenerator {
     int64_t left = 0;
   };
   Rng rng_;
-  int64_t base_ = 0;            // where sequences start
-  std::optional<Burst> burst_;  // rewrites still to come
-  MsOp last_;                   // the op Next returned last
-  int64_t refused_seen_ = 0;    // the driver's refused-shared count at the last Next
+  int64_t base_ = 0;               // where sequences start
+  std::optional<Burst> burst_;     // rewrites still to come
+  std::optional<int32_t> fanout_;  // the sequence being forked into every free id
+  MsOp last_;                      // the op Next returned last
+  int64_t refused_seen_ = 0;       // the driver's refused-shared count at the last Next
 };
 
 }  // namespace kvtwin::sim

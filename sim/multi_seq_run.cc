@@ -49,11 +49,12 @@ MultiSeqConfig MultiSeqConfigForSeed(const MultiSeqRunOptions& options, uint64_t
   config.conv = options.conv;
   if (const std::optional<int64_t> chunk = FarStartForSeed(seed).chunk) config.chunk = *chunk;
   // One run in sixteen has more than kSeqBitsPerWord sequences (the most one word of
-  // sequence bits holds), where a layout that fits the cache's bound allows it. From a stream of
-  // its own, so every other draw is what it was.
+  // sequence bits holds), some past 2^8 (a byte's range: llama.cpp's old sequence limit),
+  // where a layout that fits the cache's bound allows it. From a stream of its own, so every
+  // other draw is what it was.
   Rng many = Rng::Derive(seed, "multiseq-many-seqs");
   if (many.Chance(1, 16)) {
-    const int32_t counts[] = {kSeqBitsPerWord + 1, 96, 2 * kSeqBitsPerWord + 1};
+    const int32_t counts[] = {kSeqBitsPerWord + 1, 96, 2 * kSeqBitsPerWord + 1, 257, 300};
     MultiSeqConfig wide = config;
     wide.max_seqs = counts[many.Below(std::size(counts))];
     if (wide.Validate().ok()) config = wide;
