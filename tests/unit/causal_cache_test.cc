@@ -644,6 +644,22 @@ TEST_P(CausalCacheTest, MaskIsBuiltAtStartForwardAndSetCausal) {
   EXPECT_EQ(MaskStrings(cache.Get()), (std::vector<std::string>{"xx", "xx"}));
 }
 
+// The same before the forward's first Get: the mask is StartForward's, not one built from
+// the metadata at the first Get (a lazy build would let a fork or a Remove issued by another
+// request while a forward is being set up reach the forward's visibility).
+TEST_P(CausalCacheTest, AnEditBeforeTheFirstGetLeavesTheMaskOfStartForward) {
+  CausalCache cache = std::move(CausalCache::Create(Config(2, 16, 8))).value();
+  RunStep(cache, {{0, 0}, {0, 1}, {1, 2}, {1, 2}, {"0x", "00"}});
+  ASSERT_TRUE(cache.StartForward(Batch({0}, {2})).ok());  // cell 2
+  ASSERT_TRUE(cache.CopyPrefix(0, 1, 2).ok());            // seq 1 shares cells 0 and 1
+  ASSERT_TRUE(cache.Remove(0, 1, kUnbounded).ok());       // seq 0 leaves cells 1 and 2
+  ASSERT_FALSE(cache.cells()[1].seqs.contains(0));
+  ASSERT_TRUE(cache.cells()[2].seqs.empty());
+  const Tensor in = RowsOf({3}, TokenRow);
+  ASSERT_TRUE(cache.Put(in, in).ok());
+  EXPECT_EQ(MaskStrings(cache.Get()), (std::vector<std::string>{"000"}));
+}
+
 TEST_P(CausalCacheTest, MalformedCallsAreInvalidWithoutChanges) {
   CausalCache cache = std::move(CausalCache::Create(Config(1, 16, 2))).value();
   EXPECT_EQ(cache.StartForward(Batch({0, 0, 0}, {0, 1, 2})).code(),
