@@ -277,7 +277,8 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   fmt::print("  rotating  W={} {} seeds x {} steps: pass\n", kWideWindow, seeds_per_config, steps);
   // Production windows (Mistral's and Gemma-2's 4096, Phi-3's 2047, 1024): a path keyed to a
   // wide window (a commit or a copy that changes strategy past some width) shows only there,
-  // and a seed of 2,000 steps takes the ring past W and wraps it. One seed each, 1-4 s.
+  // and a seed of the run's 1,500 steps takes the ring past W and wraps it. One seed each,
+  // about 5 s for the three.
   for (const int64_t window : kProductionWindows) {
     const RunOptions big = FixedStack("rotating", 2, window, "f32", steps);
     if (!RunOne(big, root_seed, runs, total_steps)) return 1;
