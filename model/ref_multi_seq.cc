@@ -148,11 +148,21 @@ void RefMultiSeqCache::Put() {
   for (size_t i = 0; i < last_batch_->size(); ++i) {
     const MsToken& t = (*last_batch_)[i];
     rows_[locations_[i]] = MsRows{t.token, t.pos, {}};
-    for (MsEntry& e : seqs_.at(t.seq).entries) {
-      if (e.retained && e.index == locations_[i]) e.has_data = true;
+    if (!edited_in_forward_) {
+      for (MsEntry& e : seqs_.at(t.seq).entries) {
+        if (e.retained && e.index == locations_[i]) e.has_data = true;
+      }
+      continue;
+    }
+    // After edits the cell may hold other sequences (a CopyPrefix shared it) or none.
+    for (auto& [id, seq] : seqs_) {
+      for (MsEntry& e : seq.entries) {
+        if (e.retained && e.index == locations_[i]) e.has_data = true;
+      }
     }
   }
   put_pending_ = false;
+  edited_in_forward_ = false;
 }
 
 void RefMultiSeqCache::Prune(const MsBatch& batch, std::optional<MsSpan>& current) {
@@ -366,6 +376,7 @@ void RefMultiSeqCache::EndForward() {
   last_batch_.reset();
   locations_.clear();
   put_pending_ = false;
+  edited_in_forward_ = false;
 }
 
 }  // namespace kvtwin::model

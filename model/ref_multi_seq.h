@@ -153,7 +153,11 @@ class RefMultiSeqCache {
   Status Forward(const MsBatch& batch);
   // The two halves, for a cache wrapping this one: the entries of a successful StartForward
   // have no data until Put. REQUIRES for Put: the last operation was a successful
-  // StartForward.
+  // StartForward, or CopyPrefix / Remove edits after one. Such edits leave the forward open:
+  // Put writes the cells StartForward chose, whatever sequences they hold by then (the
+  // sharers a CopyPrefix gave them included, or none after a Remove), and Locations,
+  // CurrentRange and Visible still answer for it (Visible over the metadata as it is now;
+  // the mask StartForward built is the caller's to remember).
   Status StartForward(const MsBatch& batch);
   void Put();
   // dst := src's entries with pos < len (history and retention included; retained ones
@@ -251,6 +255,8 @@ class RefMultiSeqCache {
   std::optional<int64_t> EditCells(Seq& s, SeqId seq, int64_t begin, int64_t end, int64_t delta);
   // Forgets the pending Put and the batch Visible answers for.
   void EndForward();
+  // What a CopyPrefix or Remove does to the forward: none while its Put is pending.
+  void EditEndsForward();
 
   MultiSeqConfig config_;
   std::map<SeqId, Seq> seqs_;
@@ -263,6 +269,7 @@ class RefMultiSeqCache {
   std::vector<int64_t> locations_;
   MsSpan current_{0, 0};
   bool put_pending_ = false;
+  bool edited_in_forward_ = false;         // a CopyPrefix or Remove since the pending StartForward
   mutable std::vector<uint8_t> occupied_;  // Occupied()'s scratch
 };
 
@@ -290,6 +297,9 @@ class RefHybridCache {
   // REQUIRES: d_conv >= 1, width >= 1; inputs returns rows of `width` floats.
   RefHybridCache(MultiSeqConfig config, int64_t d_conv, int64_t width, ConvInputFn inputs);
   const RefMultiSeqCache& kv() const { return kv_; }
+  // The embedded causal cache on its own: a forward's edits between StartForward and Put
+  // (the §2.8 cache as a plain transformer's server edits it; slots do not move).
+  RefMultiSeqCache& mutable_kv() { return kv_; }
 
   // A forward as the original runs it, in three calls:
   // * StartForward: KV StartForward (its errors first), then Unsupported when the batch's

@@ -9,10 +9,20 @@
 
 namespace kvtwin::model {
 
+void RefMultiSeqCache::EditEndsForward() {
+  // Between StartForward and Put the forward stays open (§2.8: Put scatters into the cells
+  // StartForward chose); after its Put an edit ends it, as a new forward would.
+  if (put_pending_) {
+    edited_in_forward_ = true;
+    return;
+  }
+  EndForward();
+}
+
 void RefMultiSeqCache::CopyPrefix(SeqId src, SeqId dst, int64_t len) {
   // A negative length (ollama's len is an int32 the caller may pass as -1) is not "to the
   // end" as in llama.cpp's seq_cp: by §2.8's rule no cell has pos < len, so dst is emptied.
-  EndForward();
+  EditEndsForward();
   std::vector<MsEntry> copied;
   // dst leaves every cell first, so a copy onto itself finds nothing left to copy.
   if (src != dst) {
@@ -31,7 +41,7 @@ void RefMultiSeqCache::CopyPrefix(SeqId src, SeqId dst, int64_t len) {
 Status RefMultiSeqCache::Remove(SeqId seq, int64_t begin, int64_t end, int64_t failing_shift_call) {
   KV_CHECK(0 <= begin && begin <= end, "Remove range [" + std::to_string(begin) + ", " +
                                            std::to_string(end) + ") inverted or negative");
-  EndForward();
+  EditEndsForward();
   const bool finite = end != kUnbounded;
   const int64_t delta = finite ? begin - end : 0;
   auto it = seqs_.find(seq);

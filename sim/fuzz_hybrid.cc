@@ -20,6 +20,10 @@
 //    1  forward: sequence bitmask; others: the sequence (src) as an index into the
 //       sequences holding something (any id when none does)
 //    2  forward: selection (even: every sequence holding something; odd: the bitmask);
+//       bits 1-3 all set (not reserving): an edit between StartForward and Put on the
+//       batch's first sequence s around its lowest batch position p, d = bits 6-7, by bits
+//       4-5: remove [p - d, inf), remove [p - 1 - d, p), copy_prefix other -> s len
+//       p + d - 1, copy_prefix s -> other len p + d (other: field 10 % max_seqs);
 //       copy_prefix: dst (any id); remove: % 4 == 0 whole, 1 tail [begin, inf), else [begin, end)
 //       with end, when bits 2-5 are all set, far out instead: {2^31 - 1, 2^31, 2^24, 2^63 - 2}
 //       by bits 6-7
@@ -192,6 +196,8 @@ class Decoder {
   }
   std::vector<int32_t> Selected(const std::array<uint8_t, kRecordBytes>& f) const;
   MsOp Forward(const std::array<uint8_t, kRecordBytes>& f) const;
+  // The CopyPrefix or Remove a forward's record asks for between its StartForward and Put.
+  MsOp ForwardEdit(const std::array<uint8_t, kRecordBytes>& f, const MsOp& forward) const;
   MsOp Remove(const std::array<uint8_t, kRecordBytes>& f) const;
 
   const MultiSeqDriver& driver_;
@@ -246,7 +252,30 @@ MsOp Decoder::Forward(const std::array<uint8_t, kRecordBytes>& f) const {
   if (count >= 6) off.push_back(f[kCausalA] % size);
   if (count == 7) off.push_back(f[kCausalB] % size);
   const bool reserve = f[kReserve] % 8 == 0;
-  return MsOp::Forward(std::move(batch), off, reserve);
+  MsOp op = MsOp::Forward(std::move(batch), off, reserve);
+  if (!reserve && (f[kMode] >> 1) % 8 == 7) op.edits.push_back(ForwardEdit(f, op));
+  return op;
+}
+
+MsOp Decoder::ForwardEdit(const std::array<uint8_t, kRecordBytes>& f, const MsOp& forward) const {
+  // On the batch's first sequence, around its lowest batch position (its first new cell).
+  const int32_t seq = forward.batch.front().seq;
+  int64_t lo = kMaxPosition;
+  for (const MsBatchToken& t : forward.batch) {
+    if (t.seq == seq) lo = std::min(lo, t.pos);
+  }
+  const int64_t d = f[kMode] >> 6;
+  const int32_t other = AnySeq(f[kTokens]);
+  switch ((f[kMode] >> 4) % 4) {
+    case 0:  // its new cells dropped, and up to 3 below them
+      return MsOp::Remove(seq, std::max<int64_t>(0, lo - d), kvtwin::kUnbounded);
+    case 1:  // a gap of up to 4 closed just below them: they move down
+      return MsOp::Remove(seq, std::max<int64_t>(0, lo - 1 - d), lo);
+    case 2:  // another sequence forked over it
+      return MsOp::CopyPrefix(other, seq, lo + d - 1);
+    default:  // forked, sharing its new cells before they hold data
+      return MsOp::CopyPrefix(seq, other, lo + d);
+  }
 }
 
 MsOp Decoder::Remove(const std::array<uint8_t, kRecordBytes>& f) const {

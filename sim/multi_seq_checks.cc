@@ -86,6 +86,8 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"far_batches", &MsCoverage::far_batches},
       {"last_position_batches", &MsCoverage::last_position_batches},
       {"high_id_batches", &MsCoverage::high_id_batches},
+      {"forward_edits", &MsCoverage::forward_edits},
+      {"forward_edits_on_batch", &MsCoverage::forward_edits_on_batch},
   };
   return fields;
 }

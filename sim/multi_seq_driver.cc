@@ -180,7 +180,15 @@ bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref,
       for (int64_t i : op.causal_off) {
         if (i < 0 || i >= n) return false;
       }
-      if (op.reserve) return true;
+      if (op.reserve) return op.edits.empty();
+      // Edits inside a forward go to the causal cache alone and leave the slots as they were,
+      // so the ideal conv state (which follows the KV history) would part from the slots'
+      // by construction: only as-specified runs take them.
+      if (!op.edits.empty() && config.conv != ConvExpectation::kAsSpecified) return false;
+      for (const MsOp& e : op.edits) {
+        const bool edit = e.kind == MsOpKind::kCopyPrefix || e.kind == MsOpKind::kRemove;
+        if (!edit || !e.edits.empty() || !ValidMsOp(config, ref, e)) return false;
+      }
       // Equal counts: the hybrid reads the batch as a grid, each sequence's run contiguous.
       const std::vector<int32_t> order = BatchSequences(op.batch);
       if (!EqualTokenCounts(op.batch)) return true;
@@ -315,21 +323,26 @@ void MultiSeqDriver::ConvInputInto(int64_t written_pos, uint64_t h, model::ConvR
   ConvInputRow(synth_, config_, written_pos, h, conv_in_, out);
 }
 
-Check MultiSeqDriver::ApplyCopyPrefix(const MsOp& op) {
-  const Status actual = cache_->CopyPrefix(op.seq, op.dst, op.begin);
+Check MultiSeqDriver::ApplyCopyPrefix(const MsOp& op, bool in_forward) {
+  const Status actual = in_forward ? cache_->mutable_kv().CopyPrefix(op.seq, op.dst, op.begin)
+                                   : cache_->CopyPrefix(op.seq, op.dst, op.begin);
   Fold(static_cast<uint64_t>(actual.code()));
   if (!actual.ok()) return Outcome("CopyPrefix", Status::Ok(), actual);
   entries_.clear();
   if (op.seq != op.dst) model_.kv().HistoryInto(S(op.seq), entries_);
   const std::vector<model::MsEntry>& src = entries_;
   if (!src.empty() && op.begin <= src.back().pos) ++coverage_.copy_prefix_partial;
-  model_.CopyPrefix(S(op.seq), S(op.dst), op.begin);
+  if (in_forward) {
+    model_.mutable_kv().CopyPrefix(S(op.seq), S(op.dst), op.begin);
+  } else {
+    model_.CopyPrefix(S(op.seq), S(op.dst), op.begin);
+  }
   half_edited_.erase(op.dst);  // dst's cells are all replaced
   ++coverage_.copy_prefix;
   return std::nullopt;
 }
 
-Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
+Check MultiSeqDriver::ApplyRemove(const MsOp& op, bool in_forward) {
   const bool finite = op.end != kvtwin::kUnbounded;
   model_.kv().HistoryInto(S(op.seq), entries_);
   const std::vector<model::MsEntry>& history = entries_;
@@ -343,9 +356,13 @@ Check MultiSeqDriver::ApplyRemove(const MsOp& op) {
   // positions moved and the groups before it shifted.
   *failing_shift_call_ =
       finite && (op.seq * 7 + op.begin * 3 + op.end % 5) % 5 == 0 ? op.begin % 2 : int64_t{-1};
-  const Status actual = cache_->Remove(op.seq, op.begin, op.end);
-  const Status expected = model_.Remove(S(op.seq), op.begin, finite ? op.end : model::kUnbounded,
-                                        config_.shift_supported ? *failing_shift_call_ : -1);
+  const Status actual = in_forward ? cache_->mutable_kv().Remove(op.seq, op.begin, op.end)
+                                   : cache_->Remove(op.seq, op.begin, op.end);
+  const int64_t model_end = finite ? op.end : model::kUnbounded;
+  const int64_t failing_call = config_.shift_supported ? *failing_shift_call_ : -1;
+  const Status expected =
+      in_forward ? model_.mutable_kv().Remove(S(op.seq), op.begin, model_end, failing_call)
+                 : model_.Remove(S(op.seq), op.begin, model_end, failing_call);
   const int64_t failing = *failing_shift_call_;
   *failing_shift_call_ = -1;
   Fold(static_cast<uint64_t>(actual.code()));

@@ -100,18 +100,20 @@ struct MsCoverage {
   int64_t cow_copies = 0;
   int64_t can_resume_true = 0;
   int64_t can_resume_false = 0;
-  int64_t ideal_divergences = 0;      // a sequence newly leaving the ideal conv state
-  int64_t rewrites = 0;               // forwards writing a position their sequence holds
-  int64_t cache_full_pruned = 0;      // cache full after window maintenance dropped cells
-  int64_t unordered_batches = 0;      // forwards whose positions descend within a sequence
-  int64_t joins = 0;                  // forwards where a new sequence joins others
-  int64_t removes_degenerate = 0;     // finite Removes: begin == end, or past the last position
-  int64_t half_edited_ops = 0;        // ops on a sequence a refused Remove left half-edited
-  int64_t causal_reset_calls = 0;     // SetCausal with an empty list
-  int64_t removes_far_end = 0;        // finite Removes ending at or past int32's largest value
-  int64_t far_batches = 0;            // forwards with a position past 2^24 (inexact as a float)
-  int64_t last_position_batches = 0;  // forwards with a token at int32's largest position
-  int64_t high_id_batches = 0;        // forwards with a sequence id >= kSeqBitsPerWord
+  int64_t ideal_divergences = 0;       // a sequence newly leaving the ideal conv state
+  int64_t rewrites = 0;                // forwards writing a position their sequence holds
+  int64_t cache_full_pruned = 0;       // cache full after window maintenance dropped cells
+  int64_t unordered_batches = 0;       // forwards whose positions descend within a sequence
+  int64_t joins = 0;                   // forwards where a new sequence joins others
+  int64_t removes_degenerate = 0;      // finite Removes: begin == end, or past the last position
+  int64_t half_edited_ops = 0;         // ops on a sequence a refused Remove left half-edited
+  int64_t causal_reset_calls = 0;      // SetCausal with an empty list
+  int64_t removes_far_end = 0;         // finite Removes ending at or past int32's largest value
+  int64_t far_batches = 0;             // forwards with a position past 2^24 (inexact as a float)
+  int64_t last_position_batches = 0;   // forwards with a token at int32's largest position
+  int64_t high_id_batches = 0;         // forwards with a sequence id >= kSeqBitsPerWord
+  int64_t forward_edits = 0;           // CopyPrefix / Remove between a StartForward and its Put
+  int64_t forward_edits_on_batch = 0;  // of them, a Remove of or CopyPrefix onto a batch seq
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
   // Every counter by name ("forwards", ...), in declaration order.
@@ -196,8 +198,11 @@ class MultiSeqDriver {
   // After every StartForward (started: it succeeded): seqs(), num_seqs(), seq_tokens(),
   // slots() (empty after a refusal) and supported_for_batch().
   Check CheckForwardDescriptors(const MsOp& op, bool started) const;
-  Check ApplyCopyPrefix(const MsOp& op);
-  Check ApplyRemove(const MsOp& op);
+  // in_forward: one of a forward's edits, on the embedded causal cache of both sides.
+  Check ApplyCopyPrefix(const MsOp& op, bool in_forward = false);
+  Check ApplyRemove(const MsOp& op, bool in_forward = false);
+  // The forward's edits between StartForward and Put, each checked as its op is.
+  Check ApplyForwardEdits(const MsOp& op);
   Check ApplyCanResume(const MsOp& op);
   // The forward after both StartForwards succeeded: placement, slots, SetCausal, Put, conv.
   Check RunForward(const MsOp& op, const model::MsBatch& batch);
@@ -210,7 +215,10 @@ class MultiSeqDriver {
   Status PutRows(const model::MsBatch& batch);
   // Where StartForward placed the batch and the current range it derived.
   Check CheckPlacement() const;
-  Check CheckVisible(const model::MsBatch& batch, const std::vector<int64_t>& causal_off);
+  // `masked`: what each batch token's mask row shows, computed when the mask was last built
+  // (edits came after it); null: computed now, from the metadata as it stands.
+  Check CheckVisible(const model::MsBatch& batch, const std::vector<int64_t>& causal_off,
+                     const std::vector<std::vector<model::MsEntry>>* masked = nullptr);
   // Every row of a view (Get) against the model's cells of its range, in cell order.
   Check CheckViewRows(const CausalCache::View& view);
   // A ConvState result's dtype and shape (spec §2.9.1, §7): `rows` rows (one per current
@@ -281,6 +289,7 @@ class MultiSeqDriver {
   MatF conv_in_;                                          // one layer's conv input row
   std::vector<model::MsCell> cells_;                      // the model's cell table
   std::vector<model::MsEntry> entries_;                   // a history or a visible set
+  std::vector<std::vector<model::MsEntry>> masked_;       // the mask before a forward's edits
   std::vector<int64_t> held_, want_held_;                 // CheckRetention, CountForward
   std::vector<int64_t> got_, got_pos_, want_, want_pos_;  // CheckVisible
   std::vector<std::vector<std::pair<int64_t, uint64_t>>> chains_;  // Tokens, per sequence

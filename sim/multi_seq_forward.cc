@@ -370,13 +370,54 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
     before_known_[i] =
         model_.ExpectedConvInto(S(order[i]), model::ConvMode::kAsSpecified, before_rows_[i]);
   }
+  // The forward's edits (another request's CopyPrefix or Remove while this one is set up)
+  // go before the SetCausal calls when those rebuild the mask (a decoy or a list of its
+  // own), for about half of such forwards: the mask Get shows is then built over the edited
+  // metadata. Otherwise they go after them, just before Put, and Get must show the mask
+  // as it was built before them. (A SetCausal that keeps the list rebuilds nothing in Go,
+  // while the spec's wording says it rebuilds, so no edit goes before one of those.)
+  const bool rebuilds = !op.causal_off.empty() || CausalDecoy(op).has_value();
+  const bool edits_first =
+      rebuilds && (op.edits.size() + static_cast<size_t>(op.batch.front().pos)) % 2 == 0;
+  if (edits_first) {
+    if (Check c = ApplyForwardEdits(op)) return c;
+  }
   // SetCausal only when asked, so a StartForward that keeps the last list shows; on every
   // fourth step an explicit empty list exercises the other path.
   if (Check c = SetCausalLists(cache_->mutable_kv(), op, steps_ % 4 == 0, coverage_)) return c;
+  const bool masked_before = !op.edits.empty() && !edits_first;
+  if (masked_before) {
+    masked_.resize(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const bool off = std::find(op.causal_off.begin(), op.causal_off.end(),
+                                 static_cast<int64_t>(i)) != op.causal_off.end();
+      model_.kv().VisibleInto(batch, i, off, masked_[i]);
+    }
+    if (Check c = ApplyForwardEdits(op)) return c;
+  }
   if (Status s = PutRows(batch); !s.ok()) return Outcome("Put", Status::Ok(), s);
   if (Check c = RunConv(batch, order)) return c;
   model_.FinishForward();
-  return CheckVisible(batch, op.causal_off);
+  return CheckVisible(batch, op.causal_off, masked_before ? &masked_ : nullptr);
+}
+
+Check MultiSeqDriver::ApplyForwardEdits(const MsOp& op) {
+  for (const MsOp& edit : op.edits) {
+    Fold(static_cast<uint64_t>(edit.kind));
+    const int32_t target = edit.kind == MsOpKind::kCopyPrefix ? edit.dst : edit.seq;
+    const bool on_batch = std::any_of(op.batch.begin(), op.batch.end(),
+                                      [target](const MsBatchToken& t) { return t.seq == target; });
+    ++coverage_.forward_edits;
+    coverage_.forward_edits_on_batch += on_batch;
+    Check c = edit.kind == MsOpKind::kCopyPrefix ? ApplyCopyPrefix(edit, /*in_forward=*/true)
+                                                 : ApplyRemove(edit, /*in_forward=*/true);
+    if (c) {
+      c->what = fmt::format("{} (between StartForward and Put: {})", c->what, edit.ToString());
+      return c;
+    }
+  }
+  // Where the batch went and the range the forward reads stay StartForward's.
+  return CheckPlacement();
 }
 
 Status MultiSeqDriver::PutRows(const model::MsBatch& batch) {
@@ -471,7 +512,8 @@ Check MultiSeqDriver::CheckPlacement() const {
 }
 
 Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
-                                   const std::vector<int64_t>& causal_off) {
+                                   const std::vector<int64_t>& causal_off,
+                                   const std::vector<std::vector<model::MsEntry>>* masked) {
   const CausalCache::View view = cache_->Get();
   const model::MsSpan range = model_.kv().CurrentRange();
   Fold(static_cast<uint64_t>(view.range_begin));
@@ -497,8 +539,8 @@ Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
       got_pos.push_back(cache_->kv().cells()[static_cast<size_t>(got.back())].pos);
       Fold(static_cast<uint64_t>(got.back()));
     }
-    model_.kv().VisibleInto(batch, i, off, entries_);
-    for (const model::MsEntry& e : entries_) {
+    if (masked == nullptr) model_.kv().VisibleInto(batch, i, off, entries_);
+    for (const model::MsEntry& e : masked != nullptr ? (*masked)[i] : entries_) {
       want.push_back(e.index);
       want_pos.push_back(e.pos);
     }

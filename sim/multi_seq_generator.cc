@@ -13,7 +13,10 @@ SeqId S(int32_t seq) { return SeqId{seq}; }
 
 }  // namespace
 
-MultiSeqGenerator::MultiSeqGenerator(Rng rng, int64_t base) : rng_(rng), base_(base) {
+// The edits stream is a fork of a copy: drawing from it leaves every op stream as it was up
+// to the first forward it edits.
+MultiSeqGenerator::MultiSeqGenerator(Rng rng, int64_t base)
+    : rng_(rng), edits_rng_(Rng(rng).Fork("forward-edits")), base_(base) {
   KV_CHECK(base >= 0 && base <= kMaxBatchPosition - 8, "a run's base position out of range");
 }
 
@@ -97,7 +100,42 @@ MsOp MultiSeqGenerator::Next(const MultiSeqDriver& driver) {
   } else {
     last_ = Choose(driver, active, free);
   }
+  // One forward in twelve has another request edit the cache while it is set up.
+  if (last_.kind == MsOpKind::kForward && !last_.reserve &&
+      driver.config().conv == ConvExpectation::kAsSpecified && edits_rng_.Chance(1, 12)) {
+    const int64_t n = edits_rng_.Range(1, 2);
+    for (int64_t k = 0; k < n; ++k) last_.edits.push_back(ForwardEdit(driver, last_));
+  }
   return last_;
+}
+
+MsOp MultiSeqGenerator::ForwardEdit(const MultiSeqDriver& driver, const MsOp& forward) {
+  Rng& r = edits_rng_;
+  const int32_t seq = forward.batch[static_cast<size_t>(r.Below(forward.batch.size()))].seq;
+  int64_t lo = kMaxBatchPosition, hi = 0;  // the sequence's batch positions: [lo, hi)
+  for (const MsBatchToken& t : forward.batch) {
+    if (t.seq != seq) continue;
+    lo = std::min(lo, t.pos);
+    hi = std::max(hi, t.pos + 1);
+  }
+  const auto other = static_cast<int32_t>(r.Below(static_cast<uint64_t>(driver.config().max_seqs)));
+  switch (r.Below(6)) {
+    case 0: {  // the batch's new cells dropped (the request cancelled), maybe more
+      return MsOp::Remove(seq, r.Range(std::max<int64_t>(0, lo - 2), hi), kvtwin::kUnbounded);
+    }
+    case 1: {  // a gap closed below the batch: its new cells move down (a RoPE shift)
+      const int64_t begin = r.Range(std::max<int64_t>(0, lo - 3), lo);
+      return MsOp::Remove(seq, begin, r.Range(begin, lo));
+    }
+    case 2:  // another sequence forked over the batch's (its new cells left behind)
+      return MsOp::CopyPrefix(other, seq, r.Range(-1, hi + 1));
+    case 3:  // the batch's sequence forked, its new cells shared before they hold data
+      return MsOp::CopyPrefix(seq, other, r.Range(lo, hi + 1));
+    case 4:  // some other sequence dropped
+      return MsOp::Remove(other, 0, kvtwin::kUnbounded);
+    default:  // the batch's sequence dropped whole
+      return MsOp::Remove(seq, 0, kvtwin::kUnbounded);
+  }
 }
 
 std::optional<MsOp> MultiSeqGenerator::AfterRefusal(const MultiSeqDriver& driver,

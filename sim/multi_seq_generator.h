@@ -17,7 +17,9 @@
 // driver's reference state and never proposes an op Valid() rejects. DrawMultiSeqConfig
 // picks a cache shape per seed (swarm style). A run may start its sequences far up (`base`),
 // and past kSeqBitsPerWord sequences forks ids that far apart and, now and then, one
-// sequence into every free id (hundreds of sharers of one conv slot). Single-threaded.
+// sequence into every free id (hundreds of sharers of one conv slot). One forward in twelve
+// of an as-specified run carries edits another request makes between its StartForward and
+// Put (MsOp::edits). Single-threaded.
 #pragma once
 
 #include <algorithm>
@@ -71,6 +73,9 @@ class MultiSeqGenerator {
                                    const std::vector<SeqState>& active);
   MsOp Choose(const MultiSeqDriver& driver, const std::vector<SeqState>& active,
               const std::vector<int32_t>& free);
+  // A CopyPrefix or Remove for between `forward`'s StartForward and Put, mostly on one of
+  // its sequences (drawn from edits_rng_).
+  MsOp ForwardEdit(const MultiSeqDriver& driver, const MsOp& forward);
   // Sometimes reverses or rotates one sequence's run (no conv layers only).
   void Scramble(const MultiSeqDriver& driver, std::vector<MsBatchToken>& batch);
   // A few batch indices for SetCausal, usually none.
@@ -89,6 +94,7 @@ class MultiSeqGenerator {
     int64_t left = 0;
   };
   Rng rng_;
+  Rng edits_rng_;                  // the forwards' edits (ForwardEdit)
   int64_t base_ = 0;               // where sequences start
   std::optional<Burst> burst_;     // rewrites still to come
   std::optional<int32_t> fanout_;  // the sequence being forked into every free id

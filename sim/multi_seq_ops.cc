@@ -97,6 +97,9 @@ std::string MsOp::ToString() const {
     case MsOpKind::kForward: {
       std::string s = fmt::format("{} [{}]", reserve ? "reserve" : "forward", BatchText(batch));
       if (!causal_off.empty()) s += fmt::format(" causal_off={}", causal_off);
+      std::vector<std::string> edited;
+      for (const MsOp& e : edits) edited.push_back(e.ToString());
+      if (!edits.empty()) s += fmt::format(" edits=[{}]", fmt::join(edited, "; "));
       return s;
     }
     case MsOpKind::kCopyPrefix:

@@ -2,8 +2,9 @@
 // hybrid cache and its reference. A forward is one batch of {sequence, position, token}
 // (kept in batch order: each sequence's tokens contiguous when the counts are equal, the
 // hybrid's grid), optionally a reserve (worst-case sizing, nothing written), and the batch
-// indices whose causal condition is disabled by SetCausal right after StartForward. The
-// other ops are the sequence edits and the CanResume probe. Value type.
+// indices whose causal condition is disabled by SetCausal right after StartForward, and the
+// sequence edits another request makes while the forward is set up (below). The other ops
+// are the sequence edits and the CanResume probe. Value type.
 #pragma once
 
 #include <array>
@@ -41,6 +42,12 @@ struct MsOp {
   std::vector<MsBatchToken> batch;
   bool reserve = false;
   std::vector<int64_t> causal_off;  // batch indices passed to SetCausal
+  // kForward, not reserving: CopyPrefix / Remove ops on the embedded causal cache between
+  // StartForward and Put (spec §2.8 builds the mask in StartForward and SetCausal, and Put
+  // scatters into the cells StartForward chose whatever their metadata became). A plain
+  // transformer's server edits the §2.8 cache directly; the hybrid's slots are not involved.
+  // A forward StartForward refuses applies none of them.
+  std::vector<MsOp> edits;
   // kCopyPrefix: src, dst, len. kRemove: seq, begin, end. kCanResume: seq, pos (= begin).
   int32_t seq = 0;  // kRemove / kCanResume; kCopyPrefix: src
   int32_t dst = 0;

@@ -236,6 +236,18 @@ class Shrinker {
         "causal forward");
     TryEvent(
         i, [](TraceEvent& e) { return std::exchange(MsOpOf(e).reserve, false); }, "no reserve");
+    // Each edit between StartForward and Put, last first (indices below stay put).
+    for (size_t k = MsOpOf(best_.events[i]).edits.size(); k-- > 0;) {
+      TryEvent(
+          i,
+          [k](TraceEvent& e) {
+            std::vector<MsOp>& edits = MsOpOf(e).edits;
+            if (k >= edits.size()) return false;
+            edits.erase(edits.begin() + static_cast<std::ptrdiff_t>(k));
+            return true;
+          },
+          "one edit fewer");
+    }
   }
 
   void SimplifyRequest(size_t i) {

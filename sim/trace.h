@@ -54,8 +54,11 @@
 //   {"dst":2,"len":5,"op":"copy_prefix","src":0}
 //   {"begin":3,"end":7,"op":"remove","seq":1}   ("end" absent = to the end)
 //   {"op":"can_resume","pos":4,"seq":1}
-// "batch" entries are [seq, pos, token]; "reserve" (default false) and "causal_off" (batch
-// indices, default []) are left out at their defaults. Sequence ids are checked against
+//   {"batch":[[1,6,2]],"edits":[{"begin":0,"op":"remove","seq":1}],"op":"forward"}
+// "batch" entries are [seq, pos, token]; "reserve" (default false), "causal_off" (batch
+// indices, default []) and "edits" (copy_prefix / remove objects applied to the causal cache
+// between StartForward and Put, at most 16, none on a reserve pass; default []) are left
+// out at their defaults. Sequence ids are checked against
 // max_seqs and positions against kMaxPosition here; whether an op is one a correct runner
 // would issue at that point (ValidMsOp) is the replayer's to report.
 //

@@ -118,12 +118,45 @@ Status DecodeSeq(const Fields& f, std::string_view key, int32_t max_seqs, int32_
   return f.Error(key, fmt::format("sequence {} out of range (max_seqs {})", *out, max_seqs));
 }
 
+Status DecodeMsOpAt(const Where& w, const Json& j, const std::string& prefix, int32_t max_seqs,
+                    MsOp* op);
+
+// A forward's "edits": CopyPrefix and Remove ops between its StartForward and Put. A few
+// suffice for any interleaving a server makes; the bound keeps a hostile line small.
+Status DecodeEdits(const Fields& f, int32_t max_seqs, MsOp* op) {
+  constexpr size_t kMaxEdits = 16;
+  const Json* v = f.Find("edits");
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_array()) return f.Error("edits", Expected("an array", *v));
+  if (v->size() > kMaxEdits) {
+    return f.Error("edits", fmt::format("too long: {} entries (at most {})", v->size(), kMaxEdits));
+  }
+  if (op->reserve && !v->empty()) {
+    return f.Error("edits", "a reserve pass places nothing, so it has no edits before its Put");
+  }
+  for (size_t i = 0; i < v->size(); ++i) {
+    const std::string ptr = fmt::format("{}/{}", f.Ptr("edits"), i);
+    const Json& e = (*v)[i];
+    if (!e.is_object()) return f.where().Error(ptr, Expected("an object", e));
+    MsOp edit;
+    KV_RETURN_IF_ERROR(DecodeMsOpAt(f.where(), e, ptr, max_seqs, &edit));
+    if (edit.kind != MsOpKind::kCopyPrefix && edit.kind != MsOpKind::kRemove) {
+      return f.where().Error(ptr + "/op", fmt::format("a forward's edits are copy_prefix or "
+                                                      "remove, got \"{}\"",
+                                                      MsOpKindName(edit.kind)));
+    }
+    op->edits.push_back(std::move(edit));
+  }
+  return Status::Ok();
+}
+
 Status DecodeMsFields(const Fields& f, int32_t max_seqs, MsOp* op) {
   switch (op->kind) {
     case MsOpKind::kForward:
       KV_RETURN_IF_ERROR(DecodeBatch(f, max_seqs, &op->batch));
       KV_RETURN_IF_ERROR(f.Ints("causal_off", 0, kMaxLength, 0, &op->causal_off, Need::kOptional));
-      return f.Bool("reserve", &op->reserve, Need::kOptional);
+      KV_RETURN_IF_ERROR(f.Bool("reserve", &op->reserve, Need::kOptional));
+      return DecodeEdits(f, max_seqs, op);
     case MsOpKind::kCopyPrefix:
       KV_RETURN_IF_ERROR(DecodeSeq(f, "dst", max_seqs, &op->dst));
       // Negative lengths too (spec §2.8: no cell has pos < len, so dst ends empty).
@@ -143,11 +176,10 @@ Status DecodeMsFields(const Fields& f, int32_t max_seqs, MsOp* op) {
   return Status::Ok();
 }
 
-}  // namespace
-
-Status DecodeMsOp(const Where& w, const Json& j, int32_t max_seqs, MsOp* op) {
-  const Fields f(w, j, "");
-  static constexpr std::string_view kForward[] = {"batch", "causal_off", "op", "reserve"};
+Status DecodeMsOpAt(const Where& w, const Json& j, const std::string& prefix, int32_t max_seqs,
+                    MsOp* op) {
+  const Fields f(w, j, prefix);
+  static constexpr std::string_view kForward[] = {"batch", "causal_off", "edits", "op", "reserve"};
   static constexpr std::string_view kCopyPrefix[] = {"dst", "len", "op", "src"};
   static constexpr std::string_view kRemove[] = {"begin", "end", "op", "seq"};
   static constexpr std::string_view kCanResume[] = {"op", "pos", "seq"};
@@ -163,6 +195,12 @@ Status DecodeMsOp(const Where& w, const Json& j, int32_t max_seqs, MsOp* op) {
   KV_RETURN_IF_ERROR(
       f.OnlyKeys(kKeys[static_cast<size_t>(op->kind)], fmt::format(" for op \"{}\"", name)));
   return DecodeMsFields(f, max_seqs, op);
+}
+
+}  // namespace
+
+Status DecodeMsOp(const Where& w, const Json& j, int32_t max_seqs, MsOp* op) {
+  return DecodeMsOpAt(w, j, "", max_seqs, op);
 }
 
 }  // namespace kvtwin::sim::trace_json

@@ -120,6 +120,11 @@ Json MsOpJson(const MsOp& op) {
       j["batch"] = std::move(batch);
       if (op.reserve) j["reserve"] = true;
       if (!op.causal_off.empty()) j["causal_off"] = op.causal_off;
+      if (!op.edits.empty()) {
+        Json edits = Json::array();
+        for (const MsOp& e : op.edits) edits.push_back(MsOpJson(e));
+        j["edits"] = std::move(edits);
+      }
       break;
     }
     case MsOpKind::kCopyPrefix:

@@ -39,6 +39,18 @@ refused = {
     "unknown model field": edited(lambda h: h["model"].update(heads=2)),
     "conv_tail -1": edited(lambda h: h["model"]["recurrent"].update(conv_tail=-1)),
 }
+# A forward's edits are copy_prefix / remove objects (the reader's DecodeEdits).
+event = json.loads(open(f"{root}/traces/regress/multiseq-remove-before-put-keeps-startforward-mask.jsonl").readlines()[1])
+def edited_event(edit):
+    e = json.loads(json.dumps(event))
+    edit(e)
+    return e
+refused.update({
+    "an edit that is a forward": edited_event(lambda e: e["edits"].append({"op": "forward", "batch": [[0, 1, 2]]})),
+    "an edit that is a probe": edited_event(lambda e: e["edits"].append({"op": "can_resume", "seq": 0, "pos": 1})),
+    "an edit with an unknown field": edited_event(lambda e: e["edits"][0].update(dst=1)),
+    "17 edits": edited_event(lambda e: e.update(edits=e["edits"] * 17)),
+})
 for name, line in refused.items():
     if validator.is_valid(line):
         failures.append(f"the schema accepts a line the reader refuses: {name}")

@@ -9,7 +9,8 @@
 // conv states, cell placement and slot accounting after every op. Commands: forwards of
 // equal per-sequence length over a window of sequence ids (new ids start at position 0;
 // some rewrite their last positions, some list a run's positions descending; some SetCausal
-// indices), CopyPrefix with full and partial lengths (onto itself too), tail / middle /
+// indices; some with CopyPrefix / Remove edits between StartForward and Put), CopyPrefix
+// with full and partial lengths (onto itself too), tail / middle /
 // whole / empty Removes, CanResume probes. A sequence a refused Remove left half-edited is
 // not cleared: the reference predicts that state, so later commands may use it. 300 pinned
 // cases (an RC_PARAMS from the caller wins); a failure prints the cache shape and the shrunk
@@ -85,7 +86,39 @@ MsOp GenForward(const MsModel& m) {
   if (*rc::gen::inRange(0, 6) == 0) {
     off.push_back(*rc::gen::inRange<int64_t>(0, static_cast<int64_t>(batch.size())));
   }
-  return MsOp::Forward(std::move(batch), std::move(off));
+  MsOp op = MsOp::Forward(std::move(batch), std::move(off));
+  // Now and then another request edits the cache between StartForward and Put: mostly one
+  // of the batch's sequences (its new cells dropped, shifted, forked over or shared).
+  if (*rc::gen::inRange(0, 6) == 0) {
+    const int64_t n = *rc::gen::inRange<int64_t>(1, 3);
+    for (int64_t e = 0; e < n; ++e) {
+      const MsBatchToken& t = *rc::gen::elementOf(op.batch);
+      const int64_t next = t.pos + 1;
+      const int32_t other = GenSeq(m);
+      const int64_t begin = *rc::gen::inRange<int64_t>(m.Low(t.pos), next + 1);
+      switch (*rc::gen::inRange(0, 5)) {
+        case 0:
+          op.edits.push_back(MsOp::Remove(t.seq, begin, kvtwin::kUnbounded));
+          break;
+        case 1:
+          op.edits.push_back(
+              MsOp::Remove(t.seq, begin, *rc::gen::inRange<int64_t>(begin, next + 2)));
+          break;
+        case 2:
+          op.edits.push_back(
+              MsOp::CopyPrefix(other, t.seq, *rc::gen::inRange<int64_t>(-1, next + 2)));
+          break;
+        case 3:
+          op.edits.push_back(
+              MsOp::CopyPrefix(t.seq, other, *rc::gen::inRange<int64_t>(0, next + 2)));
+          break;
+        default:
+          op.edits.push_back(MsOp::Remove(other, 0, kvtwin::kUnbounded));
+          break;
+      }
+    }
+  }
+  return op;
 }
 
 MsOp GenRemove(const MsModel& m) {
@@ -130,6 +163,15 @@ MsOp GenOp(const MsModel& m) {
   }
 }
 
+void ApplyEdit(model::RefMultiSeqCache& kv, const MsOp& op) {
+  if (op.kind == MsOpKind::kCopyPrefix) {
+    kv.CopyPrefix(SeqId{op.seq}, SeqId{op.dst}, op.begin);
+  } else {
+    (void)kv.Remove(SeqId{op.seq}, op.begin,
+                    op.end == kvtwin::kUnbounded ? model::kUnbounded : op.end);
+  }
+}
+
 void ApplyToModel(MsModel& m, const MsOp& op) {
   switch (op.kind) {
     case MsOpKind::kForward: {
@@ -138,7 +180,12 @@ void ApplyToModel(MsModel& m, const MsOp& op) {
       for (const MsBatchToken& t : op.batch) {
         batch.push_back({SeqId{t.seq}, t.pos, model::Token{t.token, 0}});
       }
-      (void)m.ref.Forward(batch, /*reads_conv=*/m.config.num_conv_layers > 0);
+      // The three calls of Forward, with the op's edits on the causal cache before the
+      // writes (where in the forward they land does not change the metadata they leave).
+      if (!m.ref.StartForward(batch).ok()) return;
+      if (m.config.num_conv_layers > 0 && !m.ref.ConvState().ok()) return;
+      for (const MsOp& e : op.edits) ApplyEdit(m.ref.mutable_kv(), e);
+      m.ref.FinishForward();
       return;
     }
     case MsOpKind::kCopyPrefix:

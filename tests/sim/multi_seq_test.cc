@@ -9,7 +9,8 @@
 // (and the next forward placed there), a free stack in queue order, a copy-on-write run
 // without a ConvState, a cell range recomputed where a refused Remove leaves it stale (and
 // the current range a forward builds from it), a freed cell that lost its rows; a
-// half-edited sequence that goes on in lock step; and a CopyPrefix(len < source) / tail
+// half-edited sequence that goes on in lock step; a forward with edits between its
+// StartForward and Put, and where such edits are valid; and a CopyPrefix(len < source) / tail
 // Remove workload under ConvExpectation::kIdeal, which must report the documented weakness
 // of the original LFM2 cache while kAsSpecified only counts it. Last, the two inputs the
 // driver makes up so that a plausible wrong cache shows: the bf16 conv values it hands
@@ -293,6 +294,54 @@ TEST(MultiSeqDriver, ReportsAFreedCellThatLostItsRows) {
   const std::optional<MsDivergence> d = driver.CheckNow();
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->mismatch.what, "stored cell 2 K row") << d->ToString();
+}
+
+// Another request's edits between a forward's StartForward and Put (MsOp::edits): the
+// forward still writes the cells StartForward chose and Get shows the mask built before the
+// edits; the driver checks both (catalogue 267 and 287 fail here).
+TEST(MultiSeqDriver, AForwardsEditsGoBetweenItsStartForwardAndPut) {
+  MultiSeqDriver driver(SmallConfig(), kValueSeed);
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 4, 10)));
+  ApplyOk(driver, MsOp::CopyPrefix(0, 1, 4));
+  MsOp op = MsOp::Forward(Tokens(1, 4, 1, 20));  // cell 4
+  op.edits = {MsOp::Remove(1, 0, kvtwin::kUnbounded)};
+  ApplyOk(driver, op);
+  EXPECT_EQ(driver.coverage().forward_edits, 1);
+  EXPECT_EQ(driver.coverage().forward_edits_on_batch, 1);
+  EXPECT_TRUE(driver.cache().kv().cells()[4].seqs.empty());  // freed, rows written anyway
+  const std::vector<model::MsCell> cells = driver.model().kv().Cells();
+  ASSERT_TRUE(cells[4].rows.has_value());
+  EXPECT_EQ(cells[4].rows->written_pos, 4);
+  // A fork onto the batch's sequence and a cut below its new cell, on another forward.
+  MsOp fork = MsOp::Forward(Tokens(2, 0, 2, 30));
+  fork.edits = {MsOp::CopyPrefix(0, 2, 3), MsOp::Remove(0, 1, 2)};
+  ApplyOk(driver, fork);
+  EXPECT_EQ(driver.coverage().forward_edits, 3);
+  EXPECT_EQ(driver.coverage().forward_edits_on_batch, 2);
+}
+
+TEST(MultiSeqDriver, EditsInsideAForwardAreValidOnlyWhereTheyMeanSomething) {
+  const MultiSeqConfig config = SmallConfig();
+  MultiSeqDriver driver(config, kValueSeed);
+  MsOp op = MsOp::Forward(Tokens(0, 0, 2, 10));
+  op.edits = {MsOp::Remove(0, 0, 1), MsOp::CopyPrefix(0, 1, 1)};
+  EXPECT_TRUE(driver.Valid(op));
+  MsOp reserve = op;
+  reserve.reserve = true;  // a reserve pass places nothing
+  EXPECT_FALSE(driver.Valid(reserve));
+  MsOp probe = op;
+  probe.edits.push_back(MsOp::CanResume(0, 1));
+  EXPECT_FALSE(driver.Valid(probe));
+  MsOp nested = op;
+  nested.edits.push_back(MsOp::Forward(Tokens(1, 0, 1, 5)));
+  EXPECT_FALSE(driver.Valid(nested));
+  MsOp inverted = op;
+  inverted.edits.push_back(MsOp::Remove(0, 3, 2));
+  EXPECT_FALSE(driver.Valid(inverted));
+  // The edits bypass the slots, so the ideal conv state would part from them by design.
+  const MultiSeqDriver ideal(SmallConfig(ConvExpectation::kIdeal), kValueSeed);
+  EXPECT_FALSE(ideal.Valid(op));
+  EXPECT_TRUE(ideal.Valid(MsOp::Forward(Tokens(0, 0, 2, 10))));
 }
 
 // A prompt on s0, one decode step, then s1 forks the prompt without the decoded token:

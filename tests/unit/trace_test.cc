@@ -956,13 +956,22 @@ std::string MultiSeqHeader(const std::function<void(Json&)>& edit) {
   return j.dump();
 }
 
+// A forward with another request's edits between its StartForward and Put.
+MsOp ForwardWithEdits() {
+  MsOp op = MsOp::Forward({{1, 6, 2}});
+  op.edits = {MsOp::Remove(1, 0, kvtwin::kUnbounded), MsOp::CopyPrefix(0, 1, 3),
+              MsOp::Remove(2, 1, 4)};
+  return op;
+}
+
 std::vector<MsOp> EveryMsOpKind() {
   return {MsOp::Forward({{0, 4, 17}, {0, 5, 3}, {1, 4, 9}, {1, 5, 2}}, {1, 3}, true),
           MsOp::Forward({{2, 0, 1}}),
           MsOp::CopyPrefix(0, 2, 5),
           MsOp::Remove(1, 3, 7),
           MsOp::Remove(3, 0, kvtwin::kUnbounded),
-          MsOp::CanResume(1, 4)};
+          MsOp::CanResume(1, 4),
+          ForwardWithEdits()};
 }
 
 TEST(TraceJson, DefaultMultiSeqHeaderIsTheDocumentedLine) {
@@ -977,6 +986,13 @@ TEST(TraceJson, AForwardWritesItsBatchAsTriples) {
             R"("reserve":true})");
   EXPECT_EQ(EventToJson(EveryMsOpKind()[1]), R"({"batch":[[2,0,1]],"op":"forward"})");
   EXPECT_EQ(EventToJson(EveryMsOpKind()[4]), R"({"begin":0,"op":"remove","seq":3})");
+  EXPECT_EQ(EventToJson(ForwardWithEdits()),
+            R"({"batch":[[1,6,2]],"edits":[{"begin":0,"op":"remove","seq":1},)"
+            R"({"dst":1,"len":3,"op":"copy_prefix","src":0},)"
+            R"({"begin":1,"end":4,"op":"remove","seq":2}],"op":"forward"})");
+  EXPECT_EQ(ForwardWithEdits().ToString(),
+            "forward [s1@6:2] edits=[remove s1 [0, inf); copy_prefix s0 -> s1 len=3; remove s2 "
+            "[1, 4)]");
 }
 
 TEST(TraceRoundTrip, MultiSeqHeaderAndEveryMsOpKind) {
@@ -1104,6 +1120,22 @@ TEST(TraceReaderErrors, MsOpFields) {
       {R"({"begin":0,"op":"remove","pos":1,"seq":0})", R"(/pos: unknown field for op "remove")"},
       {R"({"op":"can_resume","pos":4294967297,"seq":0})",
        "/pos: must be <= 4294967296, got 4294967297"},
+      // A forward's edits: copy_prefix / remove objects, checked as events are, at their
+      // own pointers; none on a reserve pass, at most 16.
+      {R"({"batch":[[0,1,1]],"edits":{},"op":"forward"})", "/edits: expected an array, got object"},
+      {R"({"batch":[[0,1,1]],"edits":[3],"op":"forward"})", "/edits/0: expected an object, got 3"},
+      {R"({"batch":[[0,1,1]],"edits":[{"begin":0,"op":"remove","seq":0},{"op":"can_resume","pos":1,"seq":0}],"op":"forward"})",
+       R"(/edits/1/op: a forward's edits are copy_prefix or remove, got "can_resume")"},
+      {R"({"batch":[[0,1,1]],"edits":[{"batch":[[0,1,1]],"op":"forward"}],"op":"forward"})",
+       R"(/edits/0/op: a forward's edits are copy_prefix or remove, got "forward")"},
+      {R"({"batch":[[0,1,1]],"edits":[{"begin":0,"op":"remove","seq":9}],"op":"forward"})",
+       "/edits/0/seq: sequence 9 out of range (max_seqs 4)"},
+      {R"({"batch":[[0,1,1]],"edits":[{"dst":1,"len":1,"op":"copy_prefix","src":0,"x":1}],"op":"forward"})",
+       R"(/edits/0/x: unknown field for op "copy_prefix")"},
+      {R"({"batch":[[0,1,1]],"edits":[{"begin":0,"op":"remove","seq":0}],"op":"forward","reserve":true})",
+       "/edits: a reserve pass places nothing, so it has no edits before its Put"},
+      {R"({"batch":[[0,1,1]],"edits":[{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}],"op":"forward"})",
+       "/edits: too long: 17 entries (at most 16)"},
   };
   for (const auto& [event, want] : cases) {
     EXPECT_EQ(ErrorOf({kMultiSeqHeader, event}), "FILE:2: " + want) << event;
