@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -641,6 +642,111 @@ RC_GTEST_PROP(AttentionMask, IntersectOfRelaxedMasksMatchesTheCellByCellIntersec
   const auto rows = VisibleRows(hist.h, mask, offset, query_len);
   RC_ASSERT(rows.ok());
   RC_ASSERT(*rows == want_rows);
+}
+
+// A random additive array of one of the three shapes a forward meets: [L x K], [1 x K],
+// [L x 1] (finite biases and -inf; no +inf, so sums stay comparable).
+MatF ArbitraryArray(int64_t query_len, int64_t key_len) {
+  const int shape = static_cast<int>(AnyIn(0, 3));
+  const int64_t rows = shape == 1 ? 1 : query_len;
+  const int64_t cols = shape == 2 ? 1 : key_len;
+  const std::vector<float> values = {0.0f, 0.0f, 1.5f, -2.0f, -kInf};
+  MatF arr(rows, cols);
+  for (int64_t q = 0; q < rows; ++q) {
+    for (int64_t k = 0; k < cols; ++k) arr(q, k) = values[static_cast<size_t>(AnyIn(0, 5))];
+  }
+  return arr;
+}
+
+// A mask is a value: what it shows depends only on how it was built, never on what was asked
+// of it before, so a memo of an earlier materialization or dispatch that survives a Relax or
+// an Intersect shows here (whichever function keeps it). Each case builds one mask twice by the
+// same random steps (relax; intersect with a relaxed causal mask, an array or a sliding
+// window), asking the first copy between the steps for AsArray and VisibleRows at the final
+// geometry or another one, and the second copy nothing; both must then materialize and
+// dispatch alike, and the same holds for a copy taken mid-way and asked nothing.
+RC_GTEST_PROP(AttentionMask, WhatAMaskShowsDoesNotDependOnWhatWasAskedOfItBefore, ()) {
+  const int64_t query_len = AnyIn(1, 7);
+  const int64_t offset = AnyIn(0, 10);
+  const int64_t key_len = AnyIn(query_len, offset + query_len + 1);
+  const PlainHistory hist(key_len);
+  auto ask = [&](const AttentionMask& m) {
+    if (*rc::gen::arbitrary<bool>()) {
+      (void)m.AsArray(offset, query_len, key_len);
+      (void)VisibleRows(hist.h, m, offset, query_len);
+    } else {
+      // Another offset; another shape too unless an array fixes it (one of [L x K] does
+      // not broadcast to other shapes, a refusal, not a value).
+      const bool any_shape = !m.array().has_value();
+      const int64_t l = any_shape ? AnyIn(1, 7) : query_len;
+      const int64_t o = AnyIn(any_shape ? 0 : std::max<int64_t>(0, key_len - l), 10);
+      const int64_t k = any_shape ? AnyIn(l, o + l + 1) : key_len;
+      const PlainHistory other(k);
+      (void)m.AsArray(o, l, k);
+      (void)VisibleRows(other.h, m, o, l);
+    }
+  };
+  AttentionMask asked = AttentionMask::Causal(), fresh = AttentionMask::Causal();
+  std::optional<AttentionMask> copy, fresh_copy;  // taken mid-way, the first one asked
+  const int64_t steps = AnyIn(1, 5);
+  for (int64_t i = 0; i < steps; ++i) {
+    ask(asked);
+    if (!copy && *rc::gen::arbitrary<bool>()) {
+      copy = asked;
+      fresh_copy = fresh;
+    }
+    switch (AnyIn(0, 4)) {
+      case 0: {
+        const std::vector<RelaxRect> rects = ArbitraryRects(offset, query_len, 3);
+        Result<AttentionMask> a = asked.Relax(rects), f = fresh.Relax(rects);
+        RC_ASSERT(a.ok() == f.ok());
+        if (a.ok()) {
+          asked = a.value();
+          fresh = f.value();
+        }
+        break;
+      }
+      case 1: {
+        const Result<AttentionMask> other =
+            AttentionMask::Causal().Relax(ArbitraryRects(offset, query_len, 3));
+        RC_ASSERT(other.ok());
+        asked = AttentionMask::Intersect(asked, other.value());
+        fresh = AttentionMask::Intersect(fresh, other.value());
+        break;
+      }
+      case 2: {
+        const AttentionMask array = AttentionMask::Array(ArbitraryArray(query_len, key_len));
+        asked = AttentionMask::Intersect(asked, array);
+        fresh = AttentionMask::Intersect(fresh, array);
+        break;
+      }
+      default: {
+        const AttentionMask window =
+            SlidingWindowMask(offset, query_len, key_len, AnyIn(1, key_len + 1));
+        asked = AttentionMask::Intersect(asked, window);
+        fresh = AttentionMask::Intersect(fresh, window);
+        break;
+      }
+    }
+  }
+  ask(asked);
+  const MatF want = fresh.AsArray(offset, query_len, key_len);
+  const auto want_rows = VisibleRows(hist.h, fresh, offset, query_len);
+  RC_ASSERT(want_rows.ok());
+  const MatF got = asked.AsArray(offset, query_len, key_len);
+  for (int64_t q = 0; q < query_len; ++q) {
+    for (int64_t k = 0; k < key_len; ++k) RC_ASSERT(got(q, k) == want(q, k));
+  }
+  const auto got_rows = VisibleRows(hist.h, asked, offset, query_len);
+  RC_ASSERT(got_rows.ok());
+  RC_ASSERT(*got_rows == *want_rows);
+  if (copy) {
+    const MatF copied = copy->AsArray(offset, query_len, key_len);
+    const MatF copied_fresh = fresh_copy->AsArray(offset, query_len, key_len);
+    for (int64_t q = 0; q < query_len; ++q) {
+      for (int64_t k = 0; k < key_len; ++k) RC_ASSERT(copied(q, k) == copied_fresh(q, k));
+    }
+  }
 }
 
 // The refusal names the array's shape and the [L x K] it failed to reach, in that order, on
