@@ -164,8 +164,9 @@ class Replayer {
     if (const std::optional<MsDivergence>& div = d.divergence()) {
       Diverged(div->ToString(), div->mismatch.what);  // a disagreement on the derived shape
     }
-    ApplyEvents<MsOp>(
-        d, "a sequence, position or batch that a correct runner would not issue at this point");
+    ApplyEvents<MsOp>(d,
+                      "a sequence, position, batch or edit inside a forward (those need conv "
+                      "\"as-specified\") that a correct runner would not issue at this point");
     r_.state =
         fmt::format("multiseq {}\ncoverage: {}\n", config.Describe(), d.coverage().ToString());
     BeforeTeardown();

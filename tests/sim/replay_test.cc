@@ -149,8 +149,27 @@ TEST(Replay, AMultiSeqOpARunnerWouldNotIssueIsAnInputErrorAtThatEvent) {
   const ReplayResult r = ReplayTrace(t);
   ASSERT_TRUE(r.input_error);
   EXPECT_EQ(r.input_error->message(),
-            "event 1: /: can_resume s0 pos=-1 names a sequence, position or batch that a "
-            "correct runner would not issue at this point");
+            "event 1: /: can_resume s0 pos=-1 names a sequence, position, batch or edit inside a "
+            "forward (those need conv \"as-specified\") that a correct runner would not issue at "
+            "this point");
+}
+
+// Edits inside a forward bypass the hybrid's slots: an ideal run refuses them, at that event.
+TEST(Replay, AForwardsEditsInAnIdealRunAreAnInputErrorAtThatEvent) {
+  Trace t;
+  t.header.kind = TraceKind::kMultiSeq;
+  t.header.multiseq.conv = ConvExpectation::kIdeal;
+  MsOp op = MsOp::Forward({{0, 1, 5}});
+  op.edits = {MsOp::Remove(0, 0, kvtwin::kUnbounded)};
+  t.events = {MsOp::Forward({{0, 0, 5}}), op};
+  const ReplayResult r = ReplayTrace(t);
+  ASSERT_TRUE(r.input_error);
+  EXPECT_EQ(r.input_error->message(),
+            "event 1: /: forward [s0@1:5] edits=[remove s0 [0, inf)] names a sequence, position, "
+            "batch or edit inside a forward (those need conv \"as-specified\") that a correct "
+            "runner would not issue at this point");
+  t.header.multiseq.conv = ConvExpectation::kAsSpecified;
+  EXPECT_TRUE(ReplayTrace(t).passed());
 }
 
 TEST(Replay, AnEventNamingAMissingSnapshotIsAnInputErrorAtThatEvent) {
@@ -411,6 +430,35 @@ TEST(Shrink, MultiSeqDropsUninvolvedSequencesAndShortensBatches) {
   EXPECT_EQ(forward.batch.size(), 4u) << forward.ToString();  // positions 0..3: 3 is the last
   EXPECT_EQ(r.trace.header.multiseq.kv_cols, 1);
   EXPECT_EQ(r.trace.header.multiseq.num_conv_layers, 0);
+}
+
+// Diverges at a forward whose edits include a Remove of sequence 1.
+ReplayResult EditOracle(const Trace& t) {
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const MsOp& op = std::get<MsOp>(t.events[i]);
+    for (const MsOp& e : op.edits) {
+      if (e.kind == MsOpKind::kRemove && e.seq == 1) return DivergesAt("E", i);
+    }
+  }
+  return ReplayResult{};
+}
+
+// A forward's edits go one at a time: the one the divergence needs stays.
+TEST(Shrink, MultiSeqDropsTheEditsADivergenceDoesNotNeed) {
+  Trace t;
+  t.header.kind = TraceKind::kMultiSeq;
+  t.header.multiseq.max_seqs = 4;
+  MsOp op = MsOp::Forward({{1, 0, 5}});
+  op.edits = {MsOp::CopyPrefix(0, 1, 2), MsOp::Remove(1, 0, kvtwin::kUnbounded),
+              MsOp::Remove(2, 0, kvtwin::kUnbounded)};
+  t.events.emplace_back(op);
+  ShrinkOptions options;
+  options.replay = EditOracle;
+  const ShrinkResult r = Shrink(t, options);
+  ASSERT_EQ(r.kind, "E");
+  ASSERT_EQ(r.trace.events.size(), 1u);
+  EXPECT_EQ(std::get<MsOp>(r.trace.events[0]).edits,
+            (std::vector<MsOp>{MsOp::Remove(1, 0, kvtwin::kUnbounded)}));
 }
 
 TEST(Report, JsonAndJunitAreExactAndEscaped) {
