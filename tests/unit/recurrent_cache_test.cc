@@ -257,6 +257,31 @@ TEST(RecurrentCache, RestoreIntoFreedCacheInstallsTheSnapshot) {
   EXPECT_EQ(cache.Get(DType::kBFloat16).conv->dtype(), DType::kBFloat16);
 }
 
+// Spec §2.3 installs copies of the snapshot over live state, so the conv dtype and values
+// are the snapshot's even when the live state holds the other activation dtype (a layer freed
+// and read again in another dtype, then restored from a capture of before): a restore that
+// converted into the live dtype would round an f32 tail to bf16 (1.1 is not a bf16 value).
+TEST(RecurrentCache, RestoreOverLiveStateOfTheOtherDtypeInstallsTheSnapshotsConv) {
+  for (const DType snap_dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const DType live_dtype = snap_dtype == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
+    RecurrentCache cache(Dims());
+    cache.Get(snap_dtype);
+    PutFilled(cache, 4, 1.1f);
+    SnapshotPtr snap = cache.Snapshot(0);
+    const float captured = ConvValue(AsRec(snap).conv());
+    cache.Free();
+    cache.Get(live_dtype);
+    PutFilled(cache, 2, 2.0f);
+    ASSERT_EQ(cache.conv().dtype(), live_dtype);
+    ASSERT_TRUE(cache.Restore(snap.get(), 4));
+    EXPECT_EQ(cache.Offset(), 4);
+    ASSERT_EQ(cache.conv().dtype(), snap_dtype) << DTypeName(snap_dtype);
+    EXPECT_EQ(ConvValue(cache.conv()), captured) << DTypeName(snap_dtype);
+    EXPECT_EQ(FilledValue(cache.delta()), 1.1f);
+    EXPECT_EQ(cache.Get(snap_dtype).conv->dtype(), snap_dtype);
+  }
+}
+
 TEST(RecurrentCache, RestoreForwardToALaterSnapshot) {
   RecurrentCache cache = CacheAt(3, 1.0f);
   SnapshotPtr early = cache.Snapshot(0);
