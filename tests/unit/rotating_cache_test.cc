@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -645,6 +646,34 @@ TEST(RotatingCache, Bf16WindowRoundTripsThroughSnapshotBitExactly) {
     const int64_t slot = (fresh.ring_idx() + j) % 4;
     EXPECT_TRUE(fresh.keys().Rows(slot, 1).Equals(kb.Rows(2 + j, 1)));
     EXPECT_TRUE(fresh.values().Rows(slot, 1).Equals(vb.Rows(2 + j, 1)));
+  }
+}
+
+// K and V keep their own dtypes (spec §2.1, §2.2: those of the first written keys and
+// values), however the first write comes: a single token into a fresh or freed layer (the
+// growth path allocates the buffers), or a batch (the buffers adopt the tensors).
+TEST(RotatingCache, KAndVKeepTheirOwnDtypesFromAnyFirstWrite) {
+  const DType bf = DType::kBFloat16, f32 = DType::kFloat32;
+  for (const auto& [k_dtype, v_dtype] : {std::pair{bf, f32}, std::pair{f32, bf}}) {
+    for (const int64_t first : {int64_t{1}, int64_t{3}}) {
+      for (const bool freed : {false, true}) {
+        RotatingCache cache(4);
+        if (freed) {
+          cache.Update(Rows(Positions(0, 2), kKeyCols, 1.0f, f32),
+                       Rows(Positions(0, 2), kValueCols, -1.0f, f32));
+          cache.Free();
+        }
+        const std::string at = "first " + std::to_string(first) + (freed ? " after Free" : "");
+        for (int64_t pos = 0; pos < 6; pos += first) {
+          const std::vector<float> tags = Positions(pos, first);
+          cache.Update(Rows(tags, kKeyCols, 1.0f, k_dtype), Rows(tags, kValueCols, -1.0f, v_dtype));
+        }
+        ASSERT_TRUE(cache.HasBuffer()) << at;
+        EXPECT_EQ(cache.keys().dtype(), k_dtype) << at;
+        EXPECT_EQ(cache.values().dtype(), v_dtype) << at;
+        EXPECT_EQ(WindowTags(cache), ExpectedWindow(cache.Offset(), 4)) << at;
+      }
+    }
   }
 }
 
