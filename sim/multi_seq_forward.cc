@@ -416,7 +416,7 @@ Check MultiSeqDriver::ApplyForwardEdits(const MsOp& op) {
       return c;
     }
   }
-  // Where the batch went and the range the forward reads stay StartForward's.
+  // Where the batch went stays StartForward's (the range Get reads is checked there).
   return CheckPlacement();
 }
 
