@@ -376,9 +376,9 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
   // metadata. Otherwise they go after them, just before Put, and Get must show the mask
   // as it was built before them. (A SetCausal that keeps the list rebuilds nothing in Go,
   // while the spec's wording says it rebuilds, so no edit goes before one of those.)
-  const bool rebuilds = !op.causal_off.empty() || CausalDecoy(op).has_value();
-  const bool edits_first =
-      rebuilds && (op.edits.size() + static_cast<size_t>(op.batch.front().pos)) % 2 == 0;
+  const bool edits_first = !op.edits.empty() &&
+                           (op.edits.size() + static_cast<size_t>(op.batch.front().pos)) % 2 == 0 &&
+                           (!op.causal_off.empty() || CausalDecoy(op).has_value());
   if (edits_first) {
     if (Check c = ApplyForwardEdits(op)) return c;
   }

@@ -138,13 +138,16 @@ Status DecodeEdits(const Fields& f, int32_t max_seqs, MsOp* op) {
     const std::string ptr = fmt::format("{}/{}", f.Ptr("edits"), i);
     const Json& e = (*v)[i];
     if (!e.is_object()) return f.where().Error(ptr, Expected("an object", e));
+    // The kind first: a forward nested in an edit is refused before its own fields (and
+    // edits) are read, so a hostile line cannot nest them deep.
+    std::string name;
+    KV_RETURN_IF_ERROR(Fields(f.where(), e, ptr).String("op", &name, Need::kRequired));
+    if (name != MsOpKindName(MsOpKind::kCopyPrefix) && name != MsOpKindName(MsOpKind::kRemove)) {
+      return f.where().Error(ptr + "/op",
+                             "a forward's edits are copy_prefix or remove, got " + Quote(name));
+    }
     MsOp edit;
     KV_RETURN_IF_ERROR(DecodeMsOpAt(f.where(), e, ptr, max_seqs, &edit));
-    if (edit.kind != MsOpKind::kCopyPrefix && edit.kind != MsOpKind::kRemove) {
-      return f.where().Error(ptr + "/op", fmt::format("a forward's edits are copy_prefix or "
-                                                      "remove, got \"{}\"",
-                                                      MsOpKindName(edit.kind)));
-    }
     op->edits.push_back(std::move(edit));
   }
   return Status::Ok();
