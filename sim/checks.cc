@@ -145,6 +145,7 @@ LayerOracle::LayerOracle(const SyntheticForward& synth, const StackConfig& confi
       layer_(layer),
       spec_(config.layers[static_cast<size_t>(layer)]),
       dtype_(config.dtype),
+      v_dtype_(config.value_dtype()),
       k_cols_(config.k_cols()),
       v_cols_(config.v_cols()),
       dims_(config.dims.recurrent),
@@ -201,13 +202,15 @@ void LayerOracle::Reset(const StackConfig& config, int32_t layer) {
   // Memo rows depend on the seed and the layer: all are recomputed. The tensors are kept
   // when their shape still fits (a new seed alone); every other member is scratch that a
   // check writes before it reads.
-  if (dtype_ != config.dtype || k_cols_ != config.k_cols() || v_cols_ != config.v_cols()) {
+  if (dtype_ != config.dtype || v_dtype_ != config.value_dtype() || k_cols_ != config.k_cols() ||
+      v_cols_ != config.v_cols()) {
     memo_k_ = Tensor();
     memo_v_ = Tensor();
     memo_h_.clear();
     memo_set_.clear();
   }
   dtype_ = config.dtype;
+  v_dtype_ = config.value_dtype();
   k_cols_ = config.k_cols();
   v_cols_ = config.v_cols();
   std::fill(memo_set_.begin(), memo_set_.end(), uint8_t{0});
@@ -227,7 +230,7 @@ const Tensor& LayerOracle::ExpectedRow(int64_t p, const model::Token& t, bool is
     const int64_t rows = std::max<int64_t>(64, 2 * (p + 1));
     if (memo_k_.empty()) {
       memo_k_ = Tensor(dtype_, rows, k_cols_);
-      memo_v_ = Tensor(dtype_, rows, v_cols_);
+      memo_v_ = Tensor(v_dtype_, rows, v_cols_);
     } else {
       memo_k_.ResizeRows(rows);
       memo_v_.ResizeRows(rows);
@@ -389,7 +392,7 @@ Check LayerOracle::CheckRecurrentLiveBytes(const RecurrentCache& cache) const {
 }
 
 int64_t LayerOracle::KvRowBytes(int64_t rows) const {
-  return rows * (k_cols_ + v_cols_) * ElementBytes(dtype_);
+  return rows * (k_cols_ * ElementBytes(dtype_) + v_cols_ * ElementBytes(v_dtype_));
 }
 
 int64_t LayerOracle::RecurrentStateBytes() const {

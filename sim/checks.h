@@ -265,7 +265,8 @@ class LayerOracle {
   const SyntheticForward& synth_;
   int32_t layer_;
   LayerSpec spec_;
-  DType dtype_;
+  DType dtype_;              // the activation dtype: K rows and recurrent conv
+  DType v_dtype_;            // V rows' (StackConfig::value_dtype)
   int64_t k_cols_, v_cols_;  // K and V row widths
   RecurrentDims dims_;
   model::RefGdnFolder folder_;

@@ -60,7 +60,7 @@ History ForwardSynthetic(LayerCache& target, const StackConfig& config,
   ForwardInputs& s = buffers.For(target.kind() == CacheKind::kRecurrent ? real + pad : real);
   if (target.kind() != CacheKind::kRecurrent) {
     s.k.EnsureShape(config.dtype, real, config.k_cols());  // FillKvRow rewrites every row
-    s.v.EnsureShape(config.dtype, real, config.v_cols());
+    s.v.EnsureShape(config.value_dtype(), real, config.v_cols());
     for (int64_t r = 0; r < real; ++r) {
       const uint64_t h = tokens[static_cast<size_t>(r)].h;
       synth.FillKvRow(s.k, r, layer, start + r, h, false);

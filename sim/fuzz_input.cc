@@ -53,6 +53,13 @@ ModelDims FuzzDimsOf(uint8_t dtype_byte) {
   return DrawModelDims(rng);
 }
 
+StackDTypes FuzzDTypesOf(uint8_t dtype_byte) {
+  const DType activation = dtype_byte % 2 == 1 ? DType::kBFloat16 : DType::kFloat32;
+  if ((dtype_byte & 0x0C) != 0x0C) return StackDTypes(activation);
+  return StackDTypes(activation,
+                     activation == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32);
+}
+
 const std::vector<FuzzTarget>& AllFuzzTargets() {
   static const std::vector<FuzzTarget> all = [] {
     std::vector<FuzzTarget> v;

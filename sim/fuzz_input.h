@@ -74,6 +74,10 @@ int64_t ResolveValue(uint8_t mode, uint8_t arg, const ValueContext& context);
 // ride in spare bits of an existing byte, so every input keeps its layout and one bit flip
 // moves a run between the tiny default widths and 64 others.
 ModelDims FuzzDimsOf(uint8_t dtype_byte);
+// The dtypes of the same byte: bit 0 the activation dtype (bf16 when set); bits 2 and 3
+// both set put V in the other dtype (StackDTypes::v), so a quarter of the inputs store K
+// and V in two dtypes, which llama.cpp's --cache-type-k / --cache-type-v allow.
+StackDTypes FuzzDTypesOf(uint8_t dtype_byte);
 
 struct FuzzLayout {
   size_t header_bytes = 0;

@@ -91,7 +91,7 @@ struct Shape {
   std::string preset;
   int32_t layers = 1;
   int64_t window = 1;
-  DType dtype = DType::kFloat32;
+  StackDTypes dtypes;
   ModelDims dims;
   uint64_t seed = 0;
 };
@@ -164,7 +164,9 @@ Shape ReadHeader(FuzzTarget target, std::span<const uint8_t> bytes) {
   s.layers = LayersOf(target, Field(in));
   s.window = 1 + Field(in) % 9;
   const uint8_t dtype = Field(in);
-  s.dtype = dtype % 2 == 1 ? DType::kBFloat16 : DType::kFloat32;
+  s.dtypes = FuzzDTypesOf(dtype);
+  // A recurrent stack has no V rows: its inputs keep the header they had.
+  if (target == FuzzTarget::kRecurrent) s.dtypes.v.reset();
   s.dims = FuzzDimsOf(dtype);
   s.seed = Field(in);
   return s;
@@ -362,7 +364,7 @@ TraceHeader HeaderFor(FuzzTarget target, const Shape& s) {
   h.preset = s.preset;
   h.layers = s.layers;
   h.window = s.window;
-  h.dtype = DTypeName(s.dtype);
+  h.dtype = StackDTypesName(s.dtypes);
   h.dims = s.dims;
   h.source = std::string("fuzz target ") + FuzzTargetName(target);
   return h;
@@ -386,7 +388,7 @@ FuzzRun RunLayerFuzz(FuzzTarget target, const FuzzParts& parts, LayerFuzzState& 
                      ShapeRunCounts& counts, bool record_trace) {
   const Shape shape = ReadHeader(target, parts.header);
   Result<StackConfig> config =
-      StackFromPreset(shape.preset, shape.layers, shape.window, shape.dtype, shape.dims);
+      StackFromPreset(shape.preset, shape.layers, shape.window, shape.dtypes, shape.dims);
   KV_CHECK(config.ok(), config.status().ToString());
   FuzzRun run;
   run.trace.header = HeaderFor(target, shape);

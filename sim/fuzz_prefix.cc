@@ -120,7 +120,7 @@ TraceHeader ReadHeader(std::span<const uint8_t> bytes) {
   h.layers = fdp.ConsumeIntegralInRange<int32_t>(1, 4);
   h.window = fdp.ConsumeIntegralInRange<int64_t>(1, 8);
   const uint8_t dtype = fdp.ConsumeIntegral<uint8_t>();  // what ConsumeBool reads, whole
-  h.dtype = dtype % 2 == 1 ? "bf16" : "f32";
+  h.dtype = StackDTypesName(FuzzDTypesOf(dtype));
   h.dims = FuzzDimsOf(dtype);
   h.budget_bytes = kBudgets[fdp.ConsumeIntegralInRange<size_t>(0, kBudgets.size() - 1)];
   h.chunk = fdp.ConsumeIntegralInRange<int64_t>(1, 8);

@@ -37,7 +37,7 @@ void AddSetupOptions(CLI::App* cmd, kvtwin::sim::TraceHeader& h, kvtwin::sim::Mo
                   "Mooncake: dense | rotating | sliding | recurrent | mixed | holey");
   cmd->add_option("--layers", h.layers, "Mooncake: layers in the stack");
   cmd->add_option("--window", h.window, "Mooncake: W of rotating layers");
-  cmd->add_option("--dtype", h.dtype, "Mooncake: f32 | bf16");
+  cmd->add_option("--dtype", h.dtype, "Mooncake: f32 | bf16, or K/V such as bf16/f32");
   AddDimsOptions(cmd, h.dims, "Mooncake: ");
   cmd->add_option("--budget", h.budget_bytes, "Mooncake: eviction budget in bytes (0 = unlimited)");
   CLI::Option* chunk =
@@ -61,7 +61,7 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
                   "staggered (per-layer windows)");
   cmd->add_option("--layers", o.layers, "layers in the stack");
   cmd->add_option("--window", o.window, "W of rotating layers");
-  cmd->add_option("--dtype", o.dtype, "f32 | bf16");
+  cmd->add_option("--dtype", o.dtype, "f32 | bf16, or K/V such as bf16/f32 (V rows apart)");
   AddDimsOptions(cmd, o.dims);
   cmd->add_option("--conversations", o.conversations, "conversations in the pool");
   cmd->add_option("--requests", o.requests, "requests per seed");
@@ -82,7 +82,7 @@ void AddRunOptions(CLI::App* cmd, kvtwin::sim::RunOptions& o) {
                   "dense | rotating | sliding | recurrent | mixed | staggered (per-layer windows)");
   cmd->add_option("--layers", o.layers, "layers in the stack");
   cmd->add_option("--window", o.window, "W of rotating layers");
-  cmd->add_option("--dtype", o.dtype, "f32 | bf16");
+  cmd->add_option("--dtype", o.dtype, "f32 | bf16, or K/V such as bf16/f32 (V rows apart)");
   AddDimsOptions(cmd, o.dims);
   cmd->add_option("--steps", o.steps, "operations per seed");
   cmd->add_flag("--swarm", o.swarm, "let each seed choose the stack and op mix");

@@ -26,7 +26,7 @@ std::string SwarmStack(RequestOptions& o) {
   // boundaries, where rewinds and restores below a snapshot's end are still allowed.
   const int64_t windows[] = {1, 2, 3, 4, 8, 16, 32};
   o.window = windows[rng.Below(std::size(windows))];
-  o.dtype = rng.Chance(1, 2) ? "f32" : "bf16";
+  o.dtype = SwarmDTypes(o.seed, rng.Chance(1, 2) ? DType::kFloat32 : DType::kBFloat16);
   const int64_t budgets[] = {0, 0, 300, 1500, 6000, 30000};
   o.budget_bytes = budgets[rng.Below(6)];
   o.chunk = rng.Range(1, 9);
@@ -82,7 +82,7 @@ Status ValidateRequestOptions(const RequestOptions& o) {
     return OutOfRange("--pre-thinking", o.pre_thinking, 0, 1'000'000);
   }
   if (o.window < 1) return InvalidArgument(fmt::format("--window must be >= 1, got {}", o.window));
-  auto dtype = ParseDType(o.dtype);
+  auto dtype = ParseStackDTypes(o.dtype);
   if (!dtype.ok()) return InvalidArgument("--dtype: " + dtype.status().message());
   KV_RETURN_IF_ERROR(ValidateDimsFlags(o.dims));
   auto stack = StackFromPreset(o.preset, o.layers, o.window, *dtype, o.dims);
@@ -150,7 +150,7 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
   const Status valid = ValidateRequestOptions(options);
   KV_CHECK(valid.ok(), valid.ToString());
   StackConfig config = StackFromPreset(options.preset, options.layers, options.window,
-                                       *ParseDType(options.dtype), options.dims)
+                                       *ParseStackDTypes(options.dtype), options.dims)
                            .value();
   RequestResult result;
   result.seed = options.seed;

@@ -17,7 +17,7 @@ void Swarm(uint64_t seed, Rng& rng, RunOptions& options, OpWeights& weights) {
   options.layers = static_cast<int32_t>(rng.Range(1, 5));
   const int64_t windows[] = {1, 2, 3, 4, 5, 8, 16};
   options.window = windows[rng.Below(7)];
-  options.dtype = rng.Chance(1, 2) ? "f32" : "bf16";
+  options.dtype = SwarmDTypes(seed, rng.Chance(1, 2) ? DType::kFloat32 : DType::kBFloat16);
   uint32_t* families[] = {&weights.snapshot,     &weights.restore,  &weights.merge, &weights.split,
                           &weights.free,         &weights.prepare,  &weights.take,  &weights.close,
                           &weights.capture_spec, &weights.speculate};
@@ -36,7 +36,7 @@ Status ValidateRunOptions(const RunOptions& options) {
   if (options.layers < 1 || options.layers > 127) {
     return InvalidArgument(fmt::format("--layers must be in 1..127, got {}", options.layers));
   }
-  auto dtype = ParseDType(options.dtype);
+  auto dtype = ParseStackDTypes(options.dtype);
   if (!dtype.ok()) return dtype.status();
   KV_RETURN_IF_ERROR(ValidateDimsFlags(options.dims));
   auto stack =
@@ -65,7 +65,7 @@ RunResult RunSeed(const RunOptions& given, uint64_t seed, Trace* record) {
   const Status valid = ValidateRunOptions(options);
   KV_CHECK(valid.ok(), valid.ToString());
   StackConfig config = StackFromPreset(options.preset, options.layers, options.window,
-                                       *ParseDType(options.dtype), options.dims)
+                                       *ParseStackDTypes(options.dtype), options.dims)
                            .value();
   RunResult result;
   result.seed = seed;

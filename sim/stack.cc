@@ -157,6 +157,13 @@ ModelDims SwarmDims(uint64_t seed) {
   return rng.Chance(1, 2) ? DrawModelDims(rng) : ModelDims{};
 }
 
+std::string SwarmDTypes(uint64_t seed, DType activation) {
+  Rng rng = Rng::Derive(seed, "swarm-v-dtype");
+  if (!rng.Chance(1, 6)) return DTypeName(activation);
+  const DType other = activation == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
+  return StackDTypesName(StackDTypes(activation, other));
+}
+
 int64_t SwarmWindow(uint64_t seed, const ModelDims& dims, int64_t window) {
   // Growth or ring arithmetic keyed to a large window (Phi-3's 2047, Mistral's and Gemma-2's
   // 4096) shows only there. Only over narrow rows: a ring of 8192 rows of 64 heads of 512
@@ -201,8 +208,8 @@ std::string StackConfig::Describe() const {
     if (layers[i].kind == CacheKind::kRotating) kinds += fmt::format("(W={})", layers[i].window);
   }
   if (layers.size() > 4) kinds += ", ...";
-  return fmt::format("{} x{} [{}] {} {}", preset, layers.size(), kinds, DTypeName(dtype),
-                     dims.Describe());
+  return fmt::format("{} x{} [{}] {} {}", preset, layers.size(), kinds,
+                     StackDTypesName(StackDTypes(dtype, v_dtype)), dims.Describe());
 }
 
 const std::vector<std::string>& PresetNames() {
@@ -238,7 +245,7 @@ Status RequireStateful(const StackConfig& config) {
 }
 
 Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers, int64_t window,
-                                    DType dtype, const ModelDims& dims) {
+                                    StackDTypes dtypes, const ModelDims& dims) {
   if (num_layers < 1)
     return InvalidArgument(fmt::format("layers must be >= 1, got {}", num_layers));
   if (window < 1) return InvalidArgument(fmt::format("window must be >= 1, got {}", window));
@@ -249,7 +256,8 @@ Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layer
   }
   StackConfig config;
   config.preset = preset;
-  config.dtype = dtype;
+  config.dtype = dtypes.dtype;
+  config.v_dtype = dtypes.v;
   config.dims = dims;
   for (int32_t i = 0; i < num_layers; ++i) {
     LayerSpec spec;
@@ -296,6 +304,27 @@ Result<DType> ParseDType(const std::string& name) {
   if (name == "f32" || name == "float32") return DType::kFloat32;
   if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
   return InvalidArgument(fmt::format("unknown dtype '{}' (f32, bf16)", name));
+}
+
+Result<StackDTypes> ParseStackDTypes(const std::string& name) {
+  const size_t slash = name.find('/');
+  if (slash == std::string::npos) {
+    Result<DType> one = ParseDType(name);
+    if (!one.ok()) return one.status();
+    return StackDTypes(*one);
+  }
+  Result<DType> k = ParseDType(name.substr(0, slash));
+  Result<DType> v = ParseDType(name.substr(slash + 1));
+  if (!k.ok() || !v.ok()) {
+    return InvalidArgument(
+        fmt::format("unknown dtype '{}' (f32, bf16, or K/V such as bf16/f32)", name));
+  }
+  return StackDTypes(*k, *v);
+}
+
+std::string StackDTypesName(const StackDTypes& dtypes) {
+  if (!dtypes.v.has_value()) return DTypeName(dtypes.dtype);
+  return fmt::format("{}/{}", DTypeName(dtypes.dtype), DTypeName(*dtypes.v));
 }
 
 std::vector<std::unique_ptr<LayerCache>> BuildCaches(const StackConfig& config) {

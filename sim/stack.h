@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,21 +90,44 @@ ModelDims DrawModelDims(Rng& rng);
 // Drawn from a stream of its own (Rng::Derive(seed, "swarm-dims")), so a seed's other
 // choices are what they were before dims were drawn.
 ModelDims SwarmDims(uint64_t seed);
+// A swarm seed's dtype name: `activation`, or for one seed in six V in the other dtype
+// ("bf16/f32", "f32/bf16"). A stream of its own (Rng::Derive(seed, "swarm-v-dtype")), so a
+// seed's other choices are unchanged.
+std::string SwarmDTypes(uint64_t seed, DType activation);
 // A swarm seed's window: `window` (the seed's own draw), or for one seed in 16 a window of
 // real models' size (2047, 4096, 4097 or 8192), when the K/V rows are narrow. A stream of its
 // own (Rng::Derive(seed, "swarm-big-window")), so a seed's other choices are unchanged.
 int64_t SwarmWindow(uint64_t seed, const ModelDims& dims, int64_t window);
 
+// A stack's dtypes: the activation dtype (K rows, recurrent conv tails and inputs) and V's,
+// which may differ, as llama.cpp's --cache-type-k / --cache-type-v allow: spec §2.1 and §2.2
+// give each buffer the dtype of its own first write.
+struct StackDTypes {
+  DType dtype = DType::kFloat32;
+  std::optional<DType> v;  // nullopt: V rows in `dtype` too
+  StackDTypes(DType activation = DType::kFloat32, std::optional<DType> v_dtype = std::nullopt)
+      : dtype(activation), v(v_dtype == activation ? std::nullopt : v_dtype) {}
+};
+// "f32" or "bf16" (also "float32", "bfloat16"): K and V in one dtype; "K/V" such as
+// "bf16/f32": V in the second.
+Result<StackDTypes> ParseStackDTypes(const std::string& name);
+// The name ParseStackDTypes reads back: "bf16", or "bf16/f32" when V's differs.
+std::string StackDTypesName(const StackDTypes& dtypes);
+
 struct StackConfig {
   std::string preset = "mixed";
   std::vector<LayerSpec> layers;
-  DType dtype = DType::kFloat32;  // activation / K-V dtype
+  DType dtype = DType::kFloat32;  // activation / K dtype (and V's unless v_dtype is set)
+  std::optional<DType> v_dtype;   // V's dtype where it differs from `dtype`
   ModelDims dims;
+
+  DType value_dtype() const { return v_dtype.value_or(dtype); }
 
   int64_t k_cols() const { return dims.k_cols(); }
   int64_t v_cols() const { return dims.v_cols(); }
   Status Validate() const;
   // "mixed x3 [kv, rotating(W=4), recurrent] f32 kv=2x4/5 rec=tail3 hk2 hv4 dk2 dv3"
+  // (the dtype "bf16/f32" when V's differs)
   std::string Describe() const;
   // Whether a write may forward padding alone (no tokens): only on recurrent layers, which
   // advance by the real length (spec §2.3 Put); attention caches advance by every row.
@@ -130,7 +154,8 @@ std::vector<std::string> AcceptedPresetNames(bool requests);
 Status RequireStateful(const StackConfig& config);
 // Builds a stack; `window` is W for rotating layers. Errors name the bad value.
 Result<StackConfig> StackFromPreset(const std::string& preset, int32_t num_layers, int64_t window,
-                                    DType dtype, const ModelDims& dims = {});
+                                    StackDTypes dtypes, const ModelDims& dims = {});
+// One dtype (a multi-sequence cache's): "f32", "bf16", "float32" or "bfloat16".
 Result<DType> ParseDType(const std::string& name);
 
 // Fresh production caches for every layer of the stack.

@@ -108,7 +108,7 @@ Status DecodeModel(const Fields& f, TraceHeader* h) {
                                                "preset", "recurrent", "window"};
   KV_RETURN_IF_ERROR(m.OnlyKeys(kKeys));
   KV_RETURN_IF_ERROR(m.String("dtype", &h->dtype, Need::kRequired));
-  const Result<DType> dtype = ParseDType(h->dtype);
+  const Result<StackDTypes> dtype = ParseStackDTypes(h->dtype);
   if (!dtype.ok()) return m.Error("dtype", dtype.status().message());
   KV_RETURN_IF_ERROR(m.Int("layers", 1, kMaxLayers, &h->layers, Need::kRequired));
   KV_RETURN_IF_ERROR(m.String("preset", &h->preset, Need::kRequired));
@@ -650,7 +650,7 @@ Result<std::unique_ptr<TraceReader>> TraceReader::Start(const std::string& path,
 }
 
 Result<StackConfig> TraceStack(const TraceHeader& header) {
-  Result<DType> dtype = ParseDType(header.dtype);
+  Result<StackDTypes> dtype = ParseStackDTypes(header.dtype);
   if (!dtype.ok()) return dtype.status();
   return StackFromPreset(header.preset, header.layers, header.window, *dtype, header.dims);
 }

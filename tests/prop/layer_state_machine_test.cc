@@ -73,5 +73,21 @@ RC_GTEST_PROP(LayerStateMachine, KvCachesOfAnyWidthsMatchReference, ()) {
   CheckStack(config, window);
 }
 
+// K and V in two dtypes (spec §2.1 and §2.2: each buffer takes its own first write's), at
+// the default widths or drawn ones: growth, rewinds, snapshots and restores must keep V's
+// dtype apart from K's.
+RC_GTEST_PROP(LayerStateMachine, KvCachesWithVInAnotherDtypeMatchReference, ()) {
+  ASSERT_TRUE(kPinnedParams);
+  const int64_t window = NarrowWindow();
+  StackConfig config;
+  config.preset = "single";
+  config.dtype = *rc::gen::element(DType::kFloat32, DType::kBFloat16);
+  config.v_dtype = config.dtype == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
+  const CacheKind kind = *rc::gen::element(CacheKind::kFullKv, CacheKind::kRotating);
+  config.layers = {LayerSpec{kind, kind == CacheKind::kRotating ? window : 0}};
+  if (*rc::gen::arbitrary<bool>()) GenKvDims(config.dims);
+  CheckStack(config, window);
+}
+
 }  // namespace
 }  // namespace kvtwin::sim::prop

@@ -67,5 +67,18 @@ RC_GTEST_PROP(MixedStackStateMachine, MixedStackWithSpeculationMatchesReferences
   CheckStack(*rc::gen::exec(GenMixedStack), /*fallback_window=*/4);
 }
 
+// V rows stored in the other dtype than K's (llama.cpp's --cache-type-v): a speculation
+// wrapper, a snapshot or a restore that takes V's dtype, width or price from K's shows here.
+// A property of its own, so the one above keeps its pinned cases.
+RC_GTEST_PROP(MixedStackStateMachine, MixedStackWithVInAnotherDtypeMatchesReferences, ()) {
+  ASSERT_TRUE(kPinnedParams);
+  CheckStack(*rc::gen::exec([] {
+    StackConfig config = GenMixedStack();
+    config.v_dtype = config.dtype == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
+    return config;
+  }),
+             /*fallback_window=*/4);
+}
+
 }  // namespace
 }  // namespace kvtwin::sim::prop

@@ -33,7 +33,8 @@ inline const bool kPinnedParams = [] {
   return setenv("RC_PARAMS", "seed=20261121 max_success=500", /*overwrite=*/0) == 0;
 }();
 
-// "[kv, rotating(W=3), recurrent] bf16": every layer, unlike StackConfig::Describe.
+// "[kv, rotating(W=3), recurrent] bf16" ("bf16/f32" with V apart): every layer, unlike
+// StackConfig::Describe.
 inline std::string StackLabel(const StackConfig& config) {
   std::ostringstream os;
   os << "[";
@@ -42,7 +43,7 @@ inline std::string StackLabel(const StackConfig& config) {
     os << (i > 0 ? ", " : "") << CacheKindName(s.kind);
     if (s.kind == CacheKind::kRotating) os << "(W=" << s.window << ")";
   }
-  os << "] " << DTypeName(config.dtype);
+  os << "] " << StackDTypesName(StackDTypes(config.dtype, config.v_dtype));
   if (config.dims != ModelDims{}) os << " " << config.dims.Describe();  // drawn dims
   return os.str();
 }

@@ -210,13 +210,37 @@ TEST_P(LayerFuzz, TraceHeaderDescribesTheRun) {
     }
     EXPECT_TRUE(h.window >= 1 && h.window <= 9) << h.window;
     windows.insert(h.window);
+    // Bits 2 and 3 of the same byte store V in the other dtype, but a recurrent stack has
+    // no V rows and keeps one name.
+    const bool apart = (bytes.at(1) & 0x0C) == 0x0C && GetParam() != FuzzTarget::kRecurrent;
+    EXPECT_EQ(h.dtype.find('/') != std::string::npos, apart) << h.dtype;
     dtypes.insert(h.dtype);
   }
   EXPECT_EQ(windows.size(), 9u);
   EXPECT_GE(layers.size(), 2u);
-  EXPECT_EQ(dtypes, (std::set<std::string>{"bf16", "f32"}));
+  if (GetParam() == FuzzTarget::kRecurrent) {
+    EXPECT_EQ(dtypes, (std::set<std::string>{"bf16", "f32"}));
+  } else {
+    EXPECT_EQ(dtypes, (std::set<std::string>{"bf16", "f32", "bf16/f32", "f32/bf16"}));
+  }
   EXPECT_GT(drawn_dims, 50);
   EXPECT_LT(drawn_dims, 150);
+}
+
+TEST(FuzzDTypes, BitsTwoAndThreeOfTheDtypeByteStoreVInTheOtherDtype) {
+  int apart = 0;
+  for (int b = 0; b < 256; ++b) {
+    const StackDTypes d = FuzzDTypesOf(static_cast<uint8_t>(b));
+    EXPECT_EQ(d.dtype, b % 2 == 1 ? DType::kBFloat16 : DType::kFloat32) << b;
+    if ((b & 0x0C) != 0x0C) {
+      EXPECT_FALSE(d.v.has_value()) << b;
+      continue;
+    }
+    ++apart;
+    ASSERT_TRUE(d.v.has_value()) << b;
+    EXPECT_NE(*d.v, d.dtype) << b;
+  }
+  EXPECT_EQ(apart, 64);
 }
 
 TEST(FuzzDims, BitOneOfTheDtypeByteDrawsOneOf64ValidWidthSets) {

@@ -72,8 +72,9 @@ std::string TraceText(const Trace& trace) {
 // paged in from a trie snapshot. Drives the plans as the replay does.
 int64_t CountPageIns(const Trace& trace) {
   const TraceHeader& h = trace.header;
-  RequestDriver driver(StackFromPreset(h.preset, h.layers, h.window, *ParseDType(h.dtype)).value(),
-                       TraceDriverOptions(h), TraceValueSeed(h));
+  RequestDriver driver(
+      StackFromPreset(h.preset, h.layers, h.window, *ParseStackDTypes(h.dtype)).value(),
+      TraceDriverOptions(h), TraceValueSeed(h));
   std::vector<int32_t> previous;
   int64_t page_ins = 0;
   for (size_t i = 0; i < trace.events.size(); ++i) {

@@ -342,6 +342,32 @@ TEST(TraceRoundTrip, ModelDimsEachPartWrittenOnlyOffItsDefault) {
             R"("num_k_heads":3,"num_v_heads":6},"window":4})");
 }
 
+TEST(TraceRoundTrip, KAndVInTwoDtypesReachTheStack) {
+  // "K/V": K (and the activations) in the first dtype, V rows in the second; one name for
+  // both when they agree, so a stack's description reads back as the header it came from.
+  for (const char* name : {"bf16/f32", "f32/bf16", "bf16", "f32"}) {
+    TraceHeader h;
+    h.dtype = name;
+    const std::string path = (TestDir() / "h.jsonl").string();
+    ASSERT_TRUE(WriteTrace(path, Trace{h, {}}).ok());
+    const Result<Trace> trace = ReadTrace(path);
+    ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+    const Result<StackConfig> stack = TraceStack(trace->header);
+    ASSERT_TRUE(stack.ok()) << stack.status().ToString();
+    EXPECT_EQ(StackDTypesName(StackDTypes(stack->dtype, stack->v_dtype)), name);
+    EXPECT_NE(stack->Describe().find(std::string("] ") + name + " "), std::string::npos)
+        << stack->Describe();
+  }
+  const Result<StackDTypes> same = ParseStackDTypes("bfloat16/bf16");
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->dtype, DType::kBFloat16);
+  EXPECT_FALSE(same->v.has_value());
+  const Result<StackDTypes> apart = ParseStackDTypes("float32/bfloat16");
+  ASSERT_TRUE(apart.ok());
+  EXPECT_EQ(apart->dtype, DType::kFloat32);
+  EXPECT_EQ(apart->v, DType::kBFloat16);
+}
+
 TEST(TraceRoundTrip, OpsHeaderKeepsTheDriverOptionDefaults) {
   TraceHeader h;
   h.kind = TraceKind::kOps;
@@ -541,6 +567,12 @@ TEST(TraceReaderErrors, HeaderFields) {
        "/model: preset 'holey' needs >= 2 layers (its layer 0 is stateless), got 1"},
       {[](Json& j) { j["model"]["dtype"] = "f64"; },
        "/model/dtype: unknown dtype 'f64' (f32, bf16)"},
+      {[](Json& j) { j["model"]["dtype"] = "bf16/f64"; },
+       "/model/dtype: unknown dtype 'bf16/f64' (f32, bf16, or K/V such as bf16/f32)"},
+      {[](Json& j) { j["model"]["dtype"] = "bf16/"; },
+       "/model/dtype: unknown dtype 'bf16/' (f32, bf16, or K/V such as bf16/f32)"},
+      {[](Json& j) { j["model"]["dtype"] = "f32/bf16/f32"; },
+       "/model/dtype: unknown dtype 'f32/bf16/f32' (f32, bf16, or K/V such as bf16/f32)"},
       {[](Json& j) { j["model"]["kv"] = 4; }, "/model/kv: expected an object, got 4"},
       {[](Json& j) {
          j["model"]["kv"] = {{"heads", 2}, {"head_dim", 4}};
@@ -1058,6 +1090,9 @@ TEST(TraceReaderErrors, MultiSeqHeaderFields) {
        "/multiseq/capacity: missing required field"},
       {[](Json& j) { j["multiseq"]["dtype"] = "f64"; },
        "/multiseq/dtype: unknown dtype 'f64' (f32, bf16)"},
+      // One cache dtype: K and V apart is a layer stack's option only.
+      {[](Json& j) { j["multiseq"]["dtype"] = "bf16/f32"; },
+       "/multiseq/dtype: unknown dtype 'bf16/f32' (f32, bf16)"},
       {[](Json& j) { j["multiseq"]["window"] = 0; }, "/multiseq/window: must be >= 1, got 0"},
       {[](Json& j) { j["multiseq"]["max_seqs"] = 4097; },
        "/multiseq: multiseq: max_seqs (1..4096), capacity, max_batch, padding >= 1"},
