@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "sim/cli.h"
 
@@ -266,6 +267,17 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
       fmt::print("  {:<9} {:<4} {} seeds x {} steps: pass\n", preset, dtype, seeds_per_config,
                  steps);
     }
+  }
+  // K and V rows in two dtypes (llama.cpp's --cache-type-k / --cache-type-v): every buffer,
+  // snapshot, wrapper and price must keep V's dtype apart from K's. The swarm draws it too,
+  // one seed in six; these two stacks hold it for every seed, both ways round.
+  for (const auto& [preset, dtype] :
+       {std::pair{"mixed", "bf16/f32"}, std::pair{"sliding", "f32/bf16"}}) {
+    const RunOptions options = FixedStack(preset, 4, 4, dtype, steps);
+    for (int64_t i = 0; i < seeds_per_config; ++i) {
+      if (!RunOne(options, root_seed + static_cast<uint64_t>(i), runs, total_steps)) return 1;
+    }
+    fmt::print("  {:<9} {:<8} {} seeds x {} steps: pass\n", preset, dtype, seeds_per_config, steps);
   }
   // A window wider than the ring's 256-slot growth step: the ring grows by the step before
   // it holds W rows, and a decode at offset 256 or more grows it again, branches no window
