@@ -168,6 +168,15 @@ done
 # The bundled traces `make run` replays: the minimized regressions pin scenarios the seeded
 # streams reach rarely (mutant 128 fell to fuzz-prefix after 35 s; this replay takes 0.5 s).
 add_check traces fast "$kv replay traces/regress/*.jsonl traces/workloads/*.jsonl"
+# The recorded Mooncake trace at its 512-token blocks, the two windows `make run` replays
+# (sim/cli_production.cc): prompts of tens of thousands of tokens, whole-prompt trie edges split
+# late, windows of 4,096 under eviction (mutant 271 falls here in 3 s). About 6 s.
+mooncake="$root/../shared/traces-external/mooncake_synthetic_trace.jsonl"
+if [ -f "$mooncake" ]; then
+  add_check production-trace fast "$kv replay '$mooncake' --skip 3925 --limit 50 --interval 0 --quiet &&
+    $kv replay '$mooncake' --skip 3925 --limit 50 --preset sliding --window 4096 --dtype bf16/f32 \
+    --budget 60000000 --chunk 1536 --interval 4096 --quiet"
+fi
 fuzz_names=(kv rotating recurrent speculation prefix hybrid trace_reader)
 for name in "${fuzz_names[@]}"; do
   # A fresh corpus directory first (libFuzzer writes there), the bundled seeds second.

@@ -118,6 +118,10 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps);
 // The fuzz targets' seed corpora under `corpus_dir` (NAME/ per target), each entry in a fresh
 // session; counts them into `entries`. 0 pass, 1 divergence (reported), 2 unreadable entry.
 int RunBundledCorpora(const std::string& corpus_dir, uint64_t& entries);
+// Windows of the recorded Mooncake trace at `path` at its recorded block size (prompts of
+// thousands of tokens), counted into `files` and `events`; true when they pass or when there
+// is no file at `path` (a clone outside the workspace), which it says.
+bool RunProductionTrace(const std::string& path, uint64_t& files, uint64_t& events);
 int Sweep(const sim::RunOptions& options, const SweepFlags& flags);
 int Requests(sim::RequestOptions options, const RequestsFlags& flags);
 int Replay(const ReplayFlags& flags);

@@ -343,6 +343,7 @@ int RunBundled(uint64_t root_seed, int64_t seeds_per_config, int64_t steps) {
   if (!RunBundledMultiSeq(root_seed, 16 * seeds_per_config, multiseq_runs)) return 1;
   uint64_t trace_files = 0, trace_events = 0;
   if (!RunBundledTraces(trace_files, trace_events)) return 1;
+  if (!RunProductionTrace(KVTWIN_MOONCAKE_TRACE, trace_files, trace_events)) return 1;
   uint64_t corpus_entries = 0;
   if (const int code = RunBundledCorpora(KVTWIN_FUZZ_CORPUS_DIR, corpus_entries); code != 0) {
     return code;
