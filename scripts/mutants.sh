@@ -148,6 +148,9 @@ add_check requests-tiny-budget fast "$kv requests --seeds 1..10 --budget 3000"
 add_check requests-swarm fast "$kv requests --swarm --seeds 1..1000"
 # Long contexts (past the KV growth steps, windows of 256 and more) and per-layer windows.
 add_check requests-long fast "$kv requests --swarm --long --conversations 3 --seeds 1..40"
+# Production lengths: prompts to 24,000 tokens diverging anywhere, trie edges of thousands of
+# keys split late, windows to 4,097 (about 10 s).
+add_check requests-huge fast "$kv requests --swarm --huge --conversations 3 --seeds 1..24"
 add_check requests-staggered fast "$kv requests --preset staggered --seeds 1..10 --budget 3000"
 # Media spans: prompt keys with bit 31 set (negative ids), shared across conversations.
 add_check requests-media fast "$kv requests --swarm --media --seeds 1..200"

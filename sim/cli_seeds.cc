@@ -115,6 +115,17 @@ bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& 
   fmt::print("  requests long swarm {} seeds x {} requests: pass\n", long_seeds,
              long_swarm.requests);
   std::fflush(stdout);
+  // Production lengths: prompts to 24,000 tokens that diverge at any token, so trie edges
+  // of thousands of keys split anywhere in them and windows of 4,096 sit inside one node
+  // (about 0.4 s a seed).
+  sim::RequestOptions huge_swarm = swarm;
+  huge_swarm.huge_context = true;
+  huge_swarm.conversations = 3;
+  const int64_t huge_seeds = 2 * seeds_per_config;
+  if (!RunRequestSeeds(huge_swarm, root_seed, huge_seeds, runs, requests)) return false;
+  fmt::print("  requests huge swarm {} seeds x {} requests: pass\n", huge_seeds,
+             huge_swarm.requests);
+  std::fflush(stdout);
   // Media: image spans whose positions hold a fold value with bit 31 set (negative ids),
   // shared across conversations, so the trie keys a sign or width slip would corrupt.
   sim::RequestOptions media_swarm = swarm;

@@ -73,6 +73,9 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
   cmd->add_flag("--long", o.long_context,
                 "long conversations (to 700 tokens) past the KV growth steps; with --swarm, "
                 "windows of 256 and more");
+  cmd->add_flag("--huge", o.huge_context,
+                "prompts of production length (to 24,000 tokens, turns to 6,000) that diverge "
+                "anywhere; with --swarm, windows to 4,097, chunks to 4,096, budgets in MB");
   cmd->add_flag("--media", o.media,
                 "image spans in the prompts: effective tokens with bit 31 set (negative ids)");
 }

@@ -53,6 +53,28 @@ std::string SwarmStack(RequestOptions& o) {
     // a cap on the splits of one forward shows.
     if (wide.Chance(1, 4)) o.capture_interval = wide.Range(1, 3);
   }
+  if (o.huge_context) {
+    // From a stream of its own, like the long draws. The default widths only: a snapshot of
+    // 24,000 rows of a model's width, cloned per node, would take gigabytes.
+    Rng huge = Rng::Derive(o.seed, "swarm-huge");
+    o.dims = ModelDims{};
+    const int64_t huge_windows[] = {4, 256, 2047, 4096, 4097};
+    o.window = huge_windows[huge.Below(std::size(huge_windows))];
+    const int64_t huge_chunks[] = {64, 512, 1536, 4096};
+    o.chunk = huge_chunks[huge.Below(std::size(huge_chunks))];
+    // No periodic capture in half the seeds: a prompt's uncached tail is then one edge.
+    const int64_t huge_intervals[] = {0, 0, 0, 512, 1000, 4096};
+    o.capture_interval = huge_intervals[huge.Below(std::size(huge_intervals))];
+    o.pre_thinking = huge.Chance(1, 2) ? huge.Range(1, 5) : huge.Range(6, 3000);
+    // Unlimited, or a few long nodes' worth (a token of the default widths is some hundreds
+    // of bytes per layer).
+    const int64_t huge_budgets[] = {0, 0, 2'000'000, 10'000'000, 40'000'000};
+    o.budget_bytes = huge_budgets[huge.Below(std::size(huge_budgets))];
+    if (huge.Chance(1, 3)) {
+      o.preset = kStaggeredPreset;
+      o.layers = static_cast<int32_t>(huge.Range(2, 4));
+    }
+  }
   return fmt::format(
       "preset {} layers {} window {} dtype {} {} budget {} chunk {} interval {} "
       "pre-thinking {}",
@@ -69,6 +91,9 @@ Status ValidateRequestOptions(const RequestOptions& o) {
   }
   if (o.requests < 1 || o.requests > 10'000'000) {
     return OutOfRange("--requests", o.requests, 1, 10'000'000);
+  }
+  if (o.long_context && o.huge_context) {
+    return InvalidArgument("--long and --huge are exclusive (prompts to 700 or to 24,000 tokens)");
   }
   if (o.budget_bytes < 0) {
     return InvalidArgument(
@@ -91,8 +116,8 @@ Status ValidateRequestOptions(const RequestOptions& o) {
 }
 
 std::string RequestsReproduceCommand(const RequestOptions& o) {
-  const std::string long_flag =
-      std::string(o.long_context ? " --long" : "") + (o.media ? " --media" : "");
+  const std::string long_flag = std::string(o.long_context ? " --long" : "") +
+                                (o.huge_context ? " --huge" : "") + (o.media ? " --media" : "");
   if (o.swarm) {
     return fmt::format("kvtwin requests --swarm{} --seeds {}..{} --conversations {} --requests {}",
                        long_flag, o.seed, o.seed, o.conversations, o.requests);
@@ -171,6 +196,10 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
   if (options.long_context) {
     mix.max_prompt_tokens = kLongPromptTokens;
     mix.turn_max = kLongTurnTokens;
+  }
+  if (options.huge_context) {
+    mix.max_prompt_tokens = kHugePromptTokens;
+    mix.turn_max = kHugeTurnTokens;
   }
   if (options.media) mix.media_pct = kMediaTurnPct;
   result.mix = mix.ToString();

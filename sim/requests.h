@@ -17,6 +17,9 @@ namespace kvtwin::sim {
 
 inline constexpr int64_t kLongPromptTokens = 700;
 inline constexpr int64_t kLongTurnTokens = 128;
+// RequestOptions::huge_context: a production prompt's length, whole documents per turn.
+inline constexpr int64_t kHugePromptTokens = 24'000;
+inline constexpr int64_t kHugeTurnTokens = 6'000;
 // With RequestOptions::media: the share of user turns that carry an image span.
 inline constexpr uint32_t kMediaTurnPct = 25;
 
@@ -42,6 +45,13 @@ struct RequestOptions {
   // in, split, extend and evict long nodes); with `swarm`, the seed also draws rotating
   // windows of 256 and more and prefill chunks up to 64.
   bool long_context = false;
+  // Prompts of production length: conversations grow to kHugePromptTokens in user turns of
+  // up to kHugeTurnTokens and diverge at any token, so trie edges of thousands of keys split
+  // anywhere in them (not only at a trace's block boundaries), KV buffers grow dozens of
+  // times and windows of 4,096 sit inside one node. With `swarm`, the seed draws windows up
+  // to 4,097, chunks of 64-4,096 tokens, capture intervals of none to 4,096 and budgets in
+  // megabytes, over the default widths. Exclusive with long_context.
+  bool huge_context = false;
   // Media in the prompts (WorkloadOptions::media_pct): user turns that carry an image span,
   // whose positions hold its fold value, an effective token with bit 31 set (spec §3.1 Keys),
   // here a negative token id. Images repeat across conversations, so their spans are shared.

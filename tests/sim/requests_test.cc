@@ -211,6 +211,42 @@ TEST(RequestLongContext, PromptsCrossTheGrowthStepAndWindowsReach256) {
   EXPECT_GE(wide_windows, 3);
 }
 
+// Production lengths: prompts past 4,096 tokens (where a trie edge that long is split late),
+// windows of 2,047 and more, seeds without periodic captures (a prompt's uncached tail is one
+// edge), and divergences that split those edges.
+TEST(RequestHugeContext, PromptsReachProductionLengthsAndSplitLongEdges) {
+  int64_t longest = 0, runs_past_4096 = 0, wide_windows = 0, uncaptured = 0, splits = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    RequestOptions o;
+    o.swarm = true;
+    o.huge_context = true;
+    o.conversations = 3;
+    o.seed = seed;
+    Trace trace;
+    const RequestResult r = RunRequests(o, &trace);
+    ASSERT_FALSE(r.divergence.has_value()) << r.reproduce;
+    EXPECT_NE(r.reproduce.find("--huge"), std::string::npos) << r.reproduce;
+    wide_windows += trace.header.window >= 2047;
+    uncaptured += trace.header.capture_interval == 0;
+    splits += r.coverage.splits;
+    int64_t run_longest = 0;
+    for (const TraceEvent& e : trace.events) {
+      run_longest = std::max<int64_t>(run_longest, std::ssize(std::get<RequestPlan>(e).inputs));
+    }
+    runs_past_4096 += run_longest > 4096;
+    longest = std::max(longest, run_longest);
+  }
+  EXPECT_GE(runs_past_4096, 6);
+  EXPECT_GT(longest, 12'000);
+  EXPECT_LE(longest, kHugePromptTokens);
+  EXPECT_GE(wide_windows, 2);
+  EXPECT_GE(uncaptured, 2);
+  EXPECT_GT(splits, 100);
+  RequestOptions both;
+  both.long_context = both.huge_context = true;
+  EXPECT_NE(ValidateRequestOptions(both).message().find("--huge"), std::string::npos);
+}
+
 TEST(RequestDeterminism, SameSeedGivesTheSameRunTwice) {
   for (uint64_t seed : {3u, 11u}) {
     const RequestResult a = RunRequests(Options("mixed", "bf16", kTinyBudget, seed));
