@@ -229,6 +229,43 @@ void RefMultiSeqCache::VisibleInto(const MsBatch& batch, size_t i, bool causal_d
   VisibleOverInto(batch, i, causal_disabled, current_, out);
 }
 
+void RefMultiSeqCache::VisibleCellsInto(const MsBatch& batch,
+                                        const std::vector<int64_t>& causal_off,
+                                        std::vector<std::vector<MsVisibleCell>>& out) const {
+  KV_CHECK(last_batch_.has_value() && *last_batch_ == batch,
+           "Visible answers for the batch of the last operation, a successful StartForward");
+  // Each sequence's retained cells in the current range, by cell index (VisibleOverInto's
+  // order), built at its first token.
+  std::vector<std::pair<SeqId, std::vector<MsVisibleCell>>> by_seq;
+  out.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto it = std::find_if(by_seq.begin(), by_seq.end(),
+                           [&](const auto& s) { return s.first == batch[i].seq; });
+    if (it == by_seq.end()) {
+      std::vector<MsVisibleCell> cells;
+      for (const MsEntry& e : Of(batch[i].seq).entries) {
+        if (e.retained && e.index >= current_.first && e.index < current_.second) {
+          cells.push_back({e.index, e.pos});
+        }
+      }
+      std::sort(cells.begin(), cells.end(),
+                [](const MsVisibleCell& a, const MsVisibleCell& b) { return a.index < b.index; });
+      it = by_seq.emplace(by_seq.end(), batch[i].seq, std::move(cells));
+    }
+    const int64_t p = batch[i].pos;
+    const int64_t chunk_start = config_.chunk == kUnbounded ? 0 : p - p % config_.chunk;
+    const int64_t window_start = p - config_.window;  // p >= 0: no overflow
+    const bool causal = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) ==
+                        causal_off.end();
+    out[i].clear();
+    for (const MsVisibleCell& c : it->second) {
+      if (causal && c.pos > p) continue;
+      if (c.pos < chunk_start || c.pos < window_start) continue;
+      out[i].push_back(c);
+    }
+  }
+}
+
 void RefMultiSeqCache::ReserveVisibleInto(const MsBatch& batch, size_t i, bool causal_disabled,
                                           std::vector<MsEntry>& out) const {
   VisibleOverInto(batch, i, causal_disabled, MsSpan{0, std::numeric_limits<int64_t>::max()}, out);
@@ -248,8 +285,11 @@ void RefMultiSeqCache::VisibleOverInto(const MsBatch& batch, size_t i, bool caus
     if (e.pos < chunk_start || e.pos < window_start) continue;
     out.push_back(e);
   }
-  std::sort(out.begin(), out.end(),
-            [](const MsEntry& a, const MsEntry& b) { return a.index < b.index; });
+  // A sequence's history is in position order, and first-fit placement mostly gives its cells
+  // in that order too: skip the sort then (thousands of visible cells per batch token).
+  const auto by_index = [](const MsEntry& a, const MsEntry& b) { return a.index < b.index; };
+  if (!std::is_sorted(out.begin(), out.end(), by_index))
+    std::sort(out.begin(), out.end(), by_index);
 }
 
 std::vector<int64_t> RefMultiSeqCache::VisiblePositions(const MsBatch& batch, size_t i,

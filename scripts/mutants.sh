@@ -155,6 +155,9 @@ add_check requests-staggered fast "$kv requests --preset staggered --seeds 1..10
 # Media spans: prompt keys with bit 31 set (negative ids), shared across conversations.
 add_check requests-media fast "$kv requests --swarm --media --seeds 1..200"
 add_check multiseq fast "$kv multiseq --seeds 1..60"
+# Production-sized multi-sequence caches: thousands of cells a sequence, windows to 4,097,
+# ubatches of 512 (a first-fit scan that starts from a hint past 4,096 cells; about 16 s).
+add_check multiseq-huge fast "$kv multiseq --huge --seeds 1..8"
 add_check sweep fast "$kv sweep --seeds 1..16"
 add_check sweep-swarm fast "$kv sweep --swarm --seeds 1..16"
 # Rows of a production width: buffers and snapshots past a mebibyte (about 4 s a seed).

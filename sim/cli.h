@@ -75,6 +75,7 @@ struct MultiSeqFlags {
   std::string seeds = "1..100";
   std::string conv = "as-specified";  // or "ideal"
   int64_t steps = 400;
+  bool huge = false;
   ReportFlags reports;
 };
 

@@ -171,11 +171,12 @@ bool RunBundledTraces(uint64_t& files, uint64_t& events) {
   return true;
 }
 
-// The multi-sequence part of the bundled job: seeds over every cache shape the seed draws.
-bool RunBundledMultiSeq(uint64_t root_seed, int64_t seeds, uint64_t& runs) {
-  const sim::MultiSeqRunOptions options;
-  for (int64_t i = 0; i < seeds; ++i) {
-    const uint64_t seed = root_seed + 2000 + static_cast<uint64_t>(i);
+// Seeds first..first + count - 1 of one kind of multi-sequence run; false after printing the
+// first divergence.
+bool RunMultiSeqSeeds(const sim::MultiSeqRunOptions& options, uint64_t first, int64_t count,
+                      uint64_t& runs) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t seed = first + static_cast<uint64_t>(i);
     ArmAbortReproduce(sim::MultiSeqReproduceCommand(options, seed));
     const sim::MultiSeqRunResult r = sim::RunMultiSeq(options, seed);
     ++runs;
@@ -186,7 +187,22 @@ bool RunBundledMultiSeq(uint64_t root_seed, int64_t seeds, uint64_t& runs) {
       return false;
     }
   }
+  return true;
+}
+
+// The multi-sequence part of the bundled job: seeds over every cache shape the seed draws,
+// then production-sized caches: thousands of cells a sequence, windows to 4,097, ubatches of
+// 512 (0.2-6 s a seed: the checks read every cell's visibility for every batch token).
+bool RunBundledMultiSeq(uint64_t root_seed, int64_t seeds, uint64_t& runs) {
+  const sim::MultiSeqRunOptions options;
+  if (!RunMultiSeqSeeds(options, root_seed + 2000, seeds, runs)) return false;
   fmt::print("  multiseq       {} seeds x {} ops: pass\n", seeds, options.steps);
+  std::fflush(stdout);
+  sim::MultiSeqRunOptions huge;
+  huge.huge = true;
+  const int64_t huge_seeds = seeds / 32;
+  if (!RunMultiSeqSeeds(huge, root_seed, huge_seeds, runs)) return false;
+  fmt::print("  multiseq huge  {} seeds x {} ops: pass\n", huge_seeds, huge.steps);
   std::fflush(stdout);
   return true;
 }
@@ -200,6 +216,7 @@ int MultiSeq(const MultiSeqFlags& flags) {
   sim::MultiSeqRunOptions options;
   if (flags.steps < 1) return Usage(fmt::format("--steps must be >= 1, got {}", flags.steps));
   options.steps = flags.steps;
+  options.huge = flags.huge;
   if (flags.conv == "ideal") {
     options.conv = sim::ConvExpectation::kIdeal;
   } else if (flags.conv != "as-specified") {

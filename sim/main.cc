@@ -139,6 +139,9 @@ int main(int argc, char** argv) {
   multiseq->add_option("--steps", multiseq_flags.steps, "operations per seed");
   multiseq->add_option("--conv", multiseq_flags.conv,
                        "as-specified | ideal (report the documented conv weaknesses)");
+  multiseq->add_flag("--huge", multiseq_flags.huge,
+                     "production-sized caches: thousands of cells a sequence, windows to 4,097, "
+                     "prompts of a whole ubatch (to 512)");
   AddReportOptions(multiseq, multiseq_flags.reports);
 
   cli::ReplayFlags replay_flags;
@@ -215,6 +218,7 @@ int main(int argc, char** argv) {
     gen_flags.ops.dims = gen_flags.requests.dims;  // the same defaults
     gen_flags.ops.swarm = gen_flags.requests.swarm;
     if (given("--steps")) gen_flags.multiseq.steps = gen_flags.ops.steps;
+    gen_flags.multiseq.huge = gen_flags.requests.huge_context;  // --huge: multiseq's too
     return cli::Gen(gen_flags);
   }
   if (*import) return cli::Import(import_flags);

@@ -88,8 +88,20 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"high_id_batches", &MsCoverage::high_id_batches},
       {"forward_edits", &MsCoverage::forward_edits},
       {"forward_edits_on_batch", &MsCoverage::forward_edits_on_batch},
+      {"big_cache_forwards", &MsCoverage::big_cache_forwards},
+      {"deep_batches", &MsCoverage::deep_batches},
   };
   return fields;
+}
+
+Mismatch ListMismatch(const std::string& what, const std::vector<int64_t>& want,
+                      const std::vector<int64_t>& got) {
+  KV_CHECK(want != got, "a list mismatch of equal lists");
+  const auto [w, g] = std::mismatch(want.begin(), want.end(), got.begin(), got.end());
+  const auto at = static_cast<size_t>(w - want.begin());
+  return Mismatch{fmt::format("{} (first difference at index {}: {} expected, {} actual)", what, at,
+                              want.size(), got.size()),
+                  IntRuns(want), IntRuns(got)};
 }
 
 std::string MsCoverage::ToString() const {
@@ -125,8 +137,7 @@ Check MultiSeqDriver::CheckRetention() {
     std::vector<int64_t>& expected = want_held_;
     model_.kv().RetainedPositionsInto(S(s), expected);
     if (held != expected) {
-      return Mismatch{fmt::format("positions held by s{}", s), fmt::format("{}", expected),
-                      fmt::format("{}", held)};
+      return ListMismatch(fmt::format("positions held by s{}", s), expected, held);
     }
   }
   return std::nullopt;

@@ -56,6 +56,9 @@ enum class ConvExpectation : uint8_t { kAsSpecified, kIdeal };
 // Sequence ids one 64-bit word of sequence bits per cell can tell apart (llama.cpp's
 // LLAMA_MAX_SEQ): runs go past it, and the coverage counts forwards that do.
 inline constexpr int32_t kSeqBitsPerWord = 64;
+// A production context's size (4,096 tokens): the coverage counts forwards over caches and
+// positions this large, which only `multiseq --huge` reaches.
+inline constexpr int64_t kBigCells = 4096;
 
 // The cache shape of a run: the ggml Init arguments plus the conv side.
 struct MultiSeqConfig {
@@ -114,6 +117,8 @@ struct MsCoverage {
   int64_t high_id_batches = 0;         // forwards with a sequence id >= kSeqBitsPerWord
   int64_t forward_edits = 0;           // CopyPrefix / Remove between a StartForward and its Put
   int64_t forward_edits_on_batch = 0;  // of them, a Remove of or CopyPrefix onto a batch seq
+  int64_t big_cache_forwards = 0;      // forwards started with kBigCells or more cells in use
+  int64_t deep_batches = 0;            // forwards with a position kBigCells or more past 0
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
   // Every counter by name ("forwards", ...), in declaration order.
@@ -136,6 +141,11 @@ struct MsDivergence {
 // ids in range, contiguous equal-count batches, indeterminate sequences only cleared).
 // Shared by the driver and by generators that keep their own reference.
 bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref, const MsOp& op);
+
+// A mismatch of two lists of cells or positions: `what` plus the index where they first
+// differ, both lists as IntRuns. REQUIRES: want != got.
+Mismatch ListMismatch(const std::string& what, const std::vector<int64_t>& want,
+                      const std::vector<int64_t>& got);
 
 // The f32 value a forward hands UpdateConvState for a conv value `exact` the cache must
 // store. The cache stores each value rounded once, to nearest even, to its dtype (spec
@@ -218,7 +228,7 @@ class MultiSeqDriver {
   // `masked`: what each batch token's mask row shows, computed when the mask was last built
   // (edits came after it); null: computed now, from the metadata as it stands.
   Check CheckVisible(const model::MsBatch& batch, const std::vector<int64_t>& causal_off,
-                     const std::vector<std::vector<model::MsEntry>>* masked = nullptr);
+                     const std::vector<std::vector<model::MsVisibleCell>>* masked = nullptr);
   // Every row of a view (Get) against the model's cells of its range, in cell order.
   Check CheckViewRows(const CausalCache::View& view);
   // A ConvState result's dtype and shape (spec §2.9.1, §7): `rows` rows (one per current
@@ -284,14 +294,15 @@ class MultiSeqDriver {
   std::vector<std::optional<model::MsRows>> memo_key_;
   // Scratch reused across ops so the checks do not allocate after the first few steps; each
   // is overwritten before it is read and carries nothing from one use to the next.
-  Tensor v_row_;                                          // a stored V row (CausalCache::VRowInto)
-  std::vector<float> floats_;                             // a row as floats (hash, conv compare)
-  MatF conv_in_;                                          // one layer's conv input row
-  std::vector<model::MsCell> cells_;                      // the model's cell table
-  std::vector<model::MsEntry> entries_;                   // a history or a visible set
-  std::vector<std::vector<model::MsEntry>> masked_;       // the mask before a forward's edits
-  std::vector<int64_t> held_, want_held_;                 // CheckRetention, CountForward
-  std::vector<int64_t> got_, got_pos_, want_, want_pos_;  // CheckVisible
+  Tensor v_row_;                                           // a stored V row (CausalCache::VRowInto)
+  std::vector<float> floats_;                              // a row as floats (hash, conv compare)
+  MatF conv_in_;                                           // one layer's conv input row
+  std::vector<model::MsCell> cells_;                       // the model's cell table
+  std::vector<model::MsEntry> entries_;                    // a history or a visible set
+  std::vector<std::vector<model::MsVisibleCell>> masked_;  // the mask before a forward's edits
+  std::vector<std::vector<model::MsVisibleCell>> visible_;         // CheckVisible: the mask now
+  std::vector<int64_t> held_, want_held_;                          // CheckRetention, CountForward
+  std::vector<int64_t> got_, got_pos_, want_, want_pos_;           // CheckVisible
   std::vector<std::vector<std::pair<int64_t, uint64_t>>> chains_;  // Tokens, per sequence
   std::vector<uint8_t> chained_;                                   // Tokens, per sequence
   std::vector<std::pair<int32_t, int64_t>> last_;                  // CountForward

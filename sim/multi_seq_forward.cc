@@ -27,8 +27,22 @@ Mismatch Outcome(const std::string& what, const Status& expected, const Status& 
 // "[3 (pos 2), 0 (pos 4)]": cell indices with the positions they hold.
 std::string CellList(const std::vector<int64_t>& cells, const std::vector<int64_t>& positions) {
   std::vector<std::string> parts;
-  for (size_t k = 0; k < cells.size(); ++k) {
-    parts.push_back(fmt::format("{} (pos {})", cells[k], positions[k]));
+  size_t k = 0;
+  while (k < cells.size()) {
+    // Three or more cells in a row holding consecutive positions: "4..9 (pos 10..15)".
+    size_t end = k + 1;
+    while (end < cells.size() && cells[end] == cells[end - 1] + 1 &&
+           positions[end] == positions[end - 1] + 1) {
+      ++end;
+    }
+    if (end - k >= 3) {
+      parts.push_back(fmt::format("{}..{} (pos {}..{})", cells[k], cells[end - 1], positions[k],
+                                  positions[end - 1]));
+    } else {
+      parts.push_back(fmt::format("{} (pos {})", cells[k], positions[k]));
+      end = k + 1;
+    }
+    k = end;
   }
   return fmt::format("[{}]", fmt::join(parts, ", "));
 }
@@ -178,8 +192,7 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   std::vector<int64_t> locations(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) locations[static_cast<size_t>(i)] = i;
   if (cache_->kv().locations() != locations) {
-    return Mismatch{"cells of a reserve pass", fmt::format("{}", locations),
-                    fmt::format("{}", cache_->kv().locations())};
+    return ListMismatch("cells of a reserve pass", locations, cache_->kv().locations());
   }
   std::vector<int32_t> fake(BatchSequences(op.batch).size());
   for (size_t i = 0; i < fake.size(); ++i) fake[i] = static_cast<int32_t>(i);
@@ -271,9 +284,9 @@ Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch,
     model_.kv().ReserveVisibleInto(batch, i, off, entries_);
     for (const model::MsEntry& e : entries_) want.push_back(e.index);
     if (got != want) {
-      return Mismatch{fmt::format("cells visible to reserve batch token {} (s{} pos {})", i,
-                                  Raw(batch[i].seq), batch[i].pos),
-                      fmt::format("{}", want), fmt::format("{}", got)};
+      return ListMismatch(fmt::format("cells visible to reserve batch token {} (s{} pos {})", i,
+                                      Raw(batch[i].seq), batch[i].pos),
+                          want, got);
     }
   }
   return std::nullopt;
@@ -282,7 +295,7 @@ Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch,
 void MultiSeqDriver::CountForward(const MsOp& op) {
   // Before the forward: what it writes over, whether its runs ascend, who joins.
   bool rewrites = false, unordered = false, joins = false, far = false, last = false,
-       high_id = false;
+       high_id = false, deep = false;
   last_.clear();  // (sequence, its last position so far in the batch)
   for (const MsBatchToken& t : op.batch) {
     std::vector<int64_t>& held = held_;
@@ -291,6 +304,7 @@ void MultiSeqDriver::CountForward(const MsOp& op) {
     far |= t.pos > kMaxPosition;
     last |= t.pos == kMaxBatchPosition;
     high_id |= t.seq >= kSeqBitsPerWord;
+    deep |= t.pos >= kBigCells;
     if (held.empty()) {
       model_.kv().HistoryInto(S(t.seq), entries_);
       joins |= entries_.empty();
@@ -310,6 +324,8 @@ void MultiSeqDriver::CountForward(const MsOp& op) {
   coverage_.far_batches += far;
   coverage_.last_position_batches += last;
   coverage_.high_id_batches += high_id;
+  coverage_.deep_batches += deep;
+  coverage_.big_cache_forwards += model_.kv().UsedCells() >= kBigCells;
 }
 
 Check MultiSeqDriver::ApplyForward(const MsOp& op) {
@@ -387,12 +403,7 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
   if (Check c = SetCausalLists(cache_->mutable_kv(), op, steps_ % 4 == 0, coverage_)) return c;
   const bool masked_before = !op.edits.empty() && !edits_first;
   if (masked_before) {
-    masked_.resize(batch.size());
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const bool off = std::find(op.causal_off.begin(), op.causal_off.end(),
-                                 static_cast<int64_t>(i)) != op.causal_off.end();
-      model_.kv().VisibleInto(batch, i, off, masked_[i]);
-    }
+    model_.kv().VisibleCellsInto(batch, op.causal_off, masked_);
     if (Check c = ApplyForwardEdits(op)) return c;
   }
   if (Status s = PutRows(batch); !s.ok()) return Outcome("Put", Status::Ok(), s);
@@ -505,15 +516,14 @@ Check MultiSeqDriver::CheckPlacement() const {
   const std::vector<int64_t>& want = model_.kv().Locations();
   const std::vector<int64_t>& got = cache_->kv().locations();
   if (want != got) {
-    return Mismatch{"cells the batch was placed in (token i -> the i-th free cell)",
-                    fmt::format("{}", want), fmt::format("{}", got)};
+    return ListMismatch("cells the batch was placed in (token i -> the i-th free cell)", want, got);
   }
   return std::nullopt;
 }
 
 Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
                                    const std::vector<int64_t>& causal_off,
-                                   const std::vector<std::vector<model::MsEntry>>* masked) {
+                                   const std::vector<std::vector<model::MsVisibleCell>>* masked) {
   const CausalCache::View view = cache_->Get();
   const model::MsSpan range = model_.kv().CurrentRange();
   Fold(static_cast<uint64_t>(view.range_begin));
@@ -528,6 +538,10 @@ Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
   }
   if (Check c = CheckViewRows(view)) return c;
   if (Check c = CheckMaskShape(view, batch.size(), len, "the forward")) return c;
+  if (masked == nullptr) {
+    model_.kv().VisibleCellsInto(batch, causal_off, visible_);
+    masked = &visible_;
+  }
   for (size_t i = 0; i < batch.size(); ++i) {
     const bool off = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) !=
                      causal_off.end();
@@ -539,8 +553,7 @@ Check MultiSeqDriver::CheckVisible(const model::MsBatch& batch,
       got_pos.push_back(cache_->kv().cells()[static_cast<size_t>(got.back())].pos);
       Fold(static_cast<uint64_t>(got.back()));
     }
-    if (masked == nullptr) model_.kv().VisibleInto(batch, i, off, entries_);
-    for (const model::MsEntry& e : masked != nullptr ? (*masked)[i] : entries_) {
+    for (const model::MsVisibleCell& e : (*masked)[i]) {
       want.push_back(e.index);
       want_pos.push_back(e.pos);
     }

@@ -1,6 +1,7 @@
 #include "sim/multi_seq_generator.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -15,8 +16,8 @@ SeqId S(int32_t seq) { return SeqId{seq}; }
 
 // The edits stream is a fork of a copy: drawing from it leaves every op stream as it was up
 // to the first forward it edits.
-MultiSeqGenerator::MultiSeqGenerator(Rng rng, int64_t base)
-    : rng_(rng), edits_rng_(Rng(rng).Fork("forward-edits")), base_(base) {
+MultiSeqGenerator::MultiSeqGenerator(Rng rng, int64_t base, bool huge)
+    : rng_(rng), edits_rng_(Rng(rng).Fork("forward-edits")), base_(base), huge_(huge) {
   KV_CHECK(base >= 0 && base <= kMaxBatchPosition - 8, "a run's base position out of range");
 }
 
@@ -60,6 +61,42 @@ MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
   if (resolved.ok() && resolved->memory != model::kUnbounded && c.max_seqs > 1 &&
       (c.max_seqs + c.max_batch + c.capacity) % 3 == 0) {
     c.capacity += kMaxCausalCells / c.max_seqs;
+  }
+  return c;
+}
+
+MultiSeqConfig DrawHugeMultiSeqConfig(Rng& rng) {
+  MultiSeqConfig c;
+  // 4,096 is Gemma's window; 4,097 puts the window one past a power of two.
+  const int64_t windows[] = {64, 512, 1024, 2048, 4096, 4097};
+  if (rng.Chance(3, 4)) {
+    c.window = windows[rng.Below(std::size(windows))];
+    if (rng.Chance(1, 2)) c.memory = c.window + rng.Range(0, 300);
+  }
+  const int64_t chunks[] = {256, 1000, 4096};
+  if (rng.Chance(1, 4)) c.chunk = chunks[rng.Below(std::size(chunks))];
+  c.max_seqs = static_cast<int32_t>(rng.Range(1, 4));
+  // A sequence's cells without a window: a context of 4,096 to 12,000 tokens.
+  const int64_t capacities[] = {4096, 6144, 8192, 12000};
+  c.capacity = capacities[rng.Below(std::size(capacities))];
+  const int64_t batches[] = {128, 256, 512};
+  c.max_batch = batches[rng.Below(std::size(batches))];
+  const int64_t paddings[] = {1, 32, 256};
+  c.padding = paddings[rng.Below(std::size(paddings))];
+  c.permuted_v = rng.Chance(1, 2);
+  c.dtype = rng.Chance(1, 2) ? DType::kFloat32 : DType::kBFloat16;
+  c.kv_cols = rng.Chance(1, 2) ? 8 : 12;
+  c.num_conv_layers = static_cast<int32_t>(rng.Range(0, 2));
+  c.d_conv = rng.Range(1, 4);
+  c.hidden = rng.Chance(1, 2) ? 2 : 4;
+  c.shift_supported = !rng.Chance(1, 6);
+  // At most about 10,000 cells: every forward's checks read the visibility of every cell for
+  // every batch token (512 x 18,000 cells took 15 s a seed), so fewer sequences where a window
+  // of 4,096 or a context of 12,000 would pass it.
+  while (c.max_seqs > 1) {
+    const Result<model::MultiSeqConfig> m = model::ResolveMultiSeqConfig(c.ToModelInit());
+    if (m.ok() && m->cells <= kHugeCells) break;
+    --c.max_seqs;
   }
   return c;
 }
@@ -194,9 +231,16 @@ MsOp MultiSeqGenerator::Choose(const MultiSeqDriver& driver, const std::vector<S
   if (used + driver.config().max_batch > m.cells && rng_.Chance(1, 2)) {
     return Prune(PickOf(active));
   }
+  // Huge runs: half the ops are chunks of a chunked prefill, and whole sequences are
+  // dropped a quarter as often, so sequences grow past thousands of positions and windows of
+  // 4,096 wrap.
+  if (huge_ && rng_.Chance(1, 2)) return Step(driver, active, HugeChunk(driver));
   const uint64_t roll = rng_.Below(100);
   if (roll < 34) return Step(driver, active, 1);
-  if (roll < 42) return Step(driver, active, rng_.Chance(1, 2) ? 2 : 4);
+  if (roll < 42) {
+    if (huge_) return Step(driver, active, HugeChunk(driver));
+    return Step(driver, active, rng_.Chance(1, 2) ? 2 : 4);
+  }
   if (roll < 46) {
     const SeqState& s = PickOf(active);
     // A burst: the same sequence rewritten over and over, until its duplicates fill the cells.
@@ -207,7 +251,9 @@ MsOp MultiSeqGenerator::Choose(const MultiSeqDriver& driver, const std::vector<S
   if (roll < 56) return Fork(driver, active);
   if (roll < 62) return Prune(PickOf(active));
   if (roll < 69) return Cut(PickOf(active));
-  if (roll < 72) return MsOp::Remove(PickOf(active).seq, 0, kvtwin::kUnbounded);
+  if (roll < 72 && (!huge_ || rng_.Chance(1, 4))) {
+    return MsOp::Remove(PickOf(active).seq, 0, kvtwin::kUnbounded);
+  }
   if (roll < 83) return Probe(driver, PickOf(active));
   if (roll < 86) return Reserve(driver, active);
   if (roll < 92 && !free.empty()) return Prompt(driver, PickOf(free));
@@ -215,11 +261,23 @@ MsOp MultiSeqGenerator::Choose(const MultiSeqDriver& driver, const std::vector<S
 }
 
 MsOp MultiSeqGenerator::Prompt(const MultiSeqDriver& driver, int32_t seq) {
-  const int64_t len = rng_.Range(1, std::min<int64_t>(driver.config().max_batch, 6));
+  const int64_t max_batch = driver.config().max_batch;
+  int64_t len = 0;
+  if (huge_) {
+    len = rng_.Chance(1, 2) ? max_batch : rng_.Range(1, max_batch);  // a whole ubatch, or less
+  } else {
+    len = rng_.Range(1, std::min<int64_t>(max_batch, 6));
+  }
   std::vector<MsBatchToken> batch;
   for (int64_t p = base_; p < base_ + len; ++p) batch.push_back({seq, p, Token()});
   Scramble(driver, batch);
   return MsOp::Forward(std::move(batch), CausalOff(static_cast<size_t>(len)));
+}
+
+int64_t MultiSeqGenerator::HugeChunk(const MultiSeqDriver& driver) {
+  // Continuation chunks of a chunked prefill, mostly whole ubatches.
+  const int64_t per_seq[] = {4, 64, 256, driver.config().max_batch, driver.config().max_batch};
+  return per_seq[rng_.Below(std::size(per_seq))];
 }
 
 MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<SeqState>& active,
@@ -318,7 +376,9 @@ MsOp MultiSeqGenerator::Fork(const MultiSeqDriver& driver, const std::vector<Seq
 MsOp MultiSeqGenerator::Prune(const SeqState& s) {
   // Beam pruning drops the last few tokens; sometimes the whole sequence, sometimes nothing
   // (a begin past the end).
-  if (rng_.Chance(1, 4)) return MsOp::Remove(s.seq, 0, kvtwin::kUnbounded);
+  if (rng_.Chance(1, 4) && (!huge_ || rng_.Chance(1, 4))) {
+    return MsOp::Remove(s.seq, 0, kvtwin::kUnbounded);
+  }
   if (rng_.Chance(1, 10)) return MsOp::Remove(s.seq, s.next + rng_.Range(0, 1), kvtwin::kUnbounded);
   const int64_t begin = rng_.Range(std::max(Low(s), s.next - 3), std::max(Low(s), s.next - 1));
   return MsOp::Remove(s.seq, begin, kvtwin::kUnbounded);

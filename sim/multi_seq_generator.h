@@ -37,13 +37,24 @@ namespace kvtwin::sim {
 // sequences, capacity, max_batch, padding {1,4}, permuted V, f32/bf16, 0..2 conv layers,
 // d_conv 1..3, a shift callback mostly. `conv` is left as the caller's.
 MultiSeqConfig DrawMultiSeqConfig(Rng& rng);
+// A production-sized shape (`kvtwin multiseq --huge`): llama.cpp's contexts of thousands of
+// cells per sequence, sliding windows of 64 to 4,097 (Gemma's 4,096 among them), ubatches of
+// 128-512 rows, cells padded to 32 or 256, attention chunks of 256-4,096 (Llama 4's idea).
+// The default draw stops at windows of 8 and 32 cells a sequence, where a path a cache takes
+// only for thousands of cells (a scan that starts from a hint, a bulk copy of a long run) and
+// a window's wrap past its first thousand rows never run.
+// Its caches hold at most kHugeCells cells (fewer sequences where more would pass it).
+MultiSeqConfig DrawHugeMultiSeqConfig(Rng& rng);
+inline constexpr int64_t kHugeCells = 10'000;
 
 class MultiSeqGenerator {
  public:
   // Sequences start at position `base` (a runner's positions need not start at 0; far up,
   // float and int32 arithmetic on positions show). REQUIRES: 0 <= base, and room for a
   // prompt below kMaxBatchPosition.
-  explicit MultiSeqGenerator(Rng rng, int64_t base = 0);
+  // `huge`: prompts and continuation chunks up to the ubatch (max_batch) instead of a few
+  // tokens, for the shapes of DrawHugeMultiSeqConfig.
+  explicit MultiSeqGenerator(Rng rng, int64_t base = 0, bool huge = false);
   // The next op for the driver's current state. REQUIRES: no divergence.
   MsOp Next(const MultiSeqDriver& driver);
 
@@ -62,6 +73,8 @@ class MultiSeqGenerator {
   MsOp Step(const MultiSeqDriver& driver, const std::vector<SeqState>& active, int64_t per_seq);
   // Re-forwards the last k positions of `s` without a Remove; nullopt when the shape cannot
   // keep the conv state equal to the ideal one (k >= d_conv is needed with conv layers).
+  // A huge run's tokens per sequence for a chunk step: 4 to the whole ubatch.
+  int64_t HugeChunk(const MultiSeqDriver& driver);
   std::optional<MsOp> Rewrite(const MultiSeqDriver& driver, const SeqState& s);
   MsOp Fork(const MultiSeqDriver& driver, const std::vector<SeqState>& active);
   MsOp Prune(const SeqState& s);
@@ -96,6 +109,7 @@ class MultiSeqGenerator {
   Rng rng_;
   Rng edits_rng_;                  // the forwards' edits (ForwardEdit)
   int64_t base_ = 0;               // where sequences start
+  bool huge_ = false;              // production-length prompts and chunks
   std::optional<Burst> burst_;     // rewrites still to come
   std::optional<int32_t> fanout_;  // the sequence being forked into every free id
   MsOp last_;                      // the op Next returned last

@@ -13,17 +13,53 @@ std::string End(int64_t end) {
   return end == kvtwin::kUnbounded ? std::string("inf") : std::to_string(end);
 }
 
-// Tokens grouped by sequence run: "s0@4:17 s0@5:3 | s1@4:9".
+std::string TokenText(const MsBatchToken& t) {
+  return fmt::format("s{}@{}:{}", t.seq, t.pos, t.token);
+}
+
+// Tokens grouped by sequence run: "s0@4:17 s0@5:3 | s1@4:9". A run of more than kRunShown
+// consecutive ascending positions of one sequence keeps its first two and last two tokens.
 std::string BatchText(const std::vector<MsBatchToken>& batch) {
   std::string out;
-  for (size_t i = 0; i < batch.size(); ++i) {
+  size_t i = 0;
+  while (i < batch.size()) {
     if (i > 0) out += batch[i].seq == batch[i - 1].seq ? " " : " | ";
-    out += fmt::format("s{}@{}:{}", batch[i].seq, batch[i].pos, batch[i].token);
+    size_t end = i + 1;  // one past the consecutive run starting at i
+    while (end < batch.size() && batch[end].seq == batch[i].seq &&
+           batch[end].pos == batch[end - 1].pos + 1) {
+      ++end;
+    }
+    if (end - i <= kRunShown) {
+      for (size_t j = i; j < end; ++j) out += (j > i ? " " : "") + TokenText(batch[j]);
+    } else {
+      out +=
+          fmt::format("{} {} ... {} {} ({} tokens)", TokenText(batch[i]), TokenText(batch[i + 1]),
+                      TokenText(batch[end - 2]), TokenText(batch[end - 1]), end - i);
+    }
+    i = end;
   }
   return out;
 }
 
 }  // namespace
+
+std::string IntRuns(const std::vector<int64_t>& values) {
+  std::string out = "[";
+  size_t i = 0;
+  while (i < values.size()) {
+    size_t end = i + 1;
+    while (end < values.size() && values[end] == values[end - 1] + 1) ++end;
+    if (i > 0) out += ", ";
+    if (end - i >= 3) {
+      out += fmt::format("{}..{}", values[i], values[end - 1]);
+    } else {
+      out += fmt::format("{}", values[i]);
+      end = i + 1;
+    }
+    i = end;
+  }
+  return out + "]";
+}
 
 const char* MsOpKindName(MsOpKind kind) {
   switch (kind) {

@@ -60,12 +60,21 @@ struct MsOp {
   static MsOp Remove(int32_t seq, int64_t begin, int64_t end);
   static MsOp CanResume(int32_t seq, int64_t pos);
 
-  // "forward [s0@4:17 s0@5:3 | s1@4:9] causal_off=[1]", "remove s2 [3, inf)", ...
+  // "forward [s0@4:17 s0@5:3 | s1@4:9] causal_off=[1]", "remove s2 [3, inf)", ...; a
+  // sequence's run of more than kRunShown consecutive positions shows its first and last
+  // tokens only ("s1@0:5 s1@1:9 ... s1@511:4 (512 tokens)"): a huge run's ubatch is 512.
   std::string ToString() const;
   friend bool operator==(const MsOp&, const MsOp&) = default;
 };
 
 const char* MsOpKindName(MsOpKind kind);
+
+// Tokens of a consecutive run that ToString prints in full.
+inline constexpr size_t kRunShown = 8;
+
+// "[0, 4..9, 12]": ascending runs of three or more consecutive values written first..last,
+// so a list of thousands of cells or positions stays readable in a report (lossless).
+std::string IntRuns(const std::vector<int64_t>& values);
 
 // The batch's sequences in first-appearance order (the hybrid's current sequences).
 std::vector<int32_t> BatchSequences(const std::vector<MsBatchToken>& batch);

@@ -44,6 +44,14 @@ FarStart FarStartForSeed(uint64_t seed) {
 }  // namespace
 
 MultiSeqConfig MultiSeqConfigForSeed(const MultiSeqRunOptions& options, uint64_t seed) {
+  if (options.huge) {
+    // Neither the far starts nor the hundreds of sequences: a prompt of 512 near int32's last
+    // position has no room, and 300 sequences of thousands of cells pass the cell bound.
+    Rng rng = Rng::Derive(seed, "multiseq-huge-config");
+    MultiSeqConfig config = DrawHugeMultiSeqConfig(rng);
+    config.conv = options.conv;
+    return config;
+  }
   Rng rng = Rng::Derive(seed, "multiseq-config");
   MultiSeqConfig config = DrawMultiSeqConfig(rng);
   config.conv = options.conv;
@@ -63,8 +71,9 @@ MultiSeqConfig MultiSeqConfigForSeed(const MultiSeqRunOptions& options, uint64_t
 }
 
 std::string MultiSeqReproduceCommand(const MultiSeqRunOptions& options, uint64_t seed) {
-  return fmt::format("kvtwin multiseq --seeds {}..{} --steps {}{}", seed, seed, options.steps,
-                     options.conv == ConvExpectation::kIdeal ? " --conv ideal" : "");
+  return fmt::format("kvtwin multiseq --seeds {}..{} --steps {}{}{}", seed, seed, options.steps,
+                     options.conv == ConvExpectation::kIdeal ? " --conv ideal" : "",
+                     options.huge ? " --huge" : "");
 }
 
 MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed, Trace* record) {
@@ -84,7 +93,8 @@ MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed, 
   }
   MultiSeqDriver driver(config, Rng::Derive(seed, "multiseq-values").Next());
   result.divergence = driver.divergence();  // a disagreement on the derived shape
-  MultiSeqGenerator generator(Rng::Derive(seed, "multiseq-ops"), FarStartForSeed(seed).base);
+  MultiSeqGenerator generator(Rng::Derive(seed, "multiseq-ops"),
+                              options.huge ? 0 : FarStartForSeed(seed).base, options.huge);
   for (int64_t i = 0; i < options.steps && !result.divergence; ++i) {
     const MsOp op = generator.Next(driver);
     result.recent_ops.push_back(op.ToString());

@@ -17,6 +17,8 @@ namespace kvtwin::sim {
 struct MultiSeqRunOptions {
   int64_t steps = 400;
   ConvExpectation conv = ConvExpectation::kAsSpecified;
+  // Production-sized shapes and prompts (DrawHugeMultiSeqConfig), sequences from position 0.
+  bool huge = false;
 };
 
 struct MultiSeqRunResult {
@@ -37,7 +39,7 @@ MultiSeqConfig MultiSeqConfigForSeed(const MultiSeqRunOptions& options, uint64_t
 // applied, the diverging one included, so replaying it gives the same digest.
 MultiSeqRunResult RunMultiSeq(const MultiSeqRunOptions& options, uint64_t seed,
                               Trace* record = nullptr);
-// "kvtwin multiseq --seeds N..N --steps S [--conv ideal]".
+// "kvtwin multiseq --seeds N..N --steps S [--conv ideal] [--huge]".
 std::string MultiSeqReproduceCommand(const MultiSeqRunOptions& options, uint64_t seed);
 
 }  // namespace kvtwin::sim

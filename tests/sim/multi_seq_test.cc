@@ -97,6 +97,11 @@ TEST(MultiSeqRun, TwoHundredSeedsPassAndCoverEveryMechanism) {
   // Floors well below what the pinned seeds reach, so a generator change that starves a
   // mechanism fails here.
   for (const auto& [name, member] : MsCoverage::Fields()) {
+    // Only `--huge` runs reach caches and positions of kBigCells (multi_seq_huge_test.cc).
+    if (std::string_view(name) == "big_cache_forwards" ||
+        std::string_view(name) == "deep_batches") {
+      continue;
+    }
     // Rarer by nature: a rewrite whose own pruning still leaves too few cells.
     const int64_t floor = std::string_view(name) == "cache_full_pruned" ? 40 : 100;
     EXPECT_GE(total.*member, floor) << name;
@@ -189,7 +194,9 @@ TEST(MultiSeqDriver, ReportsABatchPlacedInOtherCellsThanFirstFitGives) {
   RelocateS0(driver);
   const std::optional<MsDivergence> d = driver.Apply(MsOp::Forward(Tokens(0, 4, 1, 20)));
   ASSERT_TRUE(d.has_value());
-  EXPECT_EQ(d->mismatch.what, "cells the batch was placed in (token i -> the i-th free cell)");
+  EXPECT_EQ(d->mismatch.what,
+            "cells the batch was placed in (token i -> the i-th free cell) (first difference at "
+            "index 0: 1 expected, 1 actual)");
   EXPECT_EQ(d->mismatch.expected, "[4]");
   EXPECT_EQ(d->mismatch.actual, "[0]");
 }
