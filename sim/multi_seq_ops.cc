@@ -18,15 +18,18 @@ std::string TokenText(const MsBatchToken& t) {
 }
 
 // Tokens grouped by sequence run: "s0@4:17 s0@5:3 | s1@4:9". A run of more than kRunShown
-// consecutive ascending positions of one sequence keeps its first two and last two tokens.
+// consecutive positions of one sequence, ascending or descending, keeps its first two and
+// last two tokens.
 std::string BatchText(const std::vector<MsBatchToken>& batch) {
   std::string out;
   size_t i = 0;
   while (i < batch.size()) {
     if (i > 0) out += batch[i].seq == batch[i - 1].seq ? " " : " | ";
-    size_t end = i + 1;  // one past the consecutive run starting at i
+    // One past the consecutive run starting at i, ascending or (a scrambled run) descending.
+    size_t end = i + 1;
+    const int64_t step = i + 1 < batch.size() && batch[i + 1].pos < batch[i].pos ? -1 : 1;
     while (end < batch.size() && batch[end].seq == batch[i].seq &&
-           batch[end].pos == batch[end - 1].pos + 1) {
+           batch[end].pos == batch[end - 1].pos + step) {
       ++end;
     }
     if (end - i <= kRunShown) {

@@ -61,8 +61,8 @@ struct MsOp {
   static MsOp CanResume(int32_t seq, int64_t pos);
 
   // "forward [s0@4:17 s0@5:3 | s1@4:9] causal_off=[1]", "remove s2 [3, inf)", ...; a
-  // sequence's run of more than kRunShown consecutive positions shows its first and last
-  // tokens only ("s1@0:5 s1@1:9 ... s1@511:4 (512 tokens)"): a huge run's ubatch is 512.
+  // sequence's run of more than kRunShown consecutive positions (either way) shows its first and
+  // last tokens only ("s1@0:5 s1@1:9 ... s1@511:4 (512 tokens)"): a huge run's ubatch is 512.
   std::string ToString() const;
   friend bool operator==(const MsOp&, const MsOp&) = default;
 };

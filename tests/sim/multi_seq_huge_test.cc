@@ -81,9 +81,14 @@ TEST(MultiSeqReportText, ALongRunOfOneSequenceShowsItsEndsAndCount) {
   EXPECT_EQ(text,
             "forward [s1@100:2 s1@101:3 ... s1@610:1 s1@611:2 (512 tokens) | s2@5:9 | s3@0:1 "
             "s3@1:1 s3@2:1 s3@3:1 s3@4:1 s3@5:1 s3@6:1 s3@7:1]");
-  // Descending positions are not a run: every token shows.
+  // A short descending run shows whole, a long one (a scrambled batch) by its ends.
   const std::string down = MsOp::Forward({{0, 9, 1}, {0, 8, 1}, {0, 7, 1}}).ToString();
   EXPECT_EQ(down, "forward [s0@9:1 s0@8:1 s0@7:1]");
+  std::vector<MsBatchToken> reversed;
+  for (int64_t p = 99; p >= 0; --p) reversed.push_back({4, p, 2});
+  reversed.push_back({4, 200, 3});
+  EXPECT_EQ(MsOp::Forward(reversed).ToString(),
+            "forward [s4@99:2 s4@98:2 ... s4@1:2 s4@0:2 (100 tokens) s4@200:3]");
 }
 
 TEST(MultiSeqReportText, AListMismatchNamesTheFirstDifferenceAndKeepsBothListsShort) {
