@@ -104,28 +104,25 @@ bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& 
   if (!RunRequestSeeds(swarm, root_seed, swarm_seeds, runs, requests)) return false;
   fmt::print("  requests swarm {} seeds x {} requests: pass\n", swarm_seeds, swarm.requests);
   std::fflush(stdout);
-  // Long contexts: three conversations growing to hundreds of tokens, so KV buffers cross
-  // their 256-row growth steps under the manager and rotating windows of 256 and more hold
-  // whole nodes (about 20 ms a seed).
-  sim::RequestOptions long_swarm = swarm;
-  long_swarm.long_context = true;
-  long_swarm.conversations = 3;
-  const int64_t long_seeds = 5 * seeds_per_config;
-  if (!RunRequestSeeds(long_swarm, root_seed, long_seeds, runs, requests)) return false;
-  fmt::print("  requests long swarm {} seeds x {} requests: pass\n", long_seeds,
-             long_swarm.requests);
-  std::fflush(stdout);
+  // The long and huge stages: three conversations each.
+  const auto three_conversations = [&](bool huge, int64_t seeds, const char* name) {
+    sim::RequestOptions o = swarm;
+    o.long_context = !huge;
+    o.huge_context = huge;
+    o.conversations = 3;
+    if (!RunRequestSeeds(o, root_seed, seeds, runs, requests)) return false;
+    fmt::print("  requests {} swarm {} seeds x {} requests: pass\n", name, seeds, o.requests);
+    std::fflush(stdout);
+    return true;
+  };
+  // Long contexts: conversations growing to hundreds of tokens, so KV buffers cross their
+  // 256-row growth steps under the manager and rotating windows of 256 and more hold whole
+  // nodes (about 20 ms a seed).
+  if (!three_conversations(false, 5 * seeds_per_config, "long")) return false;
   // Production lengths: prompts to 24,000 tokens that diverge at any token, so trie edges
   // of thousands of keys split anywhere in them and windows of 4,096 sit inside one node
   // (about 0.4 s a seed).
-  sim::RequestOptions huge_swarm = swarm;
-  huge_swarm.huge_context = true;
-  huge_swarm.conversations = 3;
-  const int64_t huge_seeds = 2 * seeds_per_config;
-  if (!RunRequestSeeds(huge_swarm, root_seed, huge_seeds, runs, requests)) return false;
-  fmt::print("  requests huge swarm {} seeds x {} requests: pass\n", huge_seeds,
-             huge_swarm.requests);
-  std::fflush(stdout);
+  if (!three_conversations(true, 2 * seeds_per_config, "huge")) return false;
   // Media: image spans whose positions hold a fold value with bit 31 set (negative ids),
   // shared across conversations, so the trie keys a sign or width slip would corrupt.
   sim::RequestOptions media_swarm = swarm;

@@ -12,6 +12,18 @@ namespace {
 
 SeqId S(int32_t seq) { return SeqId{seq}; }
 
+// The draws both shapes share, in this order: V layout, dtype, K/V row width, conv layers
+// and their width, the shift callback.
+void DrawRowsAndConv(Rng& rng, int64_t max_d_conv, MultiSeqConfig& c) {
+  c.permuted_v = rng.Chance(1, 2);
+  c.dtype = rng.Chance(1, 2) ? DType::kFloat32 : DType::kBFloat16;
+  c.kv_cols = rng.Chance(1, 2) ? 8 : 12;
+  c.num_conv_layers = static_cast<int32_t>(rng.Range(0, 2));
+  c.d_conv = rng.Range(1, max_d_conv);
+  c.hidden = rng.Chance(1, 2) ? 2 : 4;
+  c.shift_supported = !rng.Chance(1, 6);
+}
+
 }  // namespace
 
 // The edits stream is a fork of a copy: drawing from it leaves every op stream as it was up
@@ -45,13 +57,7 @@ MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
   const int64_t batches[] = {1, 2, 4, 8, 8, 16};
   c.max_batch = batches[rng.Below(6)];
   c.padding = rng.Chance(1, 3) ? 4 : 1;
-  c.permuted_v = rng.Chance(1, 2);
-  c.dtype = rng.Chance(1, 2) ? DType::kFloat32 : DType::kBFloat16;
-  c.kv_cols = rng.Chance(1, 2) ? 8 : 12;
-  c.num_conv_layers = static_cast<int32_t>(rng.Range(0, 2));
-  c.d_conv = rng.Range(1, 3);
-  c.hidden = rng.Chance(1, 2) ? 2 : 4;
-  c.shift_supported = !rng.Chance(1, 6);
+  DrawRowsAndConv(rng, /*max_d_conv=*/3, c);
   // A windowed cache's cells follow its memory, not its capacity (spec §2.8: max_seqs x
   // memory + max_batch), so a capacity whose full layout max_seqs x capacity would pass
   // 2^24 cells is fine there; a size check on the full layout refuses it. One such config
@@ -83,13 +89,7 @@ MultiSeqConfig DrawHugeMultiSeqConfig(Rng& rng) {
   c.max_batch = batches[rng.Below(std::size(batches))];
   const int64_t paddings[] = {1, 32, 256};
   c.padding = paddings[rng.Below(std::size(paddings))];
-  c.permuted_v = rng.Chance(1, 2);
-  c.dtype = rng.Chance(1, 2) ? DType::kFloat32 : DType::kBFloat16;
-  c.kv_cols = rng.Chance(1, 2) ? 8 : 12;
-  c.num_conv_layers = static_cast<int32_t>(rng.Range(0, 2));
-  c.d_conv = rng.Range(1, 4);
-  c.hidden = rng.Chance(1, 2) ? 2 : 4;
-  c.shift_supported = !rng.Chance(1, 6);
+  DrawRowsAndConv(rng, /*max_d_conv=*/4, c);
   // At most about 10,000 cells: every forward's checks read the visibility of every cell for
   // every batch token (512 x 18,000 cells took 15 s a seed), so fewer sequences where a window
   // of 4,096 or a context of 12,000 would pass it.
