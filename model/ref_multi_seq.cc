@@ -252,16 +252,11 @@ void RefMultiSeqCache::VisibleCellsInto(const MsBatch& batch,
                 [](const MsVisibleCell& a, const MsVisibleCell& b) { return a.index < b.index; });
       it = by_seq.emplace(by_seq.end(), batch[i].seq, std::move(cells));
     }
-    const int64_t p = batch[i].pos;
-    const int64_t chunk_start = config_.chunk == kUnbounded ? 0 : p - p % config_.chunk;
-    const int64_t window_start = p - config_.window;  // p >= 0: no overflow
-    const bool causal = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) ==
-                        causal_off.end();
+    const bool off = std::find(causal_off.begin(), causal_off.end(), static_cast<int64_t>(i)) !=
+                     causal_off.end();
     out[i].clear();
     for (const MsVisibleCell& c : it->second) {
-      if (causal && c.pos > p) continue;
-      if (c.pos < chunk_start || c.pos < window_start) continue;
-      out[i].push_back(c);
+      if (Attends(batch[i].pos, c.pos, off)) out[i].push_back(c);
     }
   }
 }
@@ -274,22 +269,21 @@ void RefMultiSeqCache::ReserveVisibleInto(const MsBatch& batch, size_t i, bool c
 void RefMultiSeqCache::VisibleOverInto(const MsBatch& batch, size_t i, bool causal_disabled,
                                        MsSpan range, std::vector<MsEntry>& out) const {
   KV_CHECK(i < batch.size(), "batch index out of range");
-  const int64_t p = batch[i].pos;
-  const int64_t chunk_start = config_.chunk == kUnbounded ? 0 : p - p % config_.chunk;
-  const int64_t window_start = p - config_.window;  // p >= 0: no overflow
   out.clear();
   // The mask's columns are the current range; a cell outside it is not in the view at all.
   for (const MsEntry& e : Of(batch[i].seq).entries) {
     if (!e.retained || e.index < range.first || e.index >= range.second) continue;
-    if (!causal_disabled && e.pos > p) continue;
-    if (e.pos < chunk_start || e.pos < window_start) continue;
-    out.push_back(e);
+    if (Attends(batch[i].pos, e.pos, causal_disabled)) out.push_back(e);
   }
-  // A sequence's history is in position order, and first-fit placement mostly gives its cells
-  // in that order too: skip the sort then (thousands of visible cells per batch token).
-  const auto by_index = [](const MsEntry& a, const MsEntry& b) { return a.index < b.index; };
-  if (!std::is_sorted(out.begin(), out.end(), by_index))
-    std::sort(out.begin(), out.end(), by_index);
+  std::sort(out.begin(), out.end(),
+            [](const MsEntry& a, const MsEntry& b) { return a.index < b.index; });
+}
+
+bool RefMultiSeqCache::Attends(int64_t p, int64_t pos, bool causal_disabled) const {
+  if (!causal_disabled && pos > p) return false;
+  const int64_t chunk_start = config_.chunk == kUnbounded ? 0 : p - p % config_.chunk;
+  const int64_t window_start = p - config_.window;  // p >= 0: no overflow
+  return pos >= chunk_start && pos >= window_start;
 }
 
 std::vector<int64_t> RefMultiSeqCache::VisiblePositions(const MsBatch& batch, size_t i,

@@ -248,6 +248,9 @@ class RefMultiSeqCache {
   static void Sort(std::vector<MsEntry>& entries);
   const Seq& Of(SeqId seq) const;  // an empty one when unknown
   // The §2.8 mask of batch token i over the cells of `range`.
+  // Whether a query at position p sees a cell holding `pos` (§2.8 mask: causal unless
+  // disabled, its own chunk, the window), the cell's range aside.
+  bool Attends(int64_t p, int64_t pos, bool causal_disabled) const;
   void VisibleOverInto(const MsBatch& batch, size_t i, bool causal_disabled, MsSpan range,
                        std::vector<MsEntry>& out) const;
   // Whether a sequence other than `seq` holds a retained entry in cell `index`.
