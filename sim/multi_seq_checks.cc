@@ -62,6 +62,7 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"reserve_conv_writes", &MsCoverage::reserve_conv_writes},
       {"cache_full", &MsCoverage::cache_full},
       {"unequal_batches", &MsCoverage::unequal_batches},
+      {"unequal_newcomers", &MsCoverage::unequal_newcomers},
       {"causal_off", &MsCoverage::causal_off},
       {"copy_prefix", &MsCoverage::copy_prefix},
       {"copy_prefix_partial", &MsCoverage::copy_prefix_partial},

@@ -345,7 +345,15 @@ Check MultiSeqDriver::ApplyForward(const MsOp& op) {
     // Window maintenance ran before the cells ran out, and its pruning stays.
     if (model_.kv().UsedCells() < used_before) ++coverage_.cache_full_pruned;
   }
-  if (expected.code() == StatusCode::kUnsupported) ++coverage_.unequal_batches;
+  if (expected.code() == StatusCode::kUnsupported) {
+    ++coverage_.unequal_batches;
+    // A refused batch assigns no slot (spec §2.9.1): only a newcomer shows one taken early.
+    for (const int32_t seq : BatchSequences(op.batch)) {
+      if (model_.SlotOf(SeqId{seq}).has_value()) continue;
+      ++coverage_.unequal_newcomers;
+      break;
+    }
+  }
   // The KV side may have committed before the hybrid refused: its placement is checkable.
   if (model_.kv().InForward()) return CheckPlacement();
   return std::nullopt;

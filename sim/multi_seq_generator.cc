@@ -300,6 +300,13 @@ MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<Seq
   }
   // A new sequence joins the running beams with a prompt chunk of the same length.
   const std::vector<int32_t> free = FreeIds(driver);
+  // A server's usual unequal batch is a new request's prompt chunk beside running decodes:
+  // the hybrid must refuse it before the newcomer holds a slot.
+  if (unequal && !free.empty() && static_cast<int64_t>(batch.size()) + 2 <= max_batch &&
+      rng_.Chance(1, 2)) {
+    const int32_t seq = PickOf(free);
+    for (int64_t p = base_; p < base_ + 2; ++p) batch.push_back({seq, p, Token()});
+  }
   if (!unequal && !free.empty() && rng_.Chance(1, 5)) {
     if (static_cast<int64_t>(batch.size()) + per_seq > max_batch) {
       batch.resize(batch.size() - static_cast<size_t>(std::min<int64_t>(

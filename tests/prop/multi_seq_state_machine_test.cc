@@ -1,13 +1,15 @@
 // Goal: the ggml multi-sequence causal cache and the LFM2 hybrid (spec §2.8, §2.9.1) agree
-// with their reference under arbitrary sequences of forks, removes and equal-length forwards
-// over up to 8 sequences, in every cache shape the seed draws.
+// with their reference under arbitrary sequences of forks, removes and forwards over up to 8
+// sequences (equal-length, now and then one of unequal counts), in every cache shape the
+// seed draws.
 // Method: a rapidcheck state machine (rc::state). The model is a RefHybridCache fed with
 // hash-free tokens: outcomes, sharing and determinacy do not depend on token values, so it
 // steers generation and preconditions (ValidMsOp, the same rule the driver applies). The
 // system under test is a MultiSeqDriver, which applies each MsOp to the production
 // HybridCache and to its own reference and checks outcomes, visibility, cell contents,
 // conv states, cell placement and slot accounting after every op. Commands: forwards of
-// equal per-sequence length over a window of sequence ids (new ids start at position 0;
+// equal per-sequence length (one in eight with the last sequence's count off by one, which
+// the hybrid refuses) over a window of sequence ids (new ids start at position 0;
 // some rewrite their last positions, some list a run's positions descending; some SetCausal
 // indices; some with CopyPrefix / Remove edits between StartForward and Put), CopyPrefix
 // with full and partial lengths (onto itself too), tail / middle /
@@ -71,14 +73,26 @@ MsOp GenForward(const MsModel& m) {
   // Sometimes the run starts before the sequence's end: a rewrite without a Remove.
   const int64_t back = *rc::gen::weightedElement<int64_t>({{4, 0}, {1, per_seq}});
   const bool descending = *rc::gen::weightedElement<bool>({{4, false}, {1, true}});
+  // Now and then the last sequence carries one token more or fewer (a new request's prompt
+  // chunk beside running decodes): the hybrid refuses the batch, after the KV side placed
+  // it, and must assign no slot nor touch any other state (spec §2.9.1).
+  int64_t last_count = per_seq;
+  if (k > 1 && *rc::gen::inRange(0, 8) == 0) {
+    if (k * per_seq < m.config.max_batch) {
+      ++last_count;
+    } else if (per_seq > 1) {
+      --last_count;
+    }
+  }
   std::vector<MsBatchToken> batch;
   for (int64_t j = 0; j < k; ++j) {
     const auto seq = static_cast<int32_t>((start + j) % m.config.max_seqs);
+    const int64_t n = j == k - 1 ? last_count : per_seq;
     // Up to int32's last position, where a batch's positions end.
     const int64_t first =
-        std::min(std::max<int64_t>(0, m.Next(seq) - back), kMaxBatchPosition - per_seq + 1);
-    for (int64_t i = 0; i < per_seq; ++i) {
-      const int64_t p = descending ? first + per_seq - 1 - i : first + i;
+        std::min(std::max<int64_t>(0, m.Next(seq) - back), kMaxBatchPosition - n + 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = descending ? first + n - 1 - i : first + i;
       batch.push_back({seq, p, *rc::gen::inRange<int32_t>(0, 1000)});
     }
   }
