@@ -20,3 +20,6 @@ mkdir -p "$out"
 "$kvtwin" gen --kind ops --seed 109 --preset recurrent --layers 4 --steps 3000 --kv-dims 3,3,4 --recurrent-dims 2,1,2,4,1 -o "$out/ops-recurrent-dims.jsonl"
 "$kvtwin" import "$mooncake" --block-scale 1 --skip 2500 --limit 800 --preset dense -o "$out/mooncake-2500+800-scale1-dense.jsonl"
 "$kvtwin" import "$mooncake" --block-scale 2 --limit 500 --preset mixed --budget 1000000 -o "$out/mooncake-500-scale2-mixed-budget1m.jsonl"
+# MLA layers (spec §2.5): K alone and a V of no columns, kept one row per slot.
+"$kvtwin" gen --kind ops --seed 110 --preset mixed --steps 3000 --kv-dims 2,4,0 -o "$out/ops-mixed-mla.jsonl"
+"$kvtwin" gen --kind requests --seed 111 --preset mixed --requests 120 --budget 6000 --kv-dims 2,4,0 -o "$out/requests-mixed-mla.jsonl"

@@ -402,6 +402,13 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
   if (Status s = SdpaInto(q, history, logical_, start, scale, sdpa_scratch_, got); !s.ok()) {
     return Mismatch{"attention (Sdpa)", "an output", s.message()};
   }
+  // One row per query of V's width: checked apart, as the element loop below reads nothing of
+  // a zero-width V (an MLA layer, whose output is L x 0 from the cache's history).
+  if (got.rows() != query_len || got.cols() != v_cols_) {
+    return Mismatch{
+        fmt::format("attention output shape (write [{}, {}))", start, start + query_len),
+        fmt::format("{} x {}", query_len, v_cols_), fmt::format("{} x {}", got.rows(), got.cols())};
+  }
   // The rows the synthetic forward wrote at the history's positions, as float, once: the
   // memo holds them (the row check just read them) at their positions, so rows
   // [held.first, held.end) of the memo, in one conversion.
@@ -449,8 +456,7 @@ Check LayerOracle::CheckAttention(const History& history, std::span<const model:
     if (n > 0) expected /= denom;  // a query that may attend nothing gets a zero row
     for (int64_t c = 0; c < v_cols_; ++c) {
       const double e = expected[c];
-      const double a =
-          got.rows() == query_len && got.cols() == v_cols_ ? double{got(i, c)} : std::nan("");
+      const double a = got(i, c);
       if (!(std::abs(a - e) <= kAttentionTolerance * std::max(1.0, std::abs(e)))) {
         return Mismatch{fmt::format("attention output of the query at {}, element {} "
                                     "(write [{}, {}), tolerance {})",

@@ -74,7 +74,9 @@ std::string ExpectedTag(int64_t p, uint64_t h, int32_t layer, bool is_value) {
 // after every op, and a per-element dtype dispatch was a third of a fuzz execution.
 bool RowEquals(TensorView a, int64_t ra, TensorView b, int64_t rb) {
   if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
-  KV_CHECK(ra >= 0 && ra < a.rows() && rb >= 0 && rb < b.rows(), "row out of range");
+  // `a` is the production's tensor: a row it lacks is a divergence; `b` is the reference's.
+  if (ra < 0 || ra >= a.rows()) return false;
+  KV_CHECK(rb >= 0 && rb < b.rows(), "expected row out of range");
   return a.Visit([&](const auto& ma) {
     return b.Visit([&](const auto& mb) {
       for (int64_t c = 0; c < ma.cols(); ++c) {
@@ -92,6 +94,8 @@ bool RowEquals(TensorView a, int64_t ra, TensorView b, int64_t rb) {
 bool SameBits(TensorView a, int64_t ra, TensorView b, int64_t rb, int64_t n) {
   if (a.dtype() != b.dtype() || a.cols() != b.cols()) return false;
   if (ra < 0 || ra + n > a.rows() || rb < 0 || rb + n > b.rows()) return false;
+  // No elements (an MLA layer's V, or no rows): equal, and memcmp may not see the null data().
+  if (n == 0 || a.cols() == 0) return true;
   return a.Visit([&](const auto& ma) {
     return b.Visit([&](const auto& mb) {
       using A = std::decay_t<decltype(*ma.data())>;
@@ -328,6 +332,12 @@ Check LayerOracle::CheckKvRows(TensorView k, TensorView v, std::span<const int64
   const std::span<const int64_t> positions =
       Identity(first_position + static_cast<int64_t>(slots.size()))
           .subspan(static_cast<size_t>(first_position));
+  // K and V hold one row per slot (spec §2.1's K[B,H,Cap,Dk] and V[B,H,Cap,Dv]), also when V
+  // has no columns (an MLA layer), where its row count is all there is to check.
+  if (k.rows() != v.rows()) {
+    return Mismatch{fmt::format("{} V rows", where), std::to_string(k.rows()),
+                    std::to_string(v.rows())};
+  }
   bool is_value = false;
   const size_t j = FirstMismatch(k, v, slots, positions, tokens, first_position, &is_value);
   if (j == slots.size()) return std::nullopt;
@@ -741,6 +751,10 @@ Check LayerOracle::CheckHistoryRows(const History& history, std::span<const mode
   if (Check c = CheckApplier(history, query_len, ring, source)) return c;
   if (history.k == nullptr || history.v == nullptr) {
     return Mismatch{"history tensors", "K and V", "null"};
+  }
+  if (history.k->rows() != history.v->rows()) {  // as in CheckKvRows
+    return Mismatch{fmt::format("history V rows (write [{}, {}))", start, start + query_len),
+                    std::to_string(history.k->rows()), std::to_string(history.v->rows())};
   }
   std::vector<int64_t>& row_positions = row_positions_;
   row_positions.resize(static_cast<size_t>(k_len));

@@ -28,7 +28,8 @@
 //       with end, when bits 2-5 are all set, far out instead: {2^31 - 1, 2^31, 2^24, 2^63 - 2}
 //       by bits 6-7
 //    3  forward: tokens per sequence {1,1,2,2,3,4,8,16}[% 8], at most max_batch
-//    4  forward: % 6 == 0 unequal counts (one token more, or fewer, on the last sequence)
+//    4  forward: % 6 == 0 unequal counts: one token more, or fewer, on the last sequence, or
+//       (odd b / 6, more than one token each) one moved from the first sequence to the last
 //    5  forward: % 8 == 0 reserve
 //    6  forward: rotation of the batch order
 //    7  forward: causal_off count (% 8 >= 6: 1 or 2)   8, 9: causal_off indices (% batch)
@@ -232,9 +233,16 @@ MsOp Decoder::Forward(const std::array<uint8_t, kRecordBytes>& f) const {
   std::vector<int64_t> counts(seqs.size(), per);
   // The hybrid refuses unequal counts after committing the KV side (spec §2.9.1): worth
   // hitting, but rarely, since the refused forward teaches nothing else.
+  // Either the last sequence carries one token more or fewer, or (odd f / 6) one token moves
+  // from the first sequence to the last, so the total stays a multiple of the count.
   if (f[kUnequal] % 6 == 0 && seqs.size() > 1) {
     const auto total = static_cast<int64_t>(seqs.size()) * per;
-    counts.back() += total < max_batch ? 1 : (per > 1 ? -1 : 0);
+    if ((f[kUnequal] / 6) % 2 == 1 && per > 1) {
+      --counts.front();
+      ++counts.back();
+    } else {
+      counts.back() += total < max_batch ? 1 : (per > 1 ? -1 : 0);
+    }
   }
   std::vector<MsBatchToken> batch;
   for (size_t j = 0; j < seqs.size(); ++j) {

@@ -139,17 +139,18 @@ int64_t OpGenerator::WriteLength(const LockstepDriver& driver) {
     }
     if (ahead > 10) return last - off + 1;
   }
-  // Rarely a write longer than the 256-slot KV growth step: an append past the capacity
+  // Rarely a write of the 256-slot KV growth step or longer: an append past the capacity
   // from a step-aligned offset below it (after a rewind) grows by ceil(L / 256) * 256
-  // slots, which only a long append distinguishes from growing by the shortfall.
-  if (rng_.Below(48) == 0) return rng_.Range(257, 600);
+  // slots, which only a long append distinguishes from growing by the shortfall; a whole
+  // number of steps is where that ceiling is taken once too often.
+  if (rng_.Below(48) == 0) return LongWriteLength();
   // Often when a KV layer stands at such an offset now (a rewind kept its capacity), since
   // the state is short-lived: the next short write leaves it.
   for (int32_t l = 0; l < driver.num_layers(); ++l) {
     const model::RefCache& ref = driver.ref(l);
     const int64_t off = ref.Offset();
     if (ref.kind() == model::RefKind::kKv && off % 256 == 0 && off < ref.kv_capacity()) {
-      if (rng_.Chance(1, 4)) return rng_.Range(257, 600);
+      if (rng_.Chance(1, 4)) return LongWriteLength();
       break;
     }
   }
@@ -182,6 +183,11 @@ int64_t OpGenerator::WriteLength(const LockstepDriver& driver) {
     default:
       return rng_.Range(1, 16);
   }
+}
+
+int64_t OpGenerator::LongWriteLength() {
+  if (rng_.Chance(1, 3)) return Pick({256, 512});
+  return rng_.Range(257, 600);
 }
 
 Op OpGenerator::MakeWrite(const LockstepDriver& driver, int64_t length) {

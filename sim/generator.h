@@ -57,6 +57,8 @@ class OpGenerator {
   void PlanSpeculation(const LockstepDriver& driver);
   Op Resolve(const LockstepDriver& driver, Pending pending);
   int64_t WriteLength(const LockstepDriver& driver);
+  // A write of the KV growth step or longer: 256 or 512, or 257-600.
+  int64_t LongWriteLength();
   int64_t Pick(std::initializer_list<int64_t> values);
 
   Rng rng_;

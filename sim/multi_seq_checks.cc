@@ -63,6 +63,7 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"cache_full", &MsCoverage::cache_full},
       {"unequal_batches", &MsCoverage::unequal_batches},
       {"unequal_newcomers", &MsCoverage::unequal_newcomers},
+      {"unequal_even_totals", &MsCoverage::unequal_even_totals},
       {"causal_off", &MsCoverage::causal_off},
       {"copy_prefix", &MsCoverage::copy_prefix},
       {"copy_prefix_partial", &MsCoverage::copy_prefix_partial},

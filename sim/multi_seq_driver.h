@@ -90,9 +90,10 @@ struct MsCoverage {
   int64_t reserves = 0;
   int64_t reserve_conv_writes = 0;  // reserve passes whose graph writes the fake conv slots
   int64_t cache_full = 0;
-  int64_t unequal_batches = 0;    // refused Unsupported by the hybrid
-  int64_t unequal_newcomers = 0;  // of them, with a sequence that held no conv slot
-  int64_t causal_off = 0;         // forwards with SetCausal indices
+  int64_t unequal_batches = 0;      // refused Unsupported by the hybrid
+  int64_t unequal_newcomers = 0;    // of them, with a sequence that held no conv slot
+  int64_t unequal_even_totals = 0;  // of them, tokens a multiple of the sequences
+  int64_t causal_off = 0;           // forwards with SetCausal indices
   int64_t copy_prefix = 0;
   int64_t copy_prefix_partial = 0;  // len below the source's length
   int64_t removes_tail = 0;

@@ -301,11 +301,22 @@ MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<Seq
   // A new sequence joins the running beams with a prompt chunk of the same length.
   const std::vector<int32_t> free = FreeIds(driver);
   // A server's usual unequal batch is a new request's prompt chunk beside running decodes:
-  // the hybrid must refuse it before the newcomer holds a slot.
+  // the hybrid must refuse it before the newcomer holds a slot. The chunk is two tokens, or
+  // in half of them as long as makes the total a multiple of the sequence count, so that
+  // only the counts themselves say the batch is unequal (the beams carry 1 and 2 tokens, or a
+  // lone beam 1 beside a chunk of at least 2).
   if (unequal && !free.empty() && static_cast<int64_t>(batch.size()) + 2 <= max_batch &&
       rng_.Chance(1, 2)) {
     const int32_t seq = PickOf(free);
-    for (int64_t p = base_; p < base_ + 2; ++p) batch.push_back({seq, p, Token()});
+    int64_t len = 2;
+    if (rng_.Chance(1, 2)) {
+      const auto total = static_cast<int64_t>(batch.size());
+      const int64_t seqs = k + 1;  // the beams with a token in the batch, and the newcomer
+      int64_t even = 2;
+      while ((total + even) % seqs != 0) ++even;
+      if (total + even <= max_batch) len = even;
+    }
+    for (int64_t p = base_; p < base_ + len; ++p) batch.push_back({seq, p, Token()});
   }
   if (!unequal && !free.empty() && rng_.Chance(1, 5)) {
     if (static_cast<int64_t>(batch.size()) + per_seq > max_batch) {

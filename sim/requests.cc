@@ -40,7 +40,9 @@ std::string SwarmStack(RequestOptions& o) {
     Rng wide = Rng::Derive(o.seed, "swarm-long");
     const int64_t long_windows[] = {4, 255, 256, 257, 300, 512};
     o.window = long_windows[wide.Below(std::size(long_windows))];
-    const int64_t chunks[] = {1, 5, 9, 16, 64};
+    // 256 and 512: a prompt's first chunk fills whole KV growth steps (spec §2.1), where a
+    // step count rounded up once too often shows in the capacity.
+    const int64_t chunks[] = {1, 5, 9, 16, 64, 256, 512};
     o.chunk = chunks[wide.Below(std::size(chunks))];
     // Rotating layers of different windows in one stack: a node's end may lie inside one
     // layer's window and past another's.

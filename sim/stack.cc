@@ -50,11 +50,13 @@ Status ModelDims::Validate() const {
 Status ModelDims::ValidateKv() const {
   KV_RETURN_IF_ERROR(DimInRange("kv heads", kv_heads, kMaxHeads));
   KV_RETURN_IF_ERROR(DimInRange("kv head_dim", head_dim, kMaxHeadWidth));
-  KV_RETURN_IF_ERROR(DimInRange("kv value_dim", value_dim, kMaxHeadWidth));
-  if (k_cols() < kTagElements || v_cols() < kTagElements) {
+  KV_RETURN_IF_ERROR(DimInRange("kv value_dim", value_dim, kMaxHeadWidth, 0));
+  // value_dim 0 is an MLA layer (spec §2.5, "MLA variant"): the cache stores K alone and a
+  // zero-width V, so only K has to carry the provenance tag.
+  if (k_cols() < kTagElements || (v_cols() != 0 && v_cols() < kTagElements)) {
     return InvalidArgument(
         fmt::format("kv heads x head_dim = {} and kv heads x value_dim = {} must be >= {} so "
-                    "K and V rows carry their provenance",
+                    "K and V rows carry their provenance (value_dim 0: an MLA layer)",
                     k_cols(), v_cols(), kTagElements));
   }
   return Status::Ok();
@@ -148,6 +150,9 @@ ModelDims DrawModelDims(Rng& rng) {
   // draw above is what it was): a group that is not a power of two (Hv = 3 Hk) is where a
   // value-to-key head mapping by shift or mask instead of division goes wrong.
   if (rng.Chance(1, 4)) r.num_v_heads = r.num_k_heads * rng.Range(3, 4);
+  // An MLA layer in one draw in eight (last, as above): K alone, a V of no columns, whose rows
+  // a cache still keeps one per slot and attention still returns as L x 0.
+  if (rng.Chance(1, 8)) d.value_dim = 0;
   KV_CHECK(d.Validate().ok(), d.Describe());
   return d;
 }

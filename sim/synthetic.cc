@@ -61,9 +61,11 @@ Tensor SyntheticForward::KvRow(DType dtype, int64_t cols, int32_t layer, int64_t
 
 void SyntheticForward::FillKvRow(Tensor& out, int64_t row, int32_t layer, int64_t p, uint64_t h,
                                  bool is_value) const {
-  KV_CHECK(out.cols() >= kTagElements, "K/V rows need room for the provenance tag");
+  KV_CHECK(out.cols() >= kTagElements || (is_value && out.cols() == 0),
+           "K/V rows need room for the provenance tag (only an MLA layer's V has none)");
   KV_CHECK(p >= 0 && p <= kMaxBatchPosition, "position outside int32");
   KV_CHECK(row >= 0 && row < out.rows(), "row out of range");
+  if (out.cols() == 0) return;
   const auto up = static_cast<uint64_t>(p);
   const float tag[kTagElements] = {
       Byte(up, 0),

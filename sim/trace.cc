@@ -79,7 +79,7 @@ Status DecodeDims(const Fields& m, ModelDims* dims) {
     KV_RETURN_IF_ERROR(k.OnlyKeys(kKvKeys));
     KV_RETURN_IF_ERROR(k.Int("heads", 1, kMaxHeads, &dims->kv_heads, Need::kRequired));
     KV_RETURN_IF_ERROR(k.Int("head_dim", 1, kMaxHeadWidth, &dims->head_dim, Need::kRequired));
-    KV_RETURN_IF_ERROR(k.Int("value_dim", 1, kMaxHeadWidth, &dims->value_dim, Need::kRequired));
+    KV_RETURN_IF_ERROR(k.Int("value_dim", 0, kMaxHeadWidth, &dims->value_dim, Need::kRequired));
   }
   const Json* rec = nullptr;
   KV_RETURN_IF_ERROR(m.Object("recurrent", &rec, Need::kOptional));

@@ -73,21 +73,28 @@ MsOp GenForward(const MsModel& m) {
   // Sometimes the run starts before the sequence's end: a rewrite without a Remove.
   const int64_t back = *rc::gen::weightedElement<int64_t>({{4, 0}, {1, per_seq}});
   const bool descending = *rc::gen::weightedElement<bool>({{4, false}, {1, true}});
-  // Now and then the last sequence carries one token more or fewer (a new request's prompt
-  // chunk beside running decodes): the hybrid refuses the batch, after the KV side placed
-  // it, and must assign no slot nor touch any other state (spec §2.9.1).
-  int64_t last_count = per_seq;
+  // Now and then the counts differ (a new request's prompt chunk beside running decodes): the
+  // hybrid refuses the batch, after the KV side placed it, and must assign no slot nor touch
+  // any other state (spec §2.9.1). Either the last sequence carries one token more or fewer
+  // (a total no multiple of k), or one token moves from one sequence to another, so the total
+  // is k x per_seq and only the counts themselves tell the batch is unequal.
+  std::vector<int64_t> counts(static_cast<size_t>(k), per_seq);
   if (k > 1 && *rc::gen::inRange(0, 8) == 0) {
-    if (k * per_seq < m.config.max_batch) {
-      ++last_count;
+    if (per_seq > 1 && *rc::gen::inRange(0, 2) == 0) {
+      const auto from = *rc::gen::inRange<size_t>(0, counts.size());
+      const auto to = (from + *rc::gen::inRange<size_t>(1, counts.size())) % counts.size();
+      --counts[from];
+      ++counts[to];
+    } else if (k * per_seq < m.config.max_batch) {
+      ++counts.back();
     } else if (per_seq > 1) {
-      --last_count;
+      --counts.back();
     }
   }
   std::vector<MsBatchToken> batch;
   for (int64_t j = 0; j < k; ++j) {
     const auto seq = static_cast<int32_t>((start + j) % m.config.max_seqs);
-    const int64_t n = j == k - 1 ? last_count : per_seq;
+    const int64_t n = counts[static_cast<size_t>(j)];
     // Up to int32's last position, where a batch's positions end.
     const int64_t first =
         std::min(std::max<int64_t>(0, m.Next(seq) - back), kMaxBatchPosition - n + 1);

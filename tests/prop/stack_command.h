@@ -94,13 +94,15 @@ inline RecurrentDims GenRecurrentDims() {
 
 // K/V widths for one case: 1-3 heads, each head width at least what the provenance tag
 // needs (kTagElements across the heads) and up to 3 more, Dk and Dv drawn apart (equal in
-// some cases). The defaults have 2 heads of Dk 4 and Dv 5: a cache that takes the head count
-// for a width, or sizes rows for 2 heads, passes every run with them.
+// some cases), or 0 (MLA). The defaults have 2 heads of Dk 4 and Dv 5: a cache that takes the head
+// count for a width, or sizes rows for 2 heads, passes every run with them.
 inline void GenKvDims(ModelDims& d) {
   d.kv_heads = *rc::gen::inRange<int64_t>(1, 4);
   const int64_t min_width = (kTagElements + d.kv_heads - 1) / d.kv_heads;
   d.head_dim = *rc::gen::inRange<int64_t>(min_width, min_width + 4);
   d.value_dim = *rc::gen::inRange<int64_t>(min_width, min_width + 4);
+  // An MLA layer (spec §2.5) in one case in eight: a V of no columns, kept one row per slot.
+  if (*rc::gen::inRange(0, 8) == 0) d.value_dim = 0;
 }
 
 // One case: a fresh driver over `config` and a random op sequence against its model.

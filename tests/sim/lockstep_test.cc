@@ -117,6 +117,15 @@ TEST(ModelDims, FlagsParseValidateAndPrintBack) {
   EXPECT_TRUE(wide.Validate().ok());
   ASSERT_TRUE(ParseKvDims("65,512,512", &wide).ok());
   EXPECT_EQ(ValidateDimsFlags(wide).message(), "--kv-dims: kv heads must be in 1..64, got 65");
+  // DV 0 is an MLA layer (K alone carries the tag); a V narrower than the tag is not.
+  ASSERT_TRUE(ParseKvDims("2,4,0", &wide).ok());
+  EXPECT_TRUE(ValidateDimsFlags(wide).ok());
+  ASSERT_TRUE(ParseKvDims("2,4,3", &wide).ok());
+  EXPECT_EQ(ValidateDimsFlags(wide).message(),
+            "--kv-dims: kv heads x head_dim = 8 and kv heads x value_dim = 6 must be >= 7 so K and "
+            "V rows carry their provenance (value_dim 0: an MLA layer)");
+  ASSERT_TRUE(ParseKvDims("2,4,-1", &wide).ok());
+  EXPECT_EQ(ValidateDimsFlags(wide).message(), "--kv-dims: kv value_dim must be in 0..512, got -1");
   ASSERT_TRUE(ParseKvDims("2,4,5", &wide).ok());
   ASSERT_TRUE(ParseRecurrentDims("3,2,5,2,3", &wide).ok());
   EXPECT_EQ(ValidateDimsFlags(wide).message(),
@@ -127,9 +136,11 @@ TEST(ModelDims, DrawnDimsAreValidAndCoverEveryWidthRange) {
   Rng rng = Rng::Derive(1, "dims-cover");
   std::set<int64_t> kv_heads, conv_tails, k_heads, groups;
   bool unequal_pairs = false;
+  int mla = 0;
   for (int i = 0; i < 500; ++i) {
     const ModelDims d = DrawModelDims(rng);
     ASSERT_TRUE(d.Validate().ok()) << d.Describe();
+    mla += d.value_dim == 0 ? 1 : 0;
     kv_heads.insert(d.kv_heads);
     conv_tails.insert(d.recurrent.conv_tail);
     k_heads.insert(d.recurrent.num_k_heads);
@@ -144,6 +155,8 @@ TEST(ModelDims, DrawnDimsAreValidAndCoverEveryWidthRange) {
   EXPECT_EQ(k_heads, (std::set<int64_t>{1, 2, 3}));
   EXPECT_EQ(groups, (std::set<int64_t>{1, 2, 3, 4}));  // 3: a group not a power of two
   EXPECT_TRUE(unequal_pairs);
+  EXPECT_GT(mla, 30);  // MLA layers (a zero-width V), one draw in eight
+  EXPECT_LT(mla, 100);
 }
 
 class PresetSweep : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};

@@ -322,7 +322,9 @@ TEST(TraceRoundTrip, ModelDimsEachPartWrittenOnlyOffItsDefault) {
       .conv_tail = 1, .num_k_heads = 3, .num_v_heads = 6, .head_k_dim = 4, .head_v_dim = 2};
   ModelDims both = kv_only;
   both.recurrent = rec_only.recurrent;
-  for (const ModelDims& dims : {ModelDims{}, kv_only, rec_only, both}) {
+  ModelDims mla = kv_only;  // a zero-width V (spec §2.5's MLA variant)
+  mla.value_dim = 0;
+  for (const ModelDims& dims : {ModelDims{}, kv_only, rec_only, both, mla}) {
     TraceHeader h;
     h.dims = dims;
     const Json model = Json::parse(HeaderToJson(h))["model"];
@@ -591,7 +593,12 @@ TEST(TraceReaderErrors, HeaderFields) {
        "/model/kv/value_dim: must be <= 512, got 513"},
       {[](Json& j) { j["model"]["kv"] = KvDims(1, 6, 7); },
        "/model/kv: kv heads x head_dim = 6 and kv heads x value_dim = 7 must be >= 7 so K and V "
-       "rows carry their provenance"},
+       "rows carry their provenance (value_dim 0: an MLA layer)"},
+      {[](Json& j) { j["model"]["kv"] = KvDims(2, 4, -1); },
+       "/model/kv/value_dim: must be >= 0, got -1"},
+      {[](Json& j) { j["model"]["kv"] = KvDims(2, 4, 3); },
+       "/model/kv: kv heads x head_dim = 8 and kv heads x value_dim = 6 must be >= 7 so K and V "
+       "rows carry their provenance (value_dim 0: an MLA layer)"},
       {[](Json& j) { j["model"]["recurrent"] = RecurrentDimsJson(17, 1, 1, 1, 1); },
        "/model/recurrent/conv_tail: must be <= 16, got 17"},
       {[](Json& j) { j["model"]["recurrent"] = RecurrentDimsJson(-1, 1, 1, 1, 1); },
