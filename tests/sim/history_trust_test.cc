@@ -23,26 +23,10 @@
 #include "sim/trie_checks.h"
 #include "src/kv_cache.h"
 #include "src/rotating_cache.h"
+#include "tests/sim/one_layer.h"
 
 namespace kvtwin::sim {
 namespace {
-
-struct OneLayer {
-  StackConfig config;
-  SyntheticForward synth{5};
-  std::unique_ptr<LayerCache> cache;
-  std::unique_ptr<LayerOracle> oracle;
-
-  explicit OneLayer(const char* preset) {
-    config = StackFromPreset(preset, 1, 4, DType::kFloat32).value();
-    cache = std::move(BuildCaches(config)[0]);
-    oracle = std::make_unique<LayerOracle>(synth, config, 0);
-  }
-  // Writes `log` in one forward from offset 0 and returns its history.
-  History WriteAll(const model::TokenLog& log) {
-    return ForwardSynthetic(*cache, config, synth, 0, 0, log);
-  }
-};
 
 model::TokenLog Tokens(int64_t n, uint64_t seed) {
   std::vector<int32_t> t;

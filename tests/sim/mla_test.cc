@@ -15,6 +15,7 @@
 #include "sim/run.h"
 #include "sim/stack.h"
 #include "sim/trie_checks.h"
+#include "tests/sim/one_layer.h"
 
 namespace kvtwin::sim {
 namespace {
@@ -27,20 +28,6 @@ ModelDims Mla() {
   return d;
 }
 
-struct MlaLayer {
-  StackConfig config;
-  SyntheticForward synth{5};
-  std::unique_ptr<LayerCache> cache;
-  std::unique_ptr<LayerOracle> oracle;
-
-  explicit MlaLayer(const char* preset) {
-    config = StackFromPreset(preset, 1, 4, DType::kFloat32).value();
-    config.dims = Mla();
-    cache = std::move(BuildCaches(config)[0]);
-    oracle = std::make_unique<LayerOracle>(synth, config, 0);
-  }
-};
-
 model::TokenLog Tokens(int64_t n, uint64_t seed) {
   std::vector<int32_t> t;
   for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(1 + (i * 5 + 2) % 9));
@@ -49,9 +36,9 @@ model::TokenLog Tokens(int64_t n, uint64_t seed) {
 
 TEST(Mla, AZeroWidthVHistoryPassesAndOneMissingRowsIsReported) {
   for (const char* preset : {"dense", "sliding"}) {
-    MlaLayer l(preset);
+    OneLayer l(preset, Mla());
     const model::TokenLog log = Tokens(3, l.synth.seed());
-    const History h = ForwardSynthetic(*l.cache, l.config, l.synth, 0, 0, log);
+    const History h = l.WriteAll(log);
     ASSERT_EQ(h.v->cols(), 0) << preset;
     ASSERT_EQ(h.v->rows(), h.k->rows()) << preset;
     EXPECT_FALSE(l.oracle->CheckHistory(h, log, 0, 3, Op{}).has_value()) << preset;
