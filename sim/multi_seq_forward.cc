@@ -347,11 +347,11 @@ Check MultiSeqDriver::ApplyForward(const MsOp& op) {
   }
   if (expected.code() == StatusCode::kUnsupported) {
     ++coverage_.unequal_batches;
+    const std::vector<int32_t> seqs = BatchSequences(op.batch);
     // Equal counts would divide the total: a refusal here says the counts were read.
-    const auto seqs = static_cast<int64_t>(BatchSequences(op.batch).size());
-    if (static_cast<int64_t>(op.batch.size()) % seqs == 0) ++coverage_.unequal_even_totals;
+    if (op.batch.size() % seqs.size() == 0) ++coverage_.unequal_even_totals;
     // A refused batch assigns no slot (spec §2.9.1): only a newcomer shows one taken early.
-    for (const int32_t seq : BatchSequences(op.batch)) {
+    for (const int32_t seq : seqs) {
       if (model_.SlotOf(SeqId{seq}).has_value()) continue;
       ++coverage_.unequal_newcomers;
       break;
