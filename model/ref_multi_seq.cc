@@ -165,6 +165,18 @@ void RefMultiSeqCache::Put() {
   edited_in_forward_ = false;
 }
 
+void RefMultiSeqCache::ReservePut(const MsBatch& batch) {
+  const auto n = static_cast<int64_t>(batch.size());
+  KV_CHECK(n > 0 && (config_.cells == kUnbounded || n <= config_.cells),
+           "a reserve Put of more tokens than cells");
+  for (int64_t i = 0; i < n; ++i) {
+    const MsToken& t = batch[static_cast<size_t>(i)];
+    rows_[i] = MsRows{t.token, t.pos, {}};
+  }
+  // Cells past the placed ones hold rows now, so the cell list reaches them.
+  high_water_ = std::max(high_water_, n);
+}
+
 void RefMultiSeqCache::Prune(const MsBatch& batch, std::optional<MsSpan>& current) {
   // lowest: the smallest batch position of a sequence in the batch, else its largest held
   // position + 1.

@@ -133,6 +133,7 @@ struct MsCell {
   int64_t pos = 0;             // meaningful while seqs is not empty
   std::vector<SeqId> seqs;     // ascending; empty = free
   std::optional<MsRows> rows;  // nullopt: never written
+  friend bool operator==(const MsCell&, const MsCell&) = default;
 };
 
 // A cell range: [first, last] of a sequence, or a current range [begin, end).
@@ -167,6 +168,11 @@ class RefMultiSeqCache {
   // the mask StartForward built is the caller's to remember).
   Status StartForward(const MsBatch& batch);
   void Put();
+  // The Put of a reserve pass whose graph runs (§2.8: reserving chooses locations 0..n-1 and
+  // changes no metadata, and Put scatters the batch's rows into the chosen cells): cells
+  // 0..n-1 hold the batch's rows, whatever sequences they hold. The metadata, the pending
+  // forward and every entry stay as they are. REQUIRES: !batch.empty(), n <= the cells.
+  void ReservePut(const MsBatch& batch);
   // dst := src's entries with pos < len (history and retention included; retained ones
   // share src's cells); dst's range is recomputed. src == dst empties the sequence (dst is
   // cleared first). REQUIRES: len >= 0.

@@ -59,6 +59,7 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
   static const std::vector<Field> fields = {
       {"forwards", &MsCoverage::forwards},
       {"reserves", &MsCoverage::reserves},
+      {"reserve_puts", &MsCoverage::reserve_puts},
       {"reserve_conv_writes", &MsCoverage::reserve_conv_writes},
       {"cache_full", &MsCoverage::cache_full},
       {"unequal_batches", &MsCoverage::unequal_batches},

@@ -88,6 +88,7 @@ struct MultiSeqConfig {
 struct MsCoverage {
   int64_t forwards = 0;  // successful, not reserving
   int64_t reserves = 0;
+  int64_t reserve_puts = 0;         // reserve passes whose graph Puts rows into cells 0..n-1
   int64_t reserve_conv_writes = 0;  // reserve passes whose graph writes the fake conv slots
   int64_t cache_full = 0;
   int64_t unequal_batches = 0;      // refused Unsupported by the hybrid

@@ -210,14 +210,26 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   // and a mask row per batch token over all of them, by the forward's conditions.
   if (Check c = CheckViewRows(view)) return c;
   if (Check c = CheckReserveMask(Tokens(op), op.causal_off, view)) return c;
+  // One pass in two (by its batch alone, so a replay makes the same choice) has its graph
+  // run. Its Put scatters the batch's K/V rows into locations 0..n-1 (spec §2.8: Put writes
+  // the chosen cells, and reserving chooses those without touching the metadata), over
+  // whatever sequences hold them, which every later view then reads.
+  const bool graph_runs = !op.batch.empty() && (op.batch.size() + op.batch.front().pos) % 2 == 0;
+  if (graph_runs) {
+    const model::MsBatch batch = Tokens(op);
+    if (Status s = PutRows(batch); !s.ok()) {
+      return Outcome("Put of a reserve pass", Status::Ok(), s);
+    }
+    model_.mutable_kv().ReservePut(batch);
+    ++coverage_.reserve_puts;
+    if (Check c = CheckViewRows(cache_->Get())) return c;
+  }
   // A worst-case pass builds the whole graph, so its conv layers read their state too. The
   // pass maps nothing, so those reads must not unshare (copy-on-write) or move anything:
-  // every slot, refcount and free-list entry stays what the model holds. One pass in two
-  // (by its batch alone, so a replay makes the same choice) has its graph run: each conv
-  // layer reads the fake slots' rows and writes them back shifted (spec 2.9.1: the update
-  // writes the current slots), over whatever sequences hold slots 0..n-1.
-  if (config_.num_conv_layers > 0 && !op.batch.empty() &&
-      (op.batch.size() + op.batch.front().pos) % 2 == 0) {
+  // every slot, refcount and free-list entry stays what the model holds. When the graph
+  // runs, each conv layer reads the fake slots' rows and writes them back shifted (spec
+  // 2.9.1: the update writes the current slots), over whatever sequences hold slots 0..n-1.
+  if (config_.num_conv_layers > 0 && graph_runs) {
     const std::vector<int32_t> order = BatchSequences(op.batch);
     before_rows_.resize(order.size());
     before_known_.resize(order.size());

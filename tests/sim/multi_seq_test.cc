@@ -407,6 +407,29 @@ TEST(MultiSeqDriver, AReservePassThatRunsItsGraphOverwritesTheFakeSlots) {
   }
 }
 
+// The same pass's Put scatters its K/V rows into locations 0..n-1 (spec §2.8), cells that
+// s0 owns here: the reference follows the overwrite with the metadata untouched, so the
+// production view is held to it at once and at every later forward that reads those cells.
+// One at an even position (batch size + position odd) puts nothing.
+TEST(MultiSeqDriver, AReservePassThatRunsItsGraphPutsItsRowsIntoTheFirstCells) {
+  MultiSeqDriver driver(SmallConfig(ConvExpectation::kAsSpecified), kValueSeed);
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 2, 10)));  // cells 0, 1
+  ApplyOk(driver, MsOp::Forward(Tokens(1, 0, 2, 20)));  // cells 2, 3
+  const std::vector<model::MsCell> before = driver.model().kv().Cells();
+  ApplyOk(driver, MsOp::Forward(Tokens(1, 2, 1, 30), {}, /*reserve=*/true));
+  EXPECT_EQ(driver.coverage().reserve_puts, 0);
+  EXPECT_EQ(driver.model().kv().Cells(), before);
+  ApplyOk(driver, MsOp::Forward(Tokens(1, 3, 1, 40), {}, /*reserve=*/true));
+  EXPECT_EQ(driver.coverage().reserve_puts, 1);
+  const std::vector<model::MsCell> after = driver.model().kv().Cells();
+  ASSERT_TRUE(after[0].rows.has_value());
+  EXPECT_EQ(after[0].rows->written_pos, 3);  // s1's reserve token, in s0's cell
+  EXPECT_EQ(after[0].pos, 0);
+  EXPECT_EQ(after[0].seqs, before[0].seqs);
+  for (size_t i = 1; i < after.size(); ++i) EXPECT_EQ(after[i], before[i]) << "cell " << i;
+  ApplyOk(driver, MsOp::Forward(Tokens(0, 2, 1, 50)));  // s0 reads cell 0 again
+}
+
 TEST(MultiSeqDriver, IdealExpectationReportsTheRemoveWeakness) {
   MultiSeqDriver driver(SmallConfig(ConvExpectation::kIdeal), kValueSeed);
   ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 4, 10)));
