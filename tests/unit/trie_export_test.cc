@@ -12,9 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
+#include "src/core/rng.h"
 #include "src/kv_cache.h"
 #include "src/recurrent_cache.h"
 #include "src/rotating_cache.h"
@@ -187,6 +190,54 @@ TEST(TrieExport, DotMarksActivePathAndUserPointsAndRenders) {
   EXPECT_NE(rendered.find("<svg"), std::string::npos);
   std::remove(in.c_str());
   std::remove(out.c_str());
+}
+
+// The DOT graph is the trie, not just a picture of one: every node appears once and every
+// arrow runs from a node's real parent to it, whatever the tree's shape. Random trees, so
+// that later siblings have children of their own and depths repeat under several parents
+// (a fixture shaped like a chain cannot tell "the parent" from "some node above").
+// Each edge's first key is unique, so a label names its node.
+TEST(TrieExport, DotArrowsAreExactlyTheTreesParentLinks) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    KvCache kv;
+    PrefixTrie trie{{&kv}, Tick{1}};
+    Rng rng(seed);
+    std::vector<TrieNode*> nodes = {trie.root()};
+    std::map<TrieKey, TrieKey> parent_of;  // first key -> parent's first key (root: 0)
+    for (TrieKey id = 1; id <= 40; ++id) {
+      TrieNode* parent = nodes[rng.Below(nodes.size())];
+      const int64_t len = rng.Range(1, 3);
+      std::vector<TrieKey> edge;
+      for (int64_t i = 0; i < len; ++i) edge.push_back(id * 100 + static_cast<TrieKey>(i));
+      nodes.push_back(trie.AppendChild(parent, edge, parent->end_offset() + len));
+      parent_of[id * 100] = parent->is_root() ? 0 : parent->edge().front();
+    }
+    const std::vector<TrieNode*> active = {trie.root()};
+    const std::string dot = TrieToDot(trie, active);
+
+    std::map<std::string, TrieKey> key_of_id;  // "n7" -> its first key (root: 0)
+    const std::regex node_line(R"re(\s*(n\d+) \[label="(root|\[\d+,\d+\)\\n(\d+)))re");
+    const std::regex arrow_line(R"re(\s*(n\d+) -> (n\d+)[ ;])re");
+    std::map<TrieKey, TrieKey> drawn_parent_of;
+    std::vector<std::pair<std::string, std::string>> arrows;
+    for (const std::string& line : Lines(dot)) {
+      std::smatch m;
+      if (std::regex_search(line, m, arrow_line) && m.position(0) == 0) {
+        arrows.emplace_back(m[1], m[2]);
+      } else if (std::regex_search(line, m, node_line) && m.position(0) == 0) {
+        ASSERT_EQ(key_of_id.count(m[1]), 0u) << "node drawn twice: " << line;
+        key_of_id[m[1]] = m[2] == "root" ? 0 : std::stoull(m[3]);
+      }
+    }
+    ASSERT_EQ(key_of_id.size(), nodes.size()) << "seed " << seed << "\n" << dot;
+    for (const auto& [from, to] : arrows) {
+      ASSERT_EQ(key_of_id.count(from) + key_of_id.count(to), 2u) << from << " -> " << to;
+      const TrieKey child = key_of_id[to];
+      ASSERT_EQ(drawn_parent_of.count(child), 0u) << "two arrows into " << to;
+      drawn_parent_of[child] = key_of_id[from];
+    }
+    EXPECT_EQ(drawn_parent_of, parent_of) << "seed " << seed << "\n" << dot;
+  }
 }
 
 }  // namespace
