@@ -13,7 +13,8 @@
 // some rewrite their last positions, some list a run's positions descending; some SetCausal
 // indices; some with CopyPrefix / Remove edits between StartForward and Put), CopyPrefix
 // with full and partial lengths (onto itself too), tail / middle /
-// whole / empty Removes, CanResume probes. A sequence a refused Remove left half-edited is
+// whole / empty Removes, CanResume probes; a second property makes one edit-free forward in
+// four a reserve pass. A sequence a refused Remove left half-edited is
 // not cleared: the reference predicts that state, so later commands may use it. 300 pinned
 // cases (an RC_PARAMS from the caller wins); a failure prints the cache shape and the shrunk
 // op list, and a KV_CHECK abort the unshrunk one (prop/abort_log.h).
@@ -45,12 +46,14 @@ const bool kPinnedParams = [] {
 
 struct MsModel {
   MultiSeqConfig config;
-  int64_t base = 0;  // where sequences start
+  int64_t base = 0;       // where sequences start
+  bool reserves = false;  // some forwards are reserve passes (the second property)
   model::RefHybridCache ref;
 
-  MsModel(const MultiSeqConfig& c, int64_t first_position)
+  MsModel(const MultiSeqConfig& c, int64_t first_position, bool reserve_passes = false)
       : config(c),
         base(first_position),
+        reserves(reserve_passes),
         ref(model::ResolveMultiSeqConfig(c.ToModelInit()).value(), 1, 1,
             [](int64_t, const model::Token&) { return model::ConvRow{0.0f}; }) {}
 
@@ -139,6 +142,11 @@ MsOp GenForward(const MsModel& m) {
       }
     }
   }
+  // The second property makes one edit-free forward in four a reserve pass (a worst-case
+  // graph: cells 0..n-1 and fake slots, no metadata change; its graph runs one pass in two,
+  // writing those cells and slots over whatever sequences hold them). Drawn last and only
+  // there, so the first property's cases stay what they were.
+  if (m.reserves && op.edits.empty() && *rc::gen::inRange(0, 4) == 0) op.reserve = true;
   return op;
 }
 
@@ -269,7 +277,7 @@ MultiSeqConfig GenConfig(int64_t base) {
   return c;
 }
 
-RC_GTEST_PROP(MultiSeqStateMachine, HybridCacheMatchesReference, ()) {
+void CheckMachine(bool reserve_passes) {
   ASSERT_TRUE(kPinnedParams);
   const int64_t base = GenBase();
   const MultiSeqConfig config = GenConfig(base);
@@ -280,7 +288,17 @@ RC_GTEST_PROP(MultiSeqStateMachine, HybridCacheMatchesReference, ()) {
   AbortLog::Begin("op", label);
   MultiSeqDriver sut(config, seed);
   RC_ASSERT(!sut.divergence().has_value());
-  rc::state::check(MsModel(config, base), sut, rc::state::gen::execOneOfWithArgs<MsCommand>());
+  rc::state::check(MsModel(config, base, reserve_passes), sut,
+                   rc::state::gen::execOneOfWithArgs<MsCommand>());
+}
+
+RC_GTEST_PROP(MultiSeqStateMachine, HybridCacheMatchesReference, ()) { CheckMachine(false); }
+
+// Reserve passes among the forwards: the first property has none, so a bug of the reserve
+// path (what it refuses, what its Put and conv update write, what it must not unshare) was
+// left to `kvtwin multiseq`.
+RC_GTEST_PROP(MultiSeqStateMachine, HybridCacheMatchesReferenceWithReservePasses, ()) {
+  CheckMachine(true);
 }
 
 }  // namespace
