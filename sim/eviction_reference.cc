@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "sim/trie_mirror.h"
@@ -42,6 +43,7 @@ void EvictionReference::OnPass(bool ended) {
     TrieMirror m = MirrorTrie(manager_.trie(), manager_.active_path(), &pool_);
     victims_ = model::RefEvictionPass(*m.root, m.active, budget_);
     evictions_ += static_cast<int64_t>(victims_.size());
+    largest_pass_ = std::max(largest_pass_, static_cast<int64_t>(victims_.size()));
     expected_ = std::move(m.root);
     return;
   }

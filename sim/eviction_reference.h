@@ -40,6 +40,8 @@ class EvictionReference {
   Check TakeMismatch();
   int64_t passes() const { return passes_; }
   int64_t evictions() const { return evictions_; }
+  // The most victims one checked pass had (a pass that must go on past any fixed count).
+  int64_t largest_pass() const { return largest_pass_; }
 
  private:
   std::string Victims() const;  // "remove [5,9), merge [0,5) into its child" or "none"
@@ -50,7 +52,7 @@ class EvictionReference {
   std::vector<model::RefEviction> victims_;   // its evictions, for the report
   MirrorPool pool_;                           // the mirrors' nodes, reused pass after pass
   Check mismatch_;
-  int64_t passes_ = 0, evictions_ = 0;
+  int64_t passes_ = 0, evictions_ = 0, largest_pass_ = 0;
   bool enabled_ = true;
   bool in_pass_ = false;  // a checked pass is under way
   bool open_ = false;     // a pass (checked or not) began and has not ended

@@ -39,13 +39,13 @@ std::string RequestCoverage::ToString() const {
       "user offsets {}, unscheduled {}, speculative {} (isolated probes {}, abandoned {}), "
       "forwarded last {}, past stop {}, budgets moved mid-session {}, "
       "branch points {}, splits {}, "
-      "evictions {} (checked passes {}), free-all {}, kv gaps {}, audited calls {}/{}, "
+      "evictions {} (checked passes {}, largest {}), free-all {}, kv gaps {}, audited calls {}/{}, "
       "forwards reading every history row {}/{}",
       completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
       divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
       isolated_probes, abandoned_steps, forwarded_last, past_stop, session_budgets, branch_points,
-      splits, evictions, eviction_passes, free_all, kv_gaps, audited_calls, calls,
-      forwards - trusting_forwards, forwards);
+      splits, evictions, eviction_passes, largest_eviction_pass, free_all, kv_gaps, audited_calls,
+      calls, forwards - trusting_forwards, forwards);
 }
 
 namespace {
@@ -69,6 +69,8 @@ RequestCoverage& RequestCoverage::operator+=(const RequestCoverage& o) {
   const auto mine = Counters(*this);
   const auto theirs = Counters(o);
   for (size_t i = 0; i < mine.size(); ++i) *mine[i] += *theirs[i];
+  // A maximum over the runs, not a count.
+  largest_eviction_pass = std::max(largest_eviction_pass, o.largest_eviction_pass);
   return *this;
 }
 

@@ -117,6 +117,7 @@ struct RequestCoverage {
   int64_t splits = 0, evictions = 0;
   // Eviction passes that evicted, each checked against the reference pass.
   int64_t eviction_passes = 0;
+  int64_t largest_eviction_pass = 0;  // the most victims of one checked pass
   // Session calls, and those that ran the whole-trie checks (all while the trie is small).
   int64_t calls = 0, audited_calls = 0;
   // Forwards, and those that left history rows to the amortized schedule (long contexts).

@@ -264,6 +264,7 @@ class RequestDriver::Session {
     if (Check c = CheckEvictionBound(pc().trie(), pc().active_path(), d_.point_budget_)) return c;
     if (d_.eviction_ref_) {
       d_.coverage_.eviction_passes = d_.eviction_ref_->passes();
+      d_.coverage_.largest_eviction_pass = d_.eviction_ref_->largest_pass();
       return d_.eviction_ref_->TakeMismatch();
     }
     return std::nullopt;

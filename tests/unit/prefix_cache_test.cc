@@ -132,6 +132,25 @@ TEST_P(PrefixCacheEnv, EvictionPreservesActiveConversations) {
   EXPECT_TRUE(env_.TrieHolds());
 }
 
+// A pass goes on while the counter is over the budget and a node is eligible (spec §3.4),
+// however many victims that takes: 1,100 conversations that share nothing, then a budget
+// of the active path alone. A pass capped at some count (a server bounding its stall)
+// would leave the trie over budget; the request checks never need more than about a
+// hundred victims in one pass (coverage "largest").
+TEST_P(PrefixCacheEnv, AnEvictionPassGoesOnPastAnyFixedNumberOfVictims) {
+  constexpr int32_t kConversations = 1100;
+  for (int32_t i = 0; i < kConversations; ++i) {
+    env_.Request({10000 + i, 20000 + i, 30000 + i}, {40000 + i});
+  }
+  const int64_t budget = ActivePathBytes();
+  ASSERT_GT(CountNodes([](const TrieNode& n) { return n.SnapshotBytes() > 0; }), 1025)
+      << "too few nodes hold bytes for the pass to need more than 1,024 victims";
+  env_.pc().set_max_paged_out_bytes(budget);
+  env_.pc().EnforceEvictionPolicy();
+  EXPECT_LE(env_.trie().paged_out_bytes(), budget);
+  EXPECT_TRUE(env_.TrieHolds());
+}
+
 TEST_P(PrefixCacheEnv, UserSnapshotPreservesRestorePoint) {
   env_.Request(Seq(1, 5), {10, 11}, {4});
   ASSERT_NE(UserNode(), nullptr);
