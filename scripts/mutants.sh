@@ -154,6 +154,9 @@ add_check requests-huge fast "$kv requests --swarm --huge --conversations 3 --se
 add_check requests-staggered fast "$kv requests --preset staggered --seeds 1..10 --budget 3000"
 # Media spans: prompt keys with bit 31 set (negative ids), shared across conversations.
 add_check requests-media fast "$kv requests --swarm --media --seeds 1..200"
+# A trie grown to a thousand and more nodes without an eviction, then one pass under a budget
+# of 0 that must take every evictable node (mutant 296 fell only to a unit test; about 1 s).
+add_check requests-spike fast "$kv requests --swarm --spike --requests 1000 --seeds 1..8"
 add_check multiseq fast "$kv multiseq --seeds 1..60"
 # Production-sized multi-sequence caches: thousands of cells a sequence, windows to 4,097,
 # ubatches of 512 (a first-fit scan that starts from a hint past 4,096 cells; about 16 s).

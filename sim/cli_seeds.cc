@@ -132,6 +132,15 @@ bool RunBundledRequests(uint64_t root_seed, int64_t seeds_per_config, uint64_t& 
   fmt::print("  requests media swarm {} seeds x {} requests: pass\n", media_seeds,
              media_swarm.requests);
   std::fflush(stdout);
+  // Spikes: a trie grown to a thousand and more nodes with no eviction, then one request under
+  // a budget of 0 whose pass must take every evictable node (about 0.1 s a seed).
+  sim::RequestOptions spike = swarm;
+  spike.spike = true;
+  spike.requests = sim::kSpikeEvery;
+  if (!RunRequestSeeds(spike, root_seed, seeds_per_config, runs, requests)) return false;
+  fmt::print("  requests spike swarm {} seeds x {} requests: pass\n", seeds_per_config,
+             spike.requests);
+  std::fflush(stdout);
   return true;
 }
 

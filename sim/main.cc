@@ -78,6 +78,9 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
                 "anywhere; with --swarm, windows to 4,097, chunks to 4,096, budgets in MB");
   cmd->add_flag("--media", o.media,
                 "image spans in the prompts: effective tokens with bit 31 set (negative ids)");
+  cmd->add_flag("--spike", o.spike,
+                "a budget of 0 every 400th request, no limit reached otherwise: one eviction "
+                "pass over a trie of hundreds of conversations");
 }
 
 void AddRunOptions(CLI::App* cmd, kvtwin::sim::RunOptions& o) {

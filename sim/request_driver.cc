@@ -235,7 +235,9 @@ bool RequestDriver::StartCall() {
   const int64_t nodes = manager_->trie().num_nodes();
   // The previous call, if audited, passed (the driver is not used after a divergence).
   if (audit_) unaudited_calls_ = 0;
-  if (options_.audit_every_call || nodes <= kAuditAlwaysNodes) {
+  // A call under a budget of exactly 0 is audited at any trie size: its pass must take every
+  // evictable node (where a cap on one pass's victims shows), and the trie it leaves is small.
+  if (options_.audit_every_call || nodes <= kAuditAlwaysNodes || budget_ == 0) {
     audit_ = true;
   } else {
     // Credit accrues per call and is capped, so the first call past a long gap is not

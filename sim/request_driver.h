@@ -23,7 +23,8 @@
 // They run on every call while the trie has at most kAuditAlwaysNodes nodes (every sweep and
 // fuzz target stays there); beyond, a call is "audited" when the credit it earned covers
 // the trie: a call earns kAuditTokensPerCall plus the tokens forwarded since the previous
-// call, and an audit costs kAuditTokensPerNode per node. An audit's node visit reads the
+// call, and an audit costs kAuditTokensPerNode per node (a call under a budget of 0 is always
+// audited). An audit's node visit reads the
 // node, its children's edges and every snapshot's rows (and the reference trie's node),
 // and costs about as much as eight forwarded tokens of production work (perf, the Mooncake
 // trace at block scale 1: 1.4 us against 0.18 us), so the audits during a run cost at most

@@ -59,11 +59,13 @@ std::string WorkloadOptions::ToString() const {
           ? fmt::format(", prompts to {}, turns to {}", max_prompt_tokens, turn_max)
           : std::string();
   const std::string media = media_pct > 0 ? fmt::format(", media {}%", media_pct) : "";
+  const std::string spike =
+      spike_every > 0 ? fmt::format(", a budget of 0 every {} requests", spike_every) : "";
   return fmt::format(
       "vocab {}, user {}%, unscheduled {}%, cancel {}%, speculate {}%, pressure {}%, restart "
-      "{}%{}{}",
+      "{}%{}{}{}",
       vocab, user_pct, unscheduled_pct, cancel_pct, speculate_pct, pressure_pct, restart_pct,
-      lengths, media);
+      lengths, media, spike);
 }
 
 std::string RequestPlan::ToString() const {
@@ -134,6 +136,9 @@ RequestPlan RequestWorkload::Next() {
     AddSpeculationExits(plan);
   }
   AddSessionBudget(plan);
+  if (options_.spike_every > 0 && (plan.index + 1) % options_.spike_every == 0) {
+    plan.budget_pct = 0;
+  }
   c.started = true;
   c.cancelled = cancelled;
   c.inputs = plan.inputs;

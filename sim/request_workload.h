@@ -124,6 +124,12 @@ struct WorkloadOptions {
   // drawn from kMediaImages images per workload, so conversations share them. Drawn from a
   // stream of its own: 0 leaves every other draw as it was.
   uint32_t media_pct = 0;
+  // > 0: requests spike_every - 1, 2 * spike_every - 1, ... run under a budget of exactly 0
+  // (RequestPlan::budget_pct 0) and the others under the run's. Under a run budget that
+  // nothing reaches, the trie grows for spike_every - 1 requests without an eviction, then
+  // one pass takes every evictable node: a pass of thousands of victims, which the usual
+  // mixes (a trie a few dozen nodes deep into its budget) never run. Drawn from no stream.
+  int64_t spike_every = 0;
   // A mix drawn from `rng` (the conversation count is kept).
   static WorkloadOptions Swarm(Rng& rng, int32_t conversations);
   // "vocab 5, user 25%, unscheduled 10%, cancel 12%, speculate 33%, pressure 0%, restart 0%"

@@ -97,6 +97,10 @@ Status ValidateRequestOptions(const RequestOptions& o) {
   if (o.long_context && o.huge_context) {
     return InvalidArgument("--long and --huge are exclusive (prompts to 700 or to 24,000 tokens)");
   }
+  if (o.spike && o.huge_context) {
+    return InvalidArgument(
+        "--spike and --huge are exclusive (hundreds of 24,000-token prompts held at once)");
+  }
   if (o.budget_bytes < 0) {
     return InvalidArgument(
         fmt::format("--budget must be >= 0 (0 = unlimited), got {}", o.budget_bytes));
@@ -119,7 +123,8 @@ Status ValidateRequestOptions(const RequestOptions& o) {
 
 std::string RequestsReproduceCommand(const RequestOptions& o) {
   const std::string long_flag = std::string(o.long_context ? " --long" : "") +
-                                (o.huge_context ? " --huge" : "") + (o.media ? " --media" : "");
+                                (o.huge_context ? " --huge" : "") + (o.media ? " --media" : "") +
+                                (o.spike ? " --spike" : "");
   if (o.swarm) {
     return fmt::format("kvtwin requests --swarm{} --seeds {}..{} --conversations {} --requests {}",
                        long_flag, o.seed, o.seed, o.conversations, o.requests);
@@ -174,6 +179,10 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
   RequestOptions options = given;
   std::string derived;
   if (options.swarm) derived = SwarmStack(options);
+  if (options.spike && (options.swarm || options.budget_bytes == 0)) {
+    options.budget_bytes = kSpikeBudgetBytes;
+    if (options.swarm) derived += fmt::format(" (--spike: budget {})", kSpikeBudgetBytes);
+  }
   const Status valid = ValidateRequestOptions(options);
   KV_CHECK(valid.ok(), valid.ToString());
   StackConfig config = StackFromPreset(options.preset, options.layers, options.window,
@@ -204,6 +213,10 @@ RequestResult RunRequestsOnce(const RequestOptions& given, Trace* record, bool a
     mix.turn_max = kHugeTurnTokens;
   }
   if (options.media) mix.media_pct = kMediaTurnPct;
+  if (options.spike) {
+    mix.pressure_pct = 0;
+    mix.spike_every = kSpikeEvery;
+  }
   result.mix = mix.ToString();
   RequestWorkload workload(Rng::Derive(options.seed, "requests"), mix);
   if (record != nullptr) {

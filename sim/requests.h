@@ -22,6 +22,10 @@ inline constexpr int64_t kHugePromptTokens = 24'000;
 inline constexpr int64_t kHugeTurnTokens = 6'000;
 // With RequestOptions::media: the share of user turns that carry an image span.
 inline constexpr uint32_t kMediaTurnPct = 25;
+// RequestOptions::spike: the run's budget when none is given (a tebibyte: no request of these
+// widths reaches it) and the period of the requests under a budget of 0.
+inline constexpr int64_t kSpikeBudgetBytes = int64_t{1} << 40;
+inline constexpr int64_t kSpikeEvery = 1000;
 
 struct RequestOptions {
   std::string preset = "mixed";
@@ -56,6 +60,12 @@ struct RequestOptions {
   // whose positions hold its fold value, an effective token with bit 31 set (spec §3.1 Keys),
   // here a negative token id. Images repeat across conversations, so their spans are shared.
   bool media = false;
+  // Memory that is plentiful until it is gone (WorkloadOptions::spike_every = kSpikeEvery):
+  // every kSpikeEvery-th request runs under a budget of exactly 0, the others under the run's
+  // budget, kSpikeBudgetBytes when none is given (always, with `swarm`), with no other
+  // pressure, so one eviction pass takes the whole grown trie off the active path.
+  // Exclusive with huge_context (hundreds of production-length prompts held at once).
+  bool spike = false;
   // RequestDriverOptions::after_request: a test seam that plays a faulty manager; the
   // localizing re-run keeps it. Not part of the reproduce command.
   std::function<void(PrefixCache&, int64_t)> after_request;

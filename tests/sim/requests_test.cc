@@ -247,6 +247,36 @@ TEST(RequestHugeContext, PromptsReachProductionLengthsAndSplitLongEdges) {
   EXPECT_NE(ValidateRequestOptions(both).message().find("--huge"), std::string::npos);
 }
 
+// Memory that is plentiful until it is gone: the trie grows for kSpikeEvery - 1 requests under
+// a budget nothing reaches, then one request runs under a budget of exactly 0 and its first
+// pass takes every evictable node. Every seed's largest checked pass must be past a thousand
+// victims (where a pass capped at 1,024 stops short), and the spike is the only request whose
+// budget differs from the run's.
+TEST(RequestSpike, OnePassTakesOverAThousandNodes) {
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    RequestOptions o;
+    o.swarm = true;
+    o.spike = true;
+    o.requests = kSpikeEvery;
+    o.seed = seed;
+    Trace trace;
+    const RequestResult r = RunRequests(o, &trace);
+    ASSERT_FALSE(r.divergence.has_value()) << r.reproduce;
+    EXPECT_NE(r.reproduce.find("--spike"), std::string::npos) << r.reproduce;
+    EXPECT_EQ(trace.header.budget_bytes, kSpikeBudgetBytes);
+    EXPECT_GT(r.coverage.largest_eviction_pass, 1024) << r.coverage.ToString();
+    ASSERT_EQ(std::ssize(trace.events), kSpikeEvery);
+    for (const TraceEvent& e : trace.events) {
+      const RequestPlan& plan = std::get<RequestPlan>(e);
+      EXPECT_EQ(plan.budget_pct, plan.index == kSpikeEvery - 1 ? 0 : 100) << plan.ToString();
+      EXPECT_EQ(plan.budget_pct_after_prefill, -1) << plan.ToString();
+    }
+  }
+  RequestOptions both;
+  both.spike = both.huge_context = true;
+  EXPECT_NE(ValidateRequestOptions(both).message().find("--spike"), std::string::npos);
+}
+
 TEST(RequestDeterminism, SameSeedGivesTheSameRunTwice) {
   for (uint64_t seed : {3u, 11u}) {
     const RequestResult a = RunRequests(Options("mixed", "bf16", kTinyBudget, seed));
