@@ -79,8 +79,15 @@ void AddRequestOptions(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
   cmd->add_flag("--media", o.media,
                 "image spans in the prompts: effective tokens with bit 31 set (negative ids)");
   cmd->add_flag("--spike", o.spike,
-                "a budget of 0 every 400th request, no limit reached otherwise: one eviction "
-                "pass over a trie of hundreds of conversations");
+                "a budget of 0 every 1,000th request, no limit reached otherwise: one eviction "
+                "pass over a trie of a thousand and more nodes (--requests defaults to 1000)");
+}
+
+// --spike's first budget of 0 is request kSpikeEvery, so it sets the default request count.
+void ApplySpikeDefaults(CLI::App* cmd, kvtwin::sim::RequestOptions& o) {
+  if (o.spike && cmd->get_option("--requests")->count() == 0) {
+    o.requests = kvtwin::sim::kSpikeEvery;
+  }
 }
 
 void AddRunOptions(CLI::App* cmd, kvtwin::sim::RunOptions& o) {
@@ -202,7 +209,10 @@ int main(int argc, char** argv) {
   }
   cli::InstallInterruptHandler();
   if (*run) return cli::RunBundled(root_seed, seeds_per_config, run_steps);
-  if (*requests) return cli::Requests(request_options, request_flags);
+  if (*requests) {
+    ApplySpikeDefaults(requests, request_options);
+    return cli::Requests(request_options, request_flags);
+  }
   if (*replay) {
     if (!replay_flags.fuzz_input.empty()) return cli::ReplayFuzzInput(replay_flags);
     if (replay_flags.files.empty()) return cli::Usage("replay: give trace files or --fuzz-input");
@@ -222,6 +232,7 @@ int main(int argc, char** argv) {
     gen_flags.ops.swarm = gen_flags.requests.swarm;
     if (given("--steps")) gen_flags.multiseq.steps = gen_flags.ops.steps;
     gen_flags.multiseq.huge = gen_flags.requests.huge_context;  // --huge: multiseq's too
+    ApplySpikeDefaults(gen, gen_flags.requests);
     return cli::Gen(gen_flags);
   }
   if (*import) return cli::Import(import_flags);

@@ -101,6 +101,11 @@ Status ValidateRequestOptions(const RequestOptions& o) {
     return InvalidArgument(
         "--spike and --huge are exclusive (hundreds of 24,000-token prompts held at once)");
   }
+  if (o.spike && o.requests < kSpikeEvery) {
+    return InvalidArgument(
+        fmt::format("--spike needs --requests >= {} (its first budget of 0 is request {}), got {}",
+                    kSpikeEvery, kSpikeEvery, o.requests));
+  }
   if (o.budget_bytes < 0) {
     return InvalidArgument(
         fmt::format("--budget must be >= 0 (0 = unlimited), got {}", o.budget_bytes));

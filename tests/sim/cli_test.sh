@@ -41,6 +41,10 @@ expect 2 '^kvtwin: --window'        -- requests --seeds 1 --window 0
 expect 2 'unknown preset'           -- requests --seeds 1 --preset nope
 expect 2 '^kvtwin: --dtype'         -- requests --seeds 1 --dtype f16
 expect 2 '^kvtwin: --dot'           -- requests --seeds 1 --requests 2 --dot /nonexistent-dir/trie.dot
+# --spike defaults to the 1,000 requests its first budget of 0 needs, and refuses fewer.
+expect 0 '^PASS: 1 runs, 1000 requests' -- requests --seeds 2 --swarm --spike
+expect 2 '^kvtwin: --spike needs --requests >= 1000' -- requests --seeds 1 --spike --requests 999
+expect 2 '^kvtwin: --spike and --huge are exclusive' -- requests --seeds 1 --spike --huge
 expect 0 '^PASS: 5 runs'            -- multiseq --seeds 1..5 --steps 200
 expect 1 'documented weakness|^reproduce: kvtwin multiseq' -- multiseq --seeds 1..40 --conv ideal
 expect 2 '^kvtwin: --conv'          -- multiseq --seeds 1 --conv nope

@@ -274,7 +274,12 @@ TEST(RequestSpike, OnePassTakesOverAThousandNodes) {
   }
   RequestOptions both;
   both.spike = both.huge_context = true;
-  EXPECT_NE(ValidateRequestOptions(both).message().find("--spike"), std::string::npos);
+  both.requests = kSpikeEvery;
+  EXPECT_NE(ValidateRequestOptions(both).message().find("--huge"), std::string::npos);
+  RequestOptions short_run;
+  short_run.spike = true;
+  short_run.requests = kSpikeEvery - 1;  // no budget of 0 would ever come
+  EXPECT_NE(ValidateRequestOptions(short_run).message().find("--requests"), std::string::npos);
 }
 
 TEST(RequestDeterminism, SameSeedGivesTheSameRunTwice) {
