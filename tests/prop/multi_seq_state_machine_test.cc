@@ -253,7 +253,7 @@ int64_t GenBase() {
       {{6, 0}, {1, (int64_t{1} << 24) - 3}, {1, kMaxBatchPosition - 9}});
 }
 
-MultiSeqConfig GenConfig(int64_t base) {
+MultiSeqConfig GenConfig(int64_t base, bool reserve_passes) {
   MultiSeqConfig c;
   c.max_seqs = *rc::gen::inRange<int32_t>(1, 9);
   if (*rc::gen::arbitrary<bool>()) {
@@ -261,8 +261,10 @@ MultiSeqConfig GenConfig(int64_t base) {
     if (*rc::gen::arbitrary<bool>()) c.memory = c.window + *rc::gen::inRange<int64_t>(0, 4);
   }
   // Far up, a chunk boundary in reach too: at 2^24, or at int32's last position or the one
-  // before.
-  c.chunk = base == 0 ? *rc::gen::element<int64_t>(0, 0, 2, 4)
+  // before. Near 0 the second property draws a chunk of 1 where the first draws a second 0
+  // (the same index, so the first property's cases are unchanged): every token its own
+  // chunk, a bound only the sweeps reached before.
+  c.chunk = base == 0 ? *rc::gen::element<int64_t>(0, reserve_passes ? 1 : 0, 2, 4)
             : base < kMaxBatchPosition / 2
                 ? *rc::gen::element<int64_t>(0, 2, int64_t{1} << 24)
                 : *rc::gen::element<int64_t>(0, 2, kMaxBatchPosition, kMaxBatchPosition - 1);
@@ -280,7 +282,7 @@ MultiSeqConfig GenConfig(int64_t base) {
 void CheckMachine(bool reserve_passes) {
   ASSERT_TRUE(kPinnedParams);
   const int64_t base = GenBase();
-  const MultiSeqConfig config = GenConfig(base);
+  const MultiSeqConfig config = GenConfig(base, reserve_passes);
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   const std::string label = config.Describe() + " first position " + std::to_string(base) +
                             " value seed " + std::to_string(seed);
