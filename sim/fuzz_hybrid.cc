@@ -95,19 +95,33 @@ T Pick(const std::array<T, N>& table, uint8_t b) {
 // Header fields (field k is byte kHeaderBytes - 1 - k, as in records): 0 window, 1 memory,
 // 2 chunk, 3 max_seqs, 4 capacity, 5 max_batch, 6 padding, 7 permuted V, 8 dtype, 9 conv
 // layers, 10 d_conv, 11 hidden, 12 shift, 13 kv_cols, 14-15 run seed. Every table entry is
-// legal, and memory is only set over a finite window (as window or more), so Validate()
-// passes for every header. The driver checks every cell after every op, so its cost grows
+// legal. The spare high bits of the memory, capacity, max_batch and padding bytes pick, one
+// value in eight, the shapes at the rare branches of spec §2.8 Init (a capacity at window +
+// 1, where the stop-token cell makes the memory unbounded; a stated memory below the window
+// or at the capacity, over any window; capacities of 1-3) and sizes no power of two; a
+// memory Init would refuse falls back to the default (= window), so Validate() passes for
+// every header. The driver checks every cell after every op, so its cost grows
 // with max_seqs x capacity: the tables lean to the few sequences and small capacities that
 // fork, share and fill up within a short run, and reach 8 sequences only now and then.
 MultiSeqConfig DecodeConfig(const std::array<uint8_t, kHeaderBytes>& h) {
   MultiSeqConfig c;
   c.window = Pick<int64_t, 8>({kvtwin::kUnbounded, kvtwin::kUnbounded, 1, 2, 3, 4, 5, 8}, h[0]);
-  if (c.window != kvtwin::kUnbounded && h[1] % 2 == 1) c.memory = c.window + (h[1] / 2) % 5;
+  const bool windowed = c.window != kvtwin::kUnbounded;
   c.chunk = Pick<int64_t, 8>({0, 0, 0, 0, 1, 2, 3, 4}, h[2]);
   c.max_seqs = Pick<int32_t, 8>({1, 2, 2, 3, 3, 4, 6, kMaxSeqs}, h[3]);
   c.capacity = Pick<int64_t, 5>({4, 6, 8, 12, 16}, h[4]);
+  if ((h[4] / 5) % 8 == 7) c.capacity = windowed ? c.window + 1 : 1 + (h[4] / 40) % 3;
+  if (windowed && h[1] % 2 == 1) {
+    c.memory = c.window + (h[1] / 2) % 5;
+  } else if ((h[1] / 2) % 8 == 7) {
+    c.memory = c.capacity + (h[1] / 16) % 2;  // at or past the capacity: unbounded
+  } else if ((h[1] / 2) % 8 == 6 && windowed && c.window > 1) {
+    c.memory = 1 + (h[1] / 16) % (c.window - 1);  // below the window
+  }
   c.max_batch = Pick<int64_t, 6>({1, 2, 4, 8, 8, 16}, h[5]);
+  if ((h[5] / 6) % 8 == 7) c.max_batch = (h[5] / 48) % 2 == 0 ? 3 : 5;
   c.padding = h[6] % 3 == 0 ? 4 : 1;
+  if ((h[6] / 3) % 8 == 7) c.padding = 2 + (h[6] / 24) % 2;
   c.permuted_v = h[7] % 2 == 1;
   c.dtype = h[8] % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
   c.num_conv_layers = h[9] % 3;
@@ -116,6 +130,7 @@ MultiSeqConfig DecodeConfig(const std::array<uint8_t, kHeaderBytes>& h) {
   c.shift_supported = h[12] % 6 != 0;
   c.kv_cols = h[13] % 2 == 0 ? 8 : 12;
   c.conv = ConvExpectation::kAsSpecified;
+  if (!c.Validate().ok()) c.memory = kvtwin::kUnbounded;  // the default, always accepted
   const Status valid = c.Validate();
   KV_CHECK(valid.ok(), "the header tables produced an illegal shape: " + valid.ToString());
   return c;

@@ -14,7 +14,8 @@
 // indices; some with CopyPrefix / Remove edits between StartForward and Put), CopyPrefix
 // with full and partial lengths (onto itself too), tail / middle /
 // whole / empty Removes, CanResume probes; a second property makes one edit-free forward in
-// four a reserve pass. A sequence a refused Remove left half-edited is
+// four a reserve pass, and a third does too over the shapes at the rare branches of Init
+// (GenCornerConfig). A sequence a refused Remove left half-edited is
 // not cleared: the reference predicts that state, so later commands may use it. 300 pinned
 // cases (an RC_PARAMS from the caller wins); a failure prints the cache shape and the shrunk
 // op list, and a KV_CHECK abort the unshrunk one (prop/abort_log.h).
@@ -279,10 +280,49 @@ MultiSeqConfig GenConfig(int64_t base, bool reserve_passes) {
   return c;
 }
 
-void CheckMachine(bool reserve_passes) {
+// The shapes whose derivation takes a rare branch of spec §2.8 Init, which GenConfig's
+// windows {1,2,3,4,8} and capacities {6,8,16} never meet: a capacity at the window, or one
+// past it, where the stop-token cell (window + 1) reaches the capacity and makes the memory
+// unbounded; a stated memory below the window that the capacity rescues (one sequence) or
+// the raise lifts (several); an unbounded window with a stated memory; capacities of 1-3;
+// batch sizes and paddings that are no power of two. A draw Init refuses keeps the default
+// memory (= window), which it always accepts.
+MultiSeqConfig GenCornerConfig() {
+  MultiSeqConfig c;
+  c.max_seqs = *rc::gen::weightedElement<int32_t>({{2, 1}, {1, 2}, {1, 3}, {1, 5}});
+  const bool windowed = *rc::gen::weightedElement<bool>({{3, true}, {1, false}});
+  if (windowed) c.window = *rc::gen::inRange<int64_t>(1, 9);
+  const int64_t near = windowed ? c.window : *rc::gen::inRange<int64_t>(1, 6);
+  c.capacity = *rc::gen::weightedElement<int64_t>({{2, near + 1},
+                                                   {1, near},
+                                                   {1, near + 2},
+                                                   {1, std::max<int64_t>(1, near - 1)},
+                                                   {1, *rc::gen::inRange<int64_t>(1, 4)}});
+  const int memory_kind = *rc::gen::inRange(0, 4);
+  if (memory_kind == 1 && windowed && c.window > 1) {
+    c.memory = *rc::gen::inRange<int64_t>(1, c.window);  // below the window
+  } else if (memory_kind == 2) {
+    c.memory = c.capacity + *rc::gen::inRange<int64_t>(0, 3);  // at or past the capacity
+  } else if (memory_kind == 3) {
+    c.memory = std::max<int64_t>(1, c.capacity - 1);  // one short of it
+  }
+  if (!c.Validate().ok()) c.memory = kUnbounded;
+  c.chunk = *rc::gen::element<int64_t>(0, 0, 1, 3, 5);
+  c.max_batch = *rc::gen::element<int64_t>(1, 3, 5, 6);
+  c.padding = *rc::gen::element<int64_t>(1, 2, 3);
+  c.permuted_v = *rc::gen::arbitrary<bool>();
+  c.dtype = *rc::gen::element(DType::kFloat32, DType::kBFloat16);
+  c.num_conv_layers = *rc::gen::inRange<int32_t>(0, 3);
+  c.d_conv = *rc::gen::inRange<int64_t>(1, 5);
+  c.shift_supported = *rc::gen::weightedElement<bool>({{5, true}, {1, false}});
+  RC_ASSERT(c.Validate().ok());  // else a generator bug: the default memory is always valid
+  return c;
+}
+
+void CheckMachine(bool reserve_passes, bool corners = false) {
   ASSERT_TRUE(kPinnedParams);
-  const int64_t base = GenBase();
-  const MultiSeqConfig config = GenConfig(base, reserve_passes);
+  const int64_t base = corners ? 0 : GenBase();
+  const MultiSeqConfig config = corners ? GenCornerConfig() : GenConfig(base, reserve_passes);
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   const std::string label = config.Describe() + " first position " + std::to_string(base) +
                             " value seed " + std::to_string(seed);
@@ -301,6 +341,12 @@ RC_GTEST_PROP(MultiSeqStateMachine, HybridCacheMatchesReference, ()) { CheckMach
 // left to `kvtwin multiseq`.
 RC_GTEST_PROP(MultiSeqStateMachine, HybridCacheMatchesReferenceWithReservePasses, ()) {
   CheckMachine(true);
+}
+
+// Last, so the cases of the two above are what they were: the shapes GenCornerConfig draws,
+// reserve passes included.
+RC_GTEST_PROP(MultiSeqStateMachine, HybridCacheMatchesReferenceAtInitCorners, ()) {
+  CheckMachine(true, /*corners=*/true);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -164,6 +165,37 @@ TEST(HybridFuzz, EveryHeaderByteValueGivesALegalShape) {
       EXPECT_EQ(run.trace.header.multiseq.conv, ConvExpectation::kAsSpecified);
       EXPECT_FALSE(run.divergence.has_value()) << *run.divergence;
     }
+  }
+}
+
+// The spare bits of the header reach the shapes at Init's rare branches (spec §2.8), which
+// the table values alone never meet; each is a separate way for the derived memory or cell
+// count to go wrong.
+TEST(HybridFuzz, HeadersReachTheRareBranchesOfInit) {
+  Rng rng = Rng::Derive(5, "fuzz-hybrid-init-corners");
+  std::map<std::string, int> seen;
+  for (int i = 0; i < 4000; ++i) {
+    const MultiSeqConfig c = RunHybrid(RandomInput(rng, 0)).trace.header.multiseq;
+    const bool windowed = c.window != kvtwin::kUnbounded;
+    const bool stated = c.memory != kvtwin::kUnbounded;
+    if (windowed && c.max_seqs > 1 && c.capacity == c.window + 1 &&
+        (stated ? c.memory : c.window) < c.capacity) {
+      ++seen["stop-token cell reaches the capacity"];
+    }
+    if (windowed && stated && c.memory < c.window) {
+      ++seen[c.max_seqs > 1 ? "memory below the window, raised"
+                            : "memory below the window, rescued"];
+    }
+    if (!windowed && stated) ++seen["unbounded window with a memory"];
+    if (c.capacity <= 3) ++seen["capacity below 4"];
+    if (c.max_batch == 3 || c.max_batch == 5) ++seen["max_batch no power of two"];
+    if (c.padding == 2 || c.padding == 3) ++seen["padding 2 or 3"];
+  }
+  for (const char* corner :
+       {"stop-token cell reaches the capacity", "memory below the window, raised",
+        "memory below the window, rescued", "unbounded window with a memory", "capacity below 4",
+        "max_batch no power of two", "padding 2 or 3"}) {
+    EXPECT_GT(seen[corner], 0) << corner;
   }
 }
 
