@@ -177,6 +177,11 @@ done
 # The bundled traces `make run` replays: the minimized regressions pin scenarios the seeded
 # streams reach rarely (mutant 128 fell to fuzz-prefix after 35 s; this replay takes 0.5 s).
 add_check traces fast "$kv replay traces/regress/*.jsonl traces/workloads/*.jsonl"
+# The fuzz targets' bundled corpora, as `make run`'s corpus stage runs them (about 1 s): each
+# entry was kept for reaching code nothing before it reached, so they hold shapes no seeded
+# stream draws. The fuzz stage feeds them to libFuzzer too, but only when it runs; a whole
+# state copied beside a capture (302-304) fell to nothing else in the fast stage.
+add_check corpora fast "$kv replay --fuzz-corpus fuzz/corpus --quiet"
 # The recorded Mooncake trace at its 512-token blocks, the two windows `make run` replays
 # (sim/cli_production.cc): prompts of tens of thousands of tokens, whole-prompt trie edges split
 # late, windows of 4,096 under eviction (mutant 271 falls here in 3 s). About 6 s.

@@ -87,6 +87,10 @@ struct ReplayFlags {
   // --fuzz-input FILE --target NAME [--save TRACE]: a libFuzzer input (a crash artifact or
   // a corpus entry) decoded as that target does, written as a trace and replayed.
   std::string fuzz_input, fuzz_target, save;
+  // --fuzz-corpus DIR [--target NAME]: every entry of a corpus as `kvtwin run`'s corpus
+  // stage runs it (a fresh session each, no trace written); DIR holds one folder per target
+  // (fuzz/corpus's layout), or with --target is that target's corpus.
+  std::string fuzz_corpus;
 };
 
 struct GenFlags {
@@ -127,6 +131,9 @@ int Sweep(const sim::RunOptions& options, const SweepFlags& flags);
 int Requests(sim::RequestOptions options, const RequestsFlags& flags);
 int Replay(const ReplayFlags& flags);
 int ReplayFuzzInput(const ReplayFlags& flags);
+int ReplayFuzzCorpus(const ReplayFlags& flags);
+// "kv, rotating, ...": the fuzz targets' names, for usage errors.
+std::string FuzzTargetList();
 int MultiSeq(const MultiSeqFlags& flags);
 int Gen(const GenFlags& flags);
 int Import(const ImportFlags& flags);

@@ -9,14 +9,15 @@
 #include "sim/fuzz_input.h"
 
 namespace kvtwin::cli {
-namespace {
 
-std::string TargetList() {
+std::string FuzzTargetList() {
   std::string list;
   for (sim::FuzzTarget t : sim::AllFuzzTargets())
     list += (list.empty() ? "" : ", ") + std::string(sim::FuzzTargetName(t));
   return list;
 }
+
+namespace {
 
 int ReportReaderInput(const std::string& path, const std::string& text, const sim::FuzzRun& run) {
   if (run.divergence) {
@@ -38,7 +39,7 @@ int ReplayFuzzInput(const ReplayFlags& flags) {
   const std::optional<sim::FuzzTarget> target = sim::ParseFuzzTarget(flags.fuzz_target);
   if (!target) {
     return Usage(
-        fmt::format("--target: expected one of {}, got '{}'", TargetList(), flags.fuzz_target));
+        fmt::format("--target: expected one of {}, got '{}'", FuzzTargetList(), flags.fuzz_target));
   }
   if (!flags.files.empty()) return Usage("replay: --fuzz-input takes no trace files");
   std::string error;

@@ -160,9 +160,13 @@ int main(int argc, char** argv) {
   replay->add_option("files", replay_flags.files, "trace files");
   replay->add_option("--fuzz-input", replay_flags.fuzz_input,
                      "a libFuzzer input to decode, save as a trace and replay");
-  replay->add_option("--target", replay_flags.fuzz_target,
-                     "fuzz target of --fuzz-input (kv, rotating, recurrent, speculation, prefix, "
-                     "hybrid, trace_reader)");
+  replay->add_option("--fuzz-corpus", replay_flags.fuzz_corpus,
+                     "replay every entry of a libFuzzer corpus: a folder per target (as "
+                     "fuzz/corpus), or with --target that target's folder");
+  replay->add_option(
+      "--target", replay_flags.fuzz_target,
+      "fuzz target of --fuzz-input or --fuzz-corpus (kv, rotating, recurrent, speculation, prefix, "
+      "hybrid, trace_reader)");
   replay->add_option("--save", replay_flags.save,
                      "trace to write for --fuzz-input (default: INPUT.jsonl)");
   AddSetupOptions(replay, replay_flags.options.mooncake_setup, replay_flags.options.mooncake);
@@ -214,8 +218,11 @@ int main(int argc, char** argv) {
     return cli::Requests(request_options, request_flags);
   }
   if (*replay) {
+    if (!replay_flags.fuzz_corpus.empty()) return cli::ReplayFuzzCorpus(replay_flags);
     if (!replay_flags.fuzz_input.empty()) return cli::ReplayFuzzInput(replay_flags);
-    if (replay_flags.files.empty()) return cli::Usage("replay: give trace files or --fuzz-input");
+    if (replay_flags.files.empty()) {
+      return cli::Usage("replay: give trace files, --fuzz-input or --fuzz-corpus");
+    }
     return cli::Replay(replay_flags);
   }
   if (*multiseq) return cli::MultiSeq(multiseq_flags);
