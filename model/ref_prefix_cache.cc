@@ -181,8 +181,11 @@ void CompactPath(std::vector<RefNode*>& active, const Caches& caches) {
 }
 
 // attachCapturedSnapshots (§3.4): an existing slot wins; otherwise the capture is clipped
-// to the node's edge (the head before node.start is dropped). Refreshes the node.
-void AttachCaptured(RefNode* node, std::vector<RefSnap> row, const Caches& caches, int64_t& clock) {
+// to the node's edge (the head before node.start is dropped). Refreshes the node. Counts
+// into `kept_whole` the rotating and recurrent slots a node keeps beside an installed
+// capture (production re-installs copies of them: a path no seeded stream took once).
+void AttachCaptured(RefNode* node, std::vector<RefSnap> row, const Caches& caches, int64_t& clock,
+                    int64_t& kept_whole) {
   std::vector<RefSnap> next = node->snaps;
   next.resize(caches.size());
   bool installed = false;
@@ -200,6 +203,7 @@ void AttachCaptured(RefNode* node, std::vector<RefSnap> row, const Caches& cache
     installed = installed || next[i].has_value();
   }
   if (installed) {
+    for (const RefSnap& kept : node->snaps) kept_whole += kept && kept->kind != RefKind::kKv;
     node->snaps = std::move(next);
     node->bytes.assign(caches.size(), 0);
   }
@@ -407,7 +411,7 @@ void RefPrefixCache::AttachPrefillSnapshots() {
     }
     KV_CHECK(f->end == p.offset, "a capture lands on the node ending at its offset");
     if (p.user) f->user = true;
-    AttachCaptured(f, std::move(rows[i]), caches_, clock_);
+    AttachCaptured(f, std::move(rows[i]), caches_, clock_, kept_whole_states_);
     CompactPath(active_path_, caches_);
   }
   EnforceEvictionPolicy();

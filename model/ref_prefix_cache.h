@@ -112,12 +112,16 @@ class RefPrefixCache {
     bool user;
   };
   const std::vector<Pending>& pending() const { return pending_; }
+  // Rotating and recurrent snapshots kept on a node beside a capture installed there, since
+  // construction (coverage: the manager copies each of them; see AttachCaptured).
+  int64_t kept_whole_states() const { return kept_whole_states_; }
 
  private:
   std::vector<std::optional<RefCache>> caches_;
   std::unique_ptr<RefNode> root_;
   std::vector<RefNode*> active_path_;
   int64_t clock_ = 0;
+  int64_t kept_whole_states_ = 0;
   bool open_ = false;
   bool scheduled_ = false;  // SchedulePrefillSnapshots ran in this session
   TokenLog inputs_;

@@ -39,13 +39,15 @@ std::string RequestCoverage::ToString() const {
       "user offsets {}, unscheduled {}, speculative {} (isolated probes {}, abandoned {}), "
       "forwarded last {}, past stop {}, budgets moved mid-session {}, "
       "branch points {}, splits {}, "
-      "evictions {} (checked passes {}, largest {}), free-all {}, kv gaps {}, audited calls {}/{}, "
+      "evictions {} (checked passes {}, largest {}), free-all {}, kv gaps {}, whole-state copies "
+      "{}, "
+      "audited calls {}/{}, "
       "forwards reading every history row {}/{}",
       completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
       divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
       isolated_probes, abandoned_steps, forwarded_last, past_stop, session_budgets, branch_points,
-      splits, evictions, eviction_passes, largest_eviction_pass, free_all, kv_gaps, audited_calls,
-      calls, forwards - trusting_forwards, forwards);
+      splits, evictions, eviction_passes, largest_eviction_pass, free_all, kv_gaps,
+      whole_state_copies, audited_calls, calls, forwards - trusting_forwards, forwards);
 }
 
 namespace {
@@ -53,14 +55,15 @@ namespace {
 // Every counter of a coverage record (const or not), in one list.
 template <typename Coverage>
 auto Counters(Coverage& c) {
-  return std::array{&c.completed,       &c.cancelled,       &c.cache_hits,        &c.extensions,
-                    &c.dropped_tails,   &c.divergent,       &c.new_conversations, &c.repeats,
-                    &c.retries,         &c.user_offsets,    &c.unscheduled,       &c.speculative,
-                    &c.isolated_probes, &c.abandoned_steps, &c.session_budgets,   &c.continuations,
-                    &c.resumed_exactly, &c.branch_points,   &c.free_all,          &c.kv_gaps,
-                    &c.splits,          &c.evictions,       &c.eviction_passes,   &c.calls,
-                    &c.audited_calls,   &c.forwards,        &c.trusting_forwards, &c.forwarded_last,
-                    &c.past_stop};
+  return std::array{
+      &c.completed,       &c.cancelled,         &c.cache_hits,        &c.extensions,
+      &c.dropped_tails,   &c.divergent,         &c.new_conversations, &c.repeats,
+      &c.retries,         &c.user_offsets,      &c.unscheduled,       &c.speculative,
+      &c.isolated_probes, &c.abandoned_steps,   &c.session_budgets,   &c.continuations,
+      &c.resumed_exactly, &c.branch_points,     &c.free_all,          &c.kv_gaps,
+      &c.splits,          &c.evictions,         &c.eviction_passes,   &c.calls,
+      &c.audited_calls,   &c.forwards,          &c.trusting_forwards, &c.forwarded_last,
+      &c.past_stop,       &c.whole_state_copies};
 }
 
 }  // namespace

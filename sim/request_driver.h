@@ -112,6 +112,10 @@ struct RequestCoverage {
   // a caller that scheduled no captures while eviction removed the path): page-in can
   // stop on a KV layer there.
   int64_t kv_gaps = 0;
+  // Rotating and recurrent snapshots a node kept beside a capture attached there, which the
+  // manager re-installs as copies (only after a snapshot-less node merged into its child:
+  // rare in every seeded stream; traces/regress/attach-beside-kept-whole-states-*).
+  int64_t whole_state_copies = 0;
   // From comparing the trie before and after each session call (node identity = the
   // provenance hash of its key path at its end): a node whose start moved up was split;
   // a vanished node off the active key path was evicted.

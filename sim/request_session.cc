@@ -338,7 +338,9 @@ class RequestDriver::Session {
     if (Check c = CheckAttachCalls(d_.manager_calls_, "AttachPrefillSnapshots")) return c;
     rules_.Attached();
     if (Check c = AfterEvictionPoint(audit)) return c;
+    const int64_t kept = d_.reference_->manager().kept_whole_states();
     d_.reference_->manager().AttachPrefillSnapshots();
+    d_.coverage_.whole_state_copies += d_.reference_->manager().kept_whole_states() - kept;
     if (Check c = d_.reference_->FinishCall("AttachPrefillSnapshots", &pc())) return c;
     if (audit) {
       if (Check c = d_.reference_->CheckTrie(pc(), "AttachPrefillSnapshots")) return c;
@@ -418,7 +420,9 @@ class RequestDriver::Session {
     phase_ = "after Close";
     rules_.Closed();
     if (Check c = AfterEvictionPoint(audit)) return c;
+    const int64_t kept = d_.reference_->manager().kept_whole_states();
     const std::optional<int64_t> paged_out_from = d_.reference_->manager().Close();
+    d_.coverage_.whole_state_copies += d_.reference_->manager().kept_whole_states() - kept;
     std::vector<int32_t> caches;
     for (size_t i = 0; i < d_.caches_.size(); ++i) {
       if (d_.caches_[i] != nullptr) caches.push_back(static_cast<int32_t>(i));

@@ -48,6 +48,19 @@ std::string CaseName(const testing::TestParamInfo<std::string>& info) {
   return name;
 }
 
+// A regression trace pins a shape the seeded streams reach rarely; a change to the request
+// path can move the shape away while the trace still passes (catalogue mutant 128's trace
+// stopped copying a rotating snapshot, and the mutant drifted to the tests stage unseen).
+// So a trace kept for a reach has it asserted from the driver's coverage.
+TEST(RegressReach, AttachBesideKeptWholeStatesCopiesARotatingAndARecurrentSnapshot) {
+  const ReplayResult r =
+      ReplayFile("traces/regress/attach-beside-kept-whole-states-copies-them.jsonl", {});
+  ASSERT_FALSE(r.input_error) << r.input_error->ToString();
+  ASSERT_FALSE(r.divergence) << *r.divergence;
+  // The mixed preset's one rotating and one recurrent layer, both kept beside a KV capture.
+  EXPECT_GE(r.coverage.whole_state_copies, 2) << r.coverage.ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(Traces, RegressTrace, testing::ValuesIn(TraceFiles()), CaseName);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(RegressTrace);
 
