@@ -183,7 +183,8 @@ void CompactPath(std::vector<RefNode*>& active, const Caches& caches) {
 // attachCapturedSnapshots (§3.4): an existing slot wins; otherwise the capture is clipped
 // to the node's edge (the head before node.start is dropped). Refreshes the node. Counts
 // into `kept_whole` the rotating and recurrent slots a node keeps beside an installed
-// capture (production re-installs copies of them: a path no seeded stream took once).
+// capture, which production re-installs as copies (a coverage count: seeded streams rarely
+// build such a node).
 void AttachCaptured(RefNode* node, std::vector<RefSnap> row, const Caches& caches, int64_t& clock,
                     int64_t& kept_whole) {
   std::vector<RefSnap> next = node->snaps;

@@ -111,10 +111,21 @@ int ReplayFuzzCorpus(const ReplayFlags& flags) {
                       flags.fuzz_corpus, FuzzTargetList()));
     }
   }
+  // A vacuous pass would hide a wrong path in a CI job: no entry at all is an input error.
+  std::vector<std::vector<fs::path>> listed;
+  size_t listed_entries = 0;
+  for (const auto& corpus : corpora) {
+    listed.push_back(CorpusEntries(corpus.second));
+    listed_entries += listed.back().size();
+  }
+  if (listed_entries == 0) {
+    return Usage(fmt::format("--fuzz-corpus: '{}' holds no corpus entries", flags.fuzz_corpus));
+  }
   uint64_t entries = 0;
   std::string counts;
-  for (const auto& [target, path] : corpora) {
-    const std::vector<fs::path> paths = CorpusEntries(path);
+  for (size_t i = 0; i < corpora.size(); ++i) {
+    const sim::FuzzTarget target = corpora[i].first;
+    const std::vector<fs::path>& paths = listed[i];
     if (const int code = RunCorpus(target, paths, entries); code != 0) return code;
     counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", sim::FuzzTargetName(target),
                           paths.size());

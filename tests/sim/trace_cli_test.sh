@@ -155,7 +155,7 @@ expect 2 'takes no trace files'       -- replay "$tmp/req.jsonl" --fuzz-input "$
 expect 2 'give trace files'           -- replay
 # Corpora: a folder per target (fuzz/corpus's layout) or, with --target, one target's folder;
 # every entry is counted and run; a folder of neither kind and misuse exit 2.
-mkdir -p "$tmp/corpus/prefix" "$tmp/corpus/hybrid" "$tmp/corpus/unknown"
+mkdir -p "$tmp/corpus/prefix" "$tmp/corpus/hybrid" "$tmp/corpus/unknown" "$tmp/empty/kv"
 cp "$tmp/fuzz.bin" "$tmp/corpus/prefix/a"
 head -c 300 "$tmp/fuzz.bin" >"$tmp/corpus/prefix/b"
 cp "$tmp/fuzz.bin" "$tmp/corpus/hybrid/c"
@@ -165,6 +165,8 @@ expect 0 '^PASS: 2 fuzz corpus entries \(prefix 2\)' -- replay --fuzz-corpus "$t
 expect 0 '^PASS: 1 fuzz corpus entries \(kv 1\)' -- replay --fuzz-corpus "$tmp/corpus/unknown" --target kv
 expect 2 'holds no folder named after a target' -- replay --fuzz-corpus "$tmp/corpus/prefix"
 expect 2 'is not a directory'         -- replay --fuzz-corpus "$tmp/corpus/prefix/a"
+expect 2 'holds no corpus entries'    -- replay --fuzz-corpus "$tmp/empty"
+expect 2 'holds no corpus entries'    -- replay --fuzz-corpus "$tmp/empty/kv" --target kv
 expect 2 'expected one of kv'         -- replay --fuzz-corpus "$tmp/corpus" --target nope
 expect 2 'takes no trace files'       -- replay "$tmp/req.jsonl" --fuzz-corpus "$tmp/corpus"
 expect 2 'not both'                   -- replay --fuzz-corpus "$tmp/corpus" --fuzz-input "$tmp/fuzz.bin" --target kv
