@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "sim/cli.h"
@@ -63,17 +62,35 @@ int RunCorpus(sim::FuzzTarget target, const std::vector<std::filesystem::path>& 
   return 0;
 }
 
+// One target's corpus, listed.
+struct Corpus {
+  sim::FuzzTarget target;
+  std::vector<std::filesystem::path> paths;
+};
+
+// Every corpus in order; appends "name count" per corpus to `counts`, and with `print_each`
+// a line per passing corpus. Returns as RunCorpus.
+int RunCorpora(const std::vector<Corpus>& corpora, bool print_each, uint64_t& entries,
+               std::string& counts) {
+  for (const Corpus& c : corpora) {
+    if (const int code = RunCorpus(c.target, c.paths, entries); code != 0) return code;
+    const char* name = sim::FuzzTargetName(c.target);
+    counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", name, c.paths.size());
+    if (print_each) fmt::print("  {:<12} {} entries: pass\n", name, c.paths.size());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunBundledCorpora(const std::string& corpus_dir, uint64_t& entries) {
-  std::string counts;
+  std::vector<Corpus> corpora;
   for (const sim::FuzzTarget target : sim::AllFuzzTargets()) {
-    const std::vector<std::filesystem::path> paths =
-        CorpusEntries(std::filesystem::path(corpus_dir) / sim::FuzzTargetName(target));
-    if (const int code = RunCorpus(target, paths, entries); code != 0) return code;
-    counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", sim::FuzzTargetName(target),
-                          paths.size());
+    corpora.push_back(
+        {target, CorpusEntries(std::filesystem::path(corpus_dir) / sim::FuzzTargetName(target))});
   }
+  std::string counts;
+  if (const int code = RunCorpora(corpora, false, entries, counts); code != 0) return code;
   fmt::print("  fuzz corpora   {} entries ({}): pass\n", entries, counts);
   std::fflush(stdout);
   return 0;
@@ -91,18 +108,18 @@ int ReplayFuzzCorpus(const ReplayFlags& flags) {
   }
   // With --target, DIR is that target's corpus (libFuzzer's layout); without, one folder
   // per target (fuzz/corpus's layout), of which at least one must exist.
-  std::vector<std::pair<sim::FuzzTarget, fs::path>> corpora;
+  std::vector<Corpus> corpora;
   if (!flags.fuzz_target.empty()) {
     const std::optional<sim::FuzzTarget> target = sim::ParseFuzzTarget(flags.fuzz_target);
     if (!target) {
       return Usage(fmt::format("--target: expected one of {}, got '{}'", FuzzTargetList(),
                                flags.fuzz_target));
     }
-    corpora.emplace_back(*target, dir);
+    corpora.push_back({*target, CorpusEntries(dir)});
   } else {
     for (const sim::FuzzTarget target : sim::AllFuzzTargets()) {
       const fs::path sub = dir / sim::FuzzTargetName(target);
-      if (fs::is_directory(sub, ec)) corpora.emplace_back(target, sub);
+      if (fs::is_directory(sub, ec)) corpora.push_back({target, CorpusEntries(sub)});
     }
     if (corpora.empty()) {
       return Usage(
@@ -112,27 +129,13 @@ int ReplayFuzzCorpus(const ReplayFlags& flags) {
     }
   }
   // A vacuous pass would hide a wrong path in a CI job: no entry at all is an input error.
-  std::vector<std::vector<fs::path>> listed;
-  size_t listed_entries = 0;
-  for (const auto& corpus : corpora) {
-    listed.push_back(CorpusEntries(corpus.second));
-    listed_entries += listed.back().size();
-  }
-  if (listed_entries == 0) {
+  if (std::all_of(corpora.begin(), corpora.end(),
+                  [](const Corpus& c) { return c.paths.empty(); })) {
     return Usage(fmt::format("--fuzz-corpus: '{}' holds no corpus entries", flags.fuzz_corpus));
   }
   uint64_t entries = 0;
   std::string counts;
-  for (size_t i = 0; i < corpora.size(); ++i) {
-    const sim::FuzzTarget target = corpora[i].first;
-    const std::vector<fs::path>& paths = listed[i];
-    if (const int code = RunCorpus(target, paths, entries); code != 0) return code;
-    counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", sim::FuzzTargetName(target),
-                          paths.size());
-    if (!flags.quiet) {
-      fmt::print("  {:<12} {} entries: pass\n", sim::FuzzTargetName(target), paths.size());
-    }
-  }
+  if (const int code = RunCorpora(corpora, !flags.quiet, entries, counts); code != 0) return code;
   fmt::print("PASS: {} fuzz corpus entries ({}), no divergence\n", entries, counts);
   return 0;
 }
