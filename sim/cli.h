@@ -84,6 +84,8 @@ struct ReplayFlags {
   sim::ReplayOptions options;
   ReportFlags reports;
   bool quiet = false;
+  // --coverage: each file's driver coverage by counter name (what "reaches" can claim).
+  bool coverage = false;
   // --fuzz-input FILE --target NAME [--save TRACE]: a libFuzzer input (a crash artifact or
   // a corpus entry) decoded as that target does, written as a trace and replayed.
   std::string fuzz_input, fuzz_target, save;
@@ -105,6 +107,9 @@ struct GenFlags {
 struct ShrinkFlags {
   std::string in, out, name = "minimized";
   int64_t max_replays = 20000;
+  // --keep-reach COUNTER[=N]: coverage the minimum must keep up to its divergence; written as
+  // the shrunk trace's "reaches".
+  std::vector<std::string> keep_reach;
 };
 
 struct ExplainFlags {

@@ -65,8 +65,8 @@ bool RunProductionTrace(const std::string& where, uint64_t& files, uint64_t& eve
     ++files;
     events += static_cast<uint64_t>(r.events);
     if (!r.passed()) {
-      fmt::print("FAIL {} ({}): {}\n{}{}\nreproduce: {}\n", path, s.what, r.verdict(),
-                 r.input_error ? r.input_error->message() : "", r.divergence.value_or(""), command);
+      fmt::print("FAIL {} ({}): {}\n{}\nreproduce: {}\n", path, s.what, r.verdict(), r.detail(),
+                 command);
       return false;
     }
     fmt::print("  production trace, requests {}-{} at 512 tokens a block, {}: pass\n", s.skip,

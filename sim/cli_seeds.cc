@@ -164,8 +164,7 @@ bool RunBundledTraces(uint64_t& files, uint64_t& events) {
       ++files;
       events += static_cast<uint64_t>(r.events);
       if (!r.passed()) {
-        fmt::print("FAIL {}: {}\n{}{}\nreproduce: {}\n", p.string(), r.verdict(),
-                   r.input_error ? r.input_error->message() : "", r.divergence.value_or(""),
+        fmt::print("FAIL {}: {}\n{}\nreproduce: {}\n", p.string(), r.verdict(), r.detail(),
                    sim::ReplayCommand(p.string(), options));
         return false;
       }

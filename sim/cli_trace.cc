@@ -1,7 +1,9 @@
 // The trace commands: `replay`, `gen`, `import`, `shrink` and `explain`.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <tuple>
 
 #include "sim/cli.h"
 #include "sim/shrink.h"
@@ -18,6 +20,10 @@ sim::CaseReport FileCase(const std::string& path, const sim::ReplayResult& r,
   if (r.divergence) {
     c.kind = r.divergence_kind;
     c.detail = *r.divergence;
+  }
+  if (r.unreached) {
+    c.kind = "unreached";
+    c.detail = *r.unreached;
   }
   c.reproduce = sim::ReplayCommand(path, options);
   c.events = r.events;
@@ -81,6 +87,13 @@ int Replay(const ReplayFlags& flags) {
       code = 1;
       continue;
     }
+    if (r.unreached) {
+      // The replay passed but no longer reaches what the trace is kept for.
+      fmt::print("FAIL {}: unreached\n{}\n  coverage: {}\nreproduce: {}\n", path, *r.unreached,
+                 r.CoverageCounters(), sim::ReplayCommand(path, options));
+      code = 1;
+      continue;
+    }
     std::string line = fmt::format("{}: {}, {} events, {} steps, digest {:016x}", path, r.verdict(),
                                    r.events, r.steps, r.digest);
     if (r.prompt_tokens > 0) {
@@ -90,6 +103,9 @@ int Replay(const ReplayFlags& flags) {
                       Percent(r.cached_tokens, r.prompt_tokens), r.prompt_tokens);
     }
     if (!flags.quiet) fmt::print("{}\n", line);
+    if (flags.coverage && !r.CoverageCounters().empty()) {
+      fmt::print("{}: coverage: {}\n", path, r.CoverageCounters());
+    }
     std::fflush(stdout);
     if (r.interrupted) {
       code = 130;
@@ -145,29 +161,78 @@ int Import(const ImportFlags& flags) {
   return 0;
 }
 
+// The --keep-reach claims, by counter name (a counter named twice keeps its larger count).
+Result<std::vector<sim::ReachClaim>> KeepReaches(const ShrinkFlags& flags, sim::TraceKind kind) {
+  std::vector<sim::ReachClaim> claims;
+  for (const std::string& text : flags.keep_reach) {
+    Result<sim::ReachClaim> c = sim::ParseReachClaim(text, kind);
+    if (!c.ok()) return InvalidArgument("--keep-reach " + c.status().message());
+    claims.push_back(std::move(*c));
+  }
+  // By name, the larger count first; then one per name. (Plain std:: algorithms: clang 14's
+  // ranges over libstdc++ 12 refuse std::ranges::unique's subrange.)
+  std::sort(claims.begin(), claims.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.counter, b.at_least) < std::tie(b.counter, a.at_least);
+  });
+  claims.erase(std::unique(claims.begin(), claims.end(),
+                           [](const auto& a, const auto& b) { return a.counter == b.counter; }),
+               claims.end());
+  return claims;
+}
+
 int Shrink(const ShrinkFlags& flags) {
   Result<sim::Trace> trace = sim::ReadTrace(flags.in);
   if (!trace.ok()) return Usage(trace.status().message());
+  Result<std::vector<sim::ReachClaim>> keep = KeepReaches(flags, trace->header.kind);
+  if (!keep.ok()) return Usage(keep.status().message());
+  if (!keep->empty() && trace->header.expect.starts_with(sim::kExpectDivergencePrefix)) {
+    return Usage(flags.in + ": --keep-reach writes reach claims, which a trace expecting a " +
+                 "divergence cannot carry; take its \"expect\" out first");
+  }
+  // The input's own reach claims were about the input: neither a bound on the candidates nor
+  // the output's. The output claims what it was shrunk to keep, which a fixed replay, running
+  // on past the divergence, meets too.
+  trace->header.reaches.clear();
   const sim::ReplayResult first = sim::ReplayTrace(*trace);
   if (first.input_error) return Usage(flags.in + ": " + first.input_error->message());
-  if (!first.divergence) {
+  if (!first.divergence && (keep->empty() || !first.passed())) {
     return Usage(flags.in + ": the trace does not diverge (verdict " + first.verdict() +
-                 "); nothing to shrink");
+                 "); nothing to shrink (--keep-reach shrinks a passing trace to what it reaches)");
   }
-  fmt::print("kvtwin shrink: {} events, divergence kind '{}'\n", trace->events.size(),
-             first.divergence_kind);
+  for (const sim::ReachClaim& c : *keep) {
+    if (first.Counter(c.counter) >= c.at_least) continue;
+    return Usage(fmt::format(
+        "{}: {} the trace reaches {} {} time(s), below --keep-reach {}={}", flags.in,
+        first.divergence ? fmt::format("up to its divergence (event {})", first.failing_event)
+                         : std::string("replayed whole"),
+        c.counter, first.Counter(c.counter), c.counter, c.at_least));
+  }
+  if (first.divergence) {
+    fmt::print("kvtwin shrink: {} events, divergence kind '{}'\n", trace->events.size(),
+               first.divergence_kind);
+  } else {
+    fmt::print("kvtwin shrink: {} events, passing, keeping its reach\n", trace->events.size());
+  }
   std::fflush(stdout);
   sim::ShrinkOptions options;
   options.max_replays = flags.max_replays;
+  options.keep_reaches = *keep;
   Progress progress("shrink: accepted steps");
   int64_t accepted = 0;
   options.progress = [&](const std::string&) { progress.Update(++accepted); };
   sim::ShrinkResult r = sim::Shrink(*trace, options);
   r.trace.header.source = "kvtwin shrink " + flags.in;
+  r.trace.header.reaches = *keep;
   if (Status s = sim::WriteTrace(flags.out, r.trace); !s.ok()) return Usage(s.message());
-  fmt::print("shrunk {} -> {} events in {} replays, kind kept: '{}'\n{}\nwrote {}\n",
-             r.original_events, r.trace.events.size(), r.replays, r.kind, *r.last.divergence,
-             flags.out);
+  if (r.last.divergence) {
+    fmt::print("shrunk {} -> {} events in {} replays, kind kept: '{}'\n{}\nwrote {}\n",
+               r.original_events, r.trace.events.size(), r.replays, r.kind, *r.last.divergence,
+               flags.out);
+  } else {
+    fmt::print("shrunk {} -> {} events in {} replays, passing and reaching {}\nwrote {}\n",
+               r.original_events, r.trace.events.size(), r.replays, r.last.CoverageCounters(),
+               flags.out);
+  }
   fmt::print("reproduce: kvtwin replay {}\ngtest:\n{}", flags.out,
              sim::GtestSnippet(flags.out, flags.name));
   return 0;

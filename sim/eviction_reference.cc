@@ -18,13 +18,13 @@ std::string EvictionReference::Victims() const {
 }
 
 void EvictionReference::OnPass(bool ended) {
-  // The hook's own contract, on every pass (checked or not): passes that evict only, so
-  // one begins over budget, and a begin and an end alternate.
-  if (!mismatch_ && ended != open_) {
+  // The hook's own contract: passes that evict only, so one begins over budget, and a begin
+  // and an end alternate.
+  const bool was_open = std::exchange(open_, !ended);
+  if (!mismatch_ && ended != was_open) {
     mismatch_ = Mismatch{"eviction hook order", ended ? "a begin before the end" : "an end first",
                          ended ? "an end with no pass begun" : "a second begin"};
   }
-  open_ = !ended;
   if (!ended && !mismatch_) {
     const int64_t bytes = manager_.trie().paged_out_bytes();
     const int64_t budget = manager_.options().max_paged_out_bytes;
@@ -33,13 +33,11 @@ void EvictionReference::OnPass(bool ended) {
                            fmt::format("> {} (budget)", budget), std::to_string(bytes)};
     }
   }
-  if (!ended && !enabled_) return;
-  if (ended && !std::exchange(in_pass_, false)) return;
+  if (ended && !was_open) return;  // no pass to compare (reported above)
   if (!ended) {
-    in_pass_ = true;
     ++passes_;
     budget_ = manager_.options().max_paged_out_bytes;
-    pool_.Recycle(std::move(expected_));  // a pass that ended unchecked left its result
+    pool_.Recycle(std::move(expected_));  // a second begin left the first one's result
     TrieMirror m = MirrorTrie(manager_.trie(), manager_.active_path(), &pool_);
     victims_ = model::RefEvictionPass(*m.root, m.active, budget_);
     evictions_ += static_cast<int64_t>(victims_.size());

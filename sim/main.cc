@@ -172,6 +172,9 @@ int main(int argc, char** argv) {
   AddSetupOptions(replay, replay_flags.options.mooncake_setup, replay_flags.options.mooncake);
   AddReportOptions(replay, replay_flags.reports);
   replay->add_flag("--quiet", replay_flags.quiet, "print only failures and the verdict");
+  replay->add_flag("--coverage", replay_flags.coverage,
+                   "print each file's driver coverage by the counter names a trace header's "
+                   "\"reaches\" claims (requests and multiseq traces)");
   replay->add_flag("--audit-every-call", replay_flags.options.audit_every_call,
                    "requests: run the whole-trie checks on every session call (quadratic on a "
                    "large trie; by default they are amortized and a failure is localized)");
@@ -195,6 +198,10 @@ int main(int argc, char** argv) {
   shrink->add_option("in", shrink_flags.in, "diverging trace")->required();
   shrink->add_option("-o,--out", shrink_flags.out, "minimized trace to write")->required();
   shrink->add_option("--name", shrink_flags.name, "test name of the printed gtest snippet");
+  shrink->add_option("--keep-reach", shrink_flags.keep_reach,
+                     "COUNTER[=N]: keep the divergence reaching this coverage counter N (1) times "
+                     "or more, and claim it in the shrunk trace's header \"reaches\" "
+                     "(repeatable; names: kvtwin replay --coverage)");
   shrink->add_option("--max-replays", shrink_flags.max_replays, "replay budget")
       ->check(CLI::Range(int64_t{1}, int64_t{100000000}));
 

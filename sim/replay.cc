@@ -1,6 +1,7 @@
 #include "sim/replay.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -68,6 +69,12 @@ class Replayer {
 
   void Run() {
     r_.header = src_.header();
+    RunKind();
+    if (!r_.input_error && !r_.divergence && !r_.interrupted && o_.stop_after < 0) CheckReaches();
+  }
+
+ private:
+  void RunKind() {
     if (r_.header.kind == TraceKind::kMultiSeq) {
       RunMultiSeq();
       return;
@@ -85,7 +92,20 @@ class Replayer {
     }
   }
 
- private:
+  // The header's reach claims against the coverage of a replay that ran to its end.
+  void CheckReaches() {
+    std::vector<std::string> short_of;
+    for (const ReachClaim& claim : r_.header.reaches) {
+      const int64_t got = r_.Counter(claim.counter);
+      if (got >= claim.at_least) continue;
+      short_of.push_back(
+          fmt::format("{}: /reaches/{}: reached {} time(s), the trace claims at "
+                      "least {}",
+                      HeaderWhere(), claim.counter, got, claim.at_least));
+    }
+    if (!short_of.empty()) r_.unreached = fmt::format("{}", fmt::join(short_of, "; "));
+  }
+
   std::string HeaderWhere() const { return r_.path.empty() ? "header" : r_.path + ":1"; }
 
   // The next event, or nullopt at the end, on an input error or an interrupt.
@@ -167,6 +187,7 @@ class Replayer {
     ApplyEvents<MsOp>(d,
                       "a sequence, position, batch or edit inside a forward (those need conv "
                       "\"as-specified\") that a correct runner would not issue at this point");
+    r_.ms_coverage = d.coverage();
     r_.state =
         fmt::format("multiseq {}\ncoverage: {}\n", config.Describe(), d.coverage().ToString());
     BeforeTeardown();
@@ -230,8 +251,45 @@ class Replayer {
 const char* ReplayResult::verdict() const {
   if (input_error) return "input error";
   if (divergence) return "divergence";
+  if (unreached) return "unreached";
   if (interrupted) return "interrupted";
   return "pass";
+}
+
+std::string ReplayResult::detail() const {
+  if (input_error) return input_error->message();
+  if (divergence) return *divergence;
+  return unreached.value_or("");
+}
+
+std::string ReplayResult::CoverageCounters() const {
+  if (header.kind == TraceKind::kMultiSeq) return ms_coverage.ToString();
+  if (header.kind == TraceKind::kOps) return "";
+  std::string out;
+  for (const auto& [name, member] : RequestCoverage::Fields())
+    out += fmt::format("{}{}={}", out.empty() ? "" : " ", name, coverage.*member);
+  return out;
+}
+
+int64_t ReplayResult::Counter(const std::string& name) const {
+  if (header.kind == TraceKind::kMultiSeq) {
+    for (const auto& [field, member] : MsCoverage::Fields()) {
+      if (name == field) return ms_coverage.*member;
+    }
+  } else if (header.kind == TraceKind::kRequests) {
+    for (const auto& [field, member] : RequestCoverage::Fields()) {
+      if (name == field) return coverage.*member;
+    }
+  }
+  // The reader and ParseReachClaim accept only counters of the header's kind; an in-memory
+  // trace built with another name is a caller's bug.
+  KV_CHECK(false, "no coverage counter '" + name + "' in a trace of this kind");
+  return 0;
+}
+
+bool ReplayResult::Reaches(const std::vector<ReachClaim>& claims) const {
+  return std::all_of(claims.begin(), claims.end(),
+                     [&](const ReachClaim& c) { return Counter(c.counter) >= c.at_least; });
 }
 
 uint64_t TraceValueSeed(const TraceHeader& header) {

@@ -57,9 +57,13 @@ struct ReplayResult {
   // Exactly one of these is set unless the trace passed (or was interrupted).
   std::optional<Status> input_error;      // InvalidArgument "FILE:LINE: /pointer: reason"
   std::optional<std::string> divergence;  // the human report (multi-line)
-  std::string divergence_kind;            // DivergenceKind of the mismatch (shrinking keeps it)
-  int64_t failing_event = -1;             // 0-based event index of the divergence
-  int64_t failing_line = 0;               // its line in the file (0 for in-memory traces)
+  // The header's "reaches" claims a replay that ran to the end without a divergence fell
+  // short of, one line: "FILE:1: /reaches/COUNTER: reached N times, the trace claims at
+  // least M" (several joined by "; ").
+  std::optional<std::string> unreached;
+  std::string divergence_kind;  // DivergenceKind of the mismatch (shrinking keeps it)
+  int64_t failing_event = -1;   // 0-based event index of the divergence
+  int64_t failing_line = 0;     // its line in the file (0 for in-memory traces)
   // Requests: session calls the amortized audit skipped before the divergence was found
   // (RequestDivergence::unaudited_calls); after a localizing re-run, that run's (0).
   int64_t unaudited_calls = 0;
@@ -67,14 +71,27 @@ struct ReplayResult {
   // Requests only: Σ over Begin reports (prefix reuse), and the driver's coverage.
   int64_t prompt_tokens = 0, matched_tokens = 0, cached_tokens = 0;
   RequestCoverage coverage;
+  // Multiseq only: the driver's coverage.
+  MsCoverage ms_coverage;
   // Requests only, filled when the run ends: the trie (DumpTrie / TrieToDot; after a
   // divergence or with ReplayOptions::dump_trie) and, for
   // explain, the live cache offsets; ops only: per-layer offsets and kinds.
   std::string trie_dump, trie_dot, state;
 
-  bool passed() const { return !input_error && !divergence && !interrupted; }
-  // "pass", "divergence", "input error" or "interrupted".
+  bool passed() const { return !input_error && !divergence && !unreached && !interrupted; }
+  // "pass", "divergence", "unreached", "input error" or "interrupted".
   const char* verdict() const;
+  // What went wrong, for a failure line: the input error's message, the divergence report or
+  // the unreached claims; "" otherwise.
+  std::string detail() const;
+  // The driver's coverage as "name=value ..." by the counter names a header's "reaches"
+  // claims (requests and multiseq traces); "" for an ops trace, which has none.
+  std::string CoverageCounters() const;
+  // The driver's coverage counter `name` (a name ReachCounterNames(header.kind) lists; REQUIRES
+  // one), as far as the replay got: after a divergence, up to the failing event.
+  int64_t Counter(const std::string& name) const;
+  // Whether every claim holds of the coverage as far as the replay got.
+  bool Reaches(const std::vector<ReachClaim>& claims) const;
 };
 
 // The stable kind of a mismatch, kept while shrinking: the first ": "-separated segment of

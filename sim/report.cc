@@ -80,7 +80,8 @@ std::string JunitXml(const std::string& suite, const std::vector<CaseReport>& ca
       body += "/>\n";
       continue;
     }
-    const bool failure = c.verdict == "divergence";
+    // A divergence or a reach lost is the code under test failing; anything else is the run's.
+    const bool failure = c.verdict == "divergence" || c.verdict == "unreached";
     failures += failure;
     errors += !failure;
     const std::string text = c.detail + (c.reproduce.empty() ? "" : "\nreproduce: " + c.reproduce);

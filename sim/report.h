@@ -12,8 +12,8 @@ namespace kvtwin::sim {
 
 struct CaseReport {
   std::string name;     // the file, or "seed N"
-  std::string verdict;  // "pass", "divergence", "input error" or "interrupted"
-  std::string kind;     // divergence kind (DivergenceKind) or the input error
+  std::string verdict;  // "pass", "divergence", "unreached", "input error" or "interrupted"
+  std::string kind;     // divergence kind (DivergenceKind), "unreached" or the input error
   std::string detail;   // the human report of a failure
   std::string reproduce;
   int64_t events = 0, steps = 0;

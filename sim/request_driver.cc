@@ -39,41 +39,66 @@ std::string RequestCoverage::ToString() const {
       "user offsets {}, unscheduled {}, speculative {} (isolated probes {}, abandoned {}), "
       "forwarded last {}, past stop {}, budgets moved mid-session {}, "
       "branch points {}, splits {}, "
-      "evictions {} (checked passes {}, largest {}), free-all {}, kv gaps {}, whole-state copies "
-      "{}, "
+      "evictions {} (checked passes {}, largest {}), free-all {}, kv gaps {} (cut page-ins {}, at "
+      "KV {}), "
+      "whole-state copies {}, "
       "audited calls {}/{}, "
       "forwards reading every history row {}/{}",
       completed, cancelled, cache_hits, extensions, dropped_tails, continuations, resumed_exactly,
       divergent, new_conversations, repeats, retries, user_offsets, unscheduled, speculative,
       isolated_probes, abandoned_steps, forwarded_last, past_stop, session_budgets, branch_points,
-      splits, evictions, eviction_passes, largest_eviction_pass, free_all, kv_gaps,
-      whole_state_copies, audited_calls, calls, forwards - trusting_forwards, forwards);
+      splits, evictions, eviction_passes, largest_eviction_pass, free_all, kv_gaps, cut_pageins,
+      kv_cut_pageins, whole_state_copies, audited_calls, calls, forwards - trusting_forwards,
+      forwards);
 }
 
-namespace {
-
-// Every counter of a coverage record (const or not), in one list.
-template <typename Coverage>
-auto Counters(Coverage& c) {
-  return std::array{
-      &c.completed,       &c.cancelled,         &c.cache_hits,        &c.extensions,
-      &c.dropped_tails,   &c.divergent,         &c.new_conversations, &c.repeats,
-      &c.retries,         &c.user_offsets,      &c.unscheduled,       &c.speculative,
-      &c.isolated_probes, &c.abandoned_steps,   &c.session_budgets,   &c.continuations,
-      &c.resumed_exactly, &c.branch_points,     &c.free_all,          &c.kv_gaps,
-      &c.splits,          &c.evictions,         &c.eviction_passes,   &c.calls,
-      &c.audited_calls,   &c.forwards,          &c.trusting_forwards, &c.forwarded_last,
-      &c.past_stop,       &c.whole_state_copies};
+const std::vector<RequestCoverage::Field>& RequestCoverage::Fields() {
+  // Every counter, in declaration order: += and the header's reach claims walk this list.
+  static const std::vector<Field> fields = {
+      {"completed", &RequestCoverage::completed},
+      {"cancelled", &RequestCoverage::cancelled},
+      {"cache_hits", &RequestCoverage::cache_hits},
+      {"extensions", &RequestCoverage::extensions},
+      {"dropped_tails", &RequestCoverage::dropped_tails},
+      {"divergent", &RequestCoverage::divergent},
+      {"new_conversations", &RequestCoverage::new_conversations},
+      {"repeats", &RequestCoverage::repeats},
+      {"retries", &RequestCoverage::retries},
+      {"user_offsets", &RequestCoverage::user_offsets},
+      {"unscheduled", &RequestCoverage::unscheduled},
+      {"speculative", &RequestCoverage::speculative},
+      {"isolated_probes", &RequestCoverage::isolated_probes},
+      {"abandoned_steps", &RequestCoverage::abandoned_steps},
+      {"session_budgets", &RequestCoverage::session_budgets},
+      {"forwarded_last", &RequestCoverage::forwarded_last},
+      {"past_stop", &RequestCoverage::past_stop},
+      {"continuations", &RequestCoverage::continuations},
+      {"resumed_exactly", &RequestCoverage::resumed_exactly},
+      {"branch_points", &RequestCoverage::branch_points},
+      {"free_all", &RequestCoverage::free_all},
+      {"kv_gaps", &RequestCoverage::kv_gaps},
+      {"cut_pageins", &RequestCoverage::cut_pageins},
+      {"kv_cut_pageins", &RequestCoverage::kv_cut_pageins},
+      {"whole_state_copies", &RequestCoverage::whole_state_copies},
+      {"splits", &RequestCoverage::splits},
+      {"evictions", &RequestCoverage::evictions},
+      {"eviction_passes", &RequestCoverage::eviction_passes},
+      {"largest_eviction_pass", &RequestCoverage::largest_eviction_pass},
+      {"calls", &RequestCoverage::calls},
+      {"audited_calls", &RequestCoverage::audited_calls},
+      {"forwards", &RequestCoverage::forwards},
+      {"trusting_forwards", &RequestCoverage::trusting_forwards},
+  };
+  return fields;
 }
-
-}  // namespace
 
 RequestCoverage& RequestCoverage::operator+=(const RequestCoverage& o) {
-  const auto mine = Counters(*this);
-  const auto theirs = Counters(o);
-  for (size_t i = 0; i < mine.size(); ++i) *mine[i] += *theirs[i];
-  // A maximum over the runs, not a count.
-  largest_eviction_pass = std::max(largest_eviction_pass, o.largest_eviction_pass);
+  for (const auto& [name, member] : Fields()) {
+    // largest_eviction_pass is a maximum over the runs, not a count.
+    this->*member = member == &RequestCoverage::largest_eviction_pass
+                        ? std::max(this->*member, o.*member)
+                        : this->*member + o.*member;
+  }
   return *this;
 }
 
@@ -255,7 +280,6 @@ bool RequestDriver::StartCall() {
   forwarded_tokens_ = 0;
   ++coverage_.calls;
   coverage_.audited_calls += audit_;
-  if (eviction_ref_) eviction_ref_->set_enabled(audit_);
   reference_->StartCall();
   return audit_;
 }

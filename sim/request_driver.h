@@ -18,8 +18,10 @@
 //   decode  the attention history of every forward (rows and visible positions);
 //   Close   the caches held exactly the stored tokens before it, and the active path ends at
 //           the offset afterwards.
-// Whole-trie checks (structure, soundness of every snapshot, the reference trie, eviction
-// passes, the census) cost O(trie) per session call, which is quadratic over a long trace.
+// Whole-trie checks (structure, soundness of every snapshot, the reference trie, the census)
+// cost O(trie) per session call, which is quadratic over a long trace. (Eviction passes are
+// checked on every call: a pass walks the trie per victim, so its check costs about what the
+// pass does.)
 // They run on every call while the trie has at most kAuditAlwaysNodes nodes (every sweep and
 // fuzz target stays there); beyond, a call is "audited" when the credit it earned covers
 // the trie: a call earns kAuditTokensPerCall plus the tokens forwarded since the previous
@@ -31,21 +33,22 @@
 // about as much time as the production work that earned them. FinalAudit audits the end
 // of a run. A divergence found after unaudited calls carries their number, and the
 // callers (replay, requests, the prefix fuzz target) re-run with audit_every_call to
-// report the first call at which an audit fails: the run is deterministic and the checks
-// only read production state, so this costs time only on a failure. The report and live soundness
-// checks run on every call, and every forward's history is checked. A forward's history rows before
-// the write were verified when they were written and by every later full check, so on a full KV
-// layer past kHistoryAlwaysRows they are re-read on the same kind of credit (kHistoryRowsPerToken
-// per forwarded token), the new rows and every row's visibility always; each live check at a
-// session call reads every row again. Forwards that trusted rows count as unaudited until the next
-// full check passes, so a divergence after them is localized the same way (audit_every_call checks
-// every row). The reference manager (sim/manager_reference.h) runs in lock step at every budget:
-// every session call must leave exactly its trie, active path and pending offsets, and under a
-// budget it runs the eviction policy at its own points over production's snapshot sizes. Under a
-// budget every eviction pass that evicts must also give, right when it ends, exactly the reference
-// pass's trie with its sizes (sim/eviction_reference.h). The first failure is returned as a
-// RequestDivergence; the driver then must not be used. Every observable is folded into a digest.
-// Single-threaded.
+// report the first call at which an audit fails: the run is deterministic, the checks
+// only read production state and nothing the workload does depends on the schedule (the
+// squeeze's clock edits follow the trie's size), so this costs time only on a failure. The report
+// and live soundness checks run on every call, and every forward's history is checked. A forward's
+// history rows before the write were verified when they were written and by every later full check,
+// so on a full KV layer past kHistoryAlwaysRows they are re-read on the same kind of credit
+// (kHistoryRowsPerToken per forwarded token), the new rows and every row's visibility always; each
+// live check at a session call reads every row again. Forwards that trusted rows count as unaudited
+// until the next full check passes, so a divergence after them is localized the same way
+// (audit_every_call checks every row). The reference manager (sim/manager_reference.h) runs in lock
+// step at every budget: every session call must leave exactly its trie, active path and pending
+// offsets, and under a budget it runs the eviction policy at its own points over production's
+// snapshot sizes. Under a budget every eviction pass that evicts must also give, right when it
+// ends, exactly the reference pass's trie with its sizes (sim/eviction_reference.h). The first
+// failure is returned as a RequestDivergence; the driver then must not be used. Every observable is
+// folded into a digest. Single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -110,8 +113,14 @@ struct RequestCoverage {
   int64_t branch_points = 0, free_all = 0;
   // Begins whose matched path has a node without a KV snapshot in some KV layer (left by
   // a caller that scheduled no captures while eviction removed the path): page-in can
-  // stop on a KV layer there.
+  // stop on a KV layer there. Counted before the Begin's checks, like the two below.
   int64_t kv_gaps = 0;
+  // Begins whose page-in stopped at a refused restore while a page-in going on past it
+  // would have restored more (BeginExpectation::pagein_cut): a recurrent or window restore
+  // refused mid-path, or a KV one at a gap.
+  // Of them, cut at a full KV layer's restore without its base (after a KV gap). Both are
+  // counted before the Begin's checks, so a divergence there counts too.
+  int64_t cut_pageins = 0, kv_cut_pageins = 0;
   // Rotating and recurrent snapshots a node kept beside a capture attached there, which the
   // manager re-installs as copies (only after a snapshot-less node merged into its child:
   // rare in every seeded stream; traces/regress/attach-beside-kept-whole-states-*).
@@ -129,6 +138,12 @@ struct RequestCoverage {
   int64_t forwards = 0, trusting_forwards = 0;
   std::string ToString() const;
   RequestCoverage& operator+=(const RequestCoverage& o);
+  // Every counter by its member's name ("completed", ...), in declaration order.
+  struct Field {
+    const char* name;
+    int64_t RequestCoverage::*member;
+  };
+  static const std::vector<Field>& Fields();
 };
 
 struct RequestDriverOptions {

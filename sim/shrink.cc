@@ -16,11 +16,12 @@ class Shrinker {
   Shrinker(const ShrinkOptions& options, Trace start, ReplayResult first)
       : o_(options), best_(std::move(start)), last_(std::move(first)) {
     kind_ = last_.divergence_kind;
+    diverging_ = last_.divergence.has_value();
   }
 
   ShrinkResult Run(int64_t original_events) {
     // Events after the failing one never ran: drop them before anything else.
-    best_.events.resize(static_cast<size_t>(last_.failing_event + 1));
+    if (diverging_) best_.events.resize(static_cast<size_t>(last_.failing_event + 1));
     for (int round = 0; round < 8 && Budget(); ++round) {
       const int64_t before = replays_accepted_;
       DropEvents();
@@ -47,10 +48,14 @@ class Shrinker {
     if (!Budget()) return false;
     ++replays_;
     ReplayResult r = o_.replay ? o_.replay(candidate) : ReplayTrace(candidate);
-    if (!r.divergence || r.divergence_kind != kind_) return false;
+    // A passing input keeps passing candidates (ones that reach the kept claims).
+    if (r.input_error || r.divergence.has_value() != diverging_ || r.divergence_kind != kind_ ||
+        !r.Reaches(o_.keep_reaches)) {
+      return false;
+    }
     ++replays_accepted_;
     // The failing event may move earlier: later events are dead weight.
-    candidate.events.resize(static_cast<size_t>(r.failing_event + 1));
+    if (diverging_) candidate.events.resize(static_cast<size_t>(r.failing_event + 1));
     best_ = std::move(candidate);
     last_ = std::move(r);
     if (o_.progress) o_.progress(fmt::format("{}: {} events", what, best_.events.size()));
@@ -436,6 +441,7 @@ class Shrinker {
   Trace best_;
   ReplayResult last_;
   std::string kind_;
+  bool diverging_ = true;  // false: a passing input shrunk to its kept claims
   int64_t replays_ = 0;
   int64_t replays_accepted_ = 0;
 };
@@ -444,7 +450,9 @@ class Shrinker {
 
 ShrinkResult Shrink(const Trace& trace, const ShrinkOptions& options) {
   ReplayResult first = options.replay ? options.replay(trace) : ReplayTrace(trace);
-  KV_CHECK(first.divergence.has_value(), "Shrink needs a diverging trace");
+  KV_CHECK(first.divergence.has_value() || (first.passed() && !options.keep_reaches.empty()),
+           "Shrink needs a diverging trace, or a passing one and claims to keep");
+  KV_CHECK(first.Reaches(options.keep_reaches), "Shrink needs a trace that meets its kept claims");
   Shrinker s(options, trace, std::move(first));
   return s.Run(static_cast<int64_t>(trace.events.size()));
 }
@@ -454,7 +462,7 @@ std::string GtestSnippet(const std::string& path, const std::string& test_name) 
       "// Replays the minimized trace; it must pass now that the bug is fixed.\n"
       "TEST(Regress, {}) {{\n"
       "  const kvtwin::sim::ReplayResult r = kvtwin::sim::ReplayFile(\"{}\", {{}});\n"
-      "  EXPECT_TRUE(r.passed()) << r.verdict() << \"\\n\" << r.divergence.value_or(\"\");\n"
+      "  EXPECT_TRUE(r.passed()) << r.verdict() << \"\\n\" << r.detail();\n"
       "}}\n",
       test_name, path);
 }

@@ -5,7 +5,10 @@
 // requests: no speculation (every step, then one at a time), no cancel, no user points,
 // shorter prompts and outputs (a cancelled request's down to none), smaller token values; ops:
 // shorter token lists, no padding or relaxed masks, fewer offsets, values pulled toward 0. A
-// candidate counts only if it replays without an input error and diverges with the same kind.
+// candidate counts only if it replays without an input error and diverges with the same kind,
+// its coverage up to the divergence meeting every kept reach claim (ShrinkOptions). A trace
+// that passes shrinks to what keeps passing and meeting the kept claims: a minimal trace that
+// reaches a shape (a regression trace for a mechanism that a mutant, not a live bug, shows).
 // Deterministic: no randomness, no clock. Single-threaded.
 #pragma once
 
@@ -24,6 +27,10 @@ struct ShrinkOptions {
   // How a candidate is judged; empty = ReplayTrace. Tests substitute an oracle with a
   // known minimum to check the passes themselves.
   std::function<ReplayResult(const Trace&)> replay;
+  // Claims every candidate's coverage up to its divergence must meet, so the minimum still
+  // reaches the shape a regression trace is kept for (`kvtwin shrink --keep-reach`); the
+  // counters only grow, so a fixed replay that runs on meets them too.
+  std::vector<ReachClaim> keep_reaches;
 };
 
 struct ShrinkResult {
@@ -34,7 +41,8 @@ struct ShrinkResult {
   int64_t original_events = 0;
 };
 
-// REQUIRES: ReplayTrace(trace) diverges (the caller checked and reports otherwise).
+// REQUIRES: ReplayTrace(trace) diverges, or passes with options.keep_reaches non-empty; either
+// way meeting options.keep_reaches (the caller checked and reports otherwise).
 ShrinkResult Shrink(const Trace& trace, const ShrinkOptions& options = {});
 
 // A gtest that replays the trace at `path` (relative to the repository root) and expects

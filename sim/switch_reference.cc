@@ -67,9 +67,26 @@ int64_t MinOffset(const RefCaches& caches) {
   return min_off;
 }
 
-// Greedy page-in: node by node, cache by cache; the first refusal ends all of it.
+// Whether a page-in that went on past a refusal at `path[at]`'s cache `j` would call another
+// Restore: a later cache of that node, or a cache of a deeper node, holding a snapshot above
+// what its cache holds now.
+bool RestoresAfter(const std::vector<const TrieNode*>& path, size_t at, size_t j, int64_t matched,
+                   const RefCaches& caches) {
+  for (size_t i = at; i < path.size(); ++i) {
+    const int64_t target = std::min(path[i]->end_offset(), matched);
+    for (size_t k = i == at ? j + 1 : 0; k < caches.size(); ++k) {
+      if (caches[k] && path[i]->snapshot(k) != nullptr && caches[k]->Offset() < target) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Greedy page-in: node by node, cache by cache; the first refusal ends all of it (`cut`: a
+// page-in that went on would have restored more; `cut_at_kv`: and the refusal was a KV one).
 void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches& caches,
-            uint64_t hash_seed, std::vector<CacheCall>& calls) {
+            uint64_t hash_seed, std::vector<CacheCall>& calls, bool* cut, bool* cut_at_kv) {
   // When the parent links follow `path` (they do unless the trie is broken and unaudited),
   // every node's PathLog is a prefix of the deepest node's: one log serves them all.
   bool chained = true;
@@ -78,7 +95,8 @@ void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches
   const model::SharedLog full =
       chained ? model::SharedLog(PathLog(*path.back(), hash_seed)) : model::SharedLog();
   size_t keys = 0;  // along `path`, through the current node
-  for (const TrieNode* node : path) {
+  for (size_t at = 0; at < path.size(); ++at) {
+    const TrieNode* node = path[at];
     keys += node->edge().size();
     if (!node->HasSnapshots()) continue;
     const int64_t target = std::min(node->end_offset(), matched);
@@ -95,7 +113,11 @@ void PageIn(const std::vector<const TrieNode*>& path, int64_t matched, RefCaches
       }
       const bool ok = caches[j]->Restore(&ref, target);
       calls.push_back(CacheCall::Restore(static_cast<int32_t>(j), s, target, ok));
-      if (!ok) return;
+      if (!ok) {
+        *cut = RestoresAfter(path, at, j, matched, caches);
+        *cut_at_kv = *cut && s->kind() == CacheKind::kFullKv;
+        return;
+      }
     }
   }
 }
@@ -137,7 +159,7 @@ BeginExpectation ExpectBegin(const PrefixTrie& trie, std::span<TrieNode* const> 
     caches[j]->Free();
     out.calls.push_back(CacheCall::Free(index));
   }
-  PageIn(m.path, m.matched, caches, hash_seed, out.calls);
+  PageIn(m.path, m.matched, caches, hash_seed, out.calls, &out.pagein_cut, &out.pagein_cut_at_kv);
   const int64_t min_off = MinOffset(caches);
   for (size_t j = 0; j < caches.size(); ++j) {
     if (!caches[j] || caches[j]->Offset() == min_off) continue;

@@ -37,6 +37,13 @@ struct BeginExpectation {
   // Every non-root node of the matched path holds a snapshot in every full KV layer (the
   // scenario's coverage invariant, spec §4.2): then no page-in can stop on a KV layer.
   bool kv_chain = true;
+  // The page-in stopped at a refused restore before restores a page-in going on past it
+  // would make (a later cache of the node, a deeper node): where "the first refusal ends all
+  // of it" (spec §3.4) shows.
+  bool pagein_cut = false;
+  // Of those, a cut at a full KV layer's restore: one without its base, after a node that
+  // holds no KV snapshot (the interior refusal of spec §3.4's page-in).
+  bool pagein_cut_at_kv = false;
   // Every Restore and Free the switch makes, in the spec's order (rewind, page-in, align),
   // with the pre-Begin trie's snapshots (compared by identity, never dereferenced later).
   std::vector<CacheCall> calls;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "sim/request_driver.h"
 #include "sim/stack.h"
 #include "sim/trace_json.h"
 
@@ -150,6 +152,39 @@ Status DecodeExpect(const Fields& f, TraceHeader* h) {
                                        Quote(e.size() > 60 ? e.substr(0, 60) + "..." : e)));
 }
 
+std::string UnknownCounter(TraceKind kind) {
+  return fmt::format("unknown coverage counter of a \"{}\" trace (expected one of {})",
+                     kind == TraceKind::kMultiSeq ? "multiseq" : "requests",
+                     fmt::join(ReachCounterNames(kind), ", "));
+}
+
+// "reaches": {"COUNTER": N, ...}, N in [1, kMaxReachClaim]. An ops trace has no driver
+// coverage (its events are the ops themselves), and a trace that documents a divergence is
+// not replayed to its end, so neither may claim a reach.
+Status DecodeReaches(const Fields& f, TraceHeader* h) {
+  const Json* reaches = nullptr;
+  KV_RETURN_IF_ERROR(f.Object("reaches", &reaches, Need::kOptional));
+  if (reaches == nullptr) return Status::Ok();
+  if (h->kind == TraceKind::kOps) {
+    return f.Error("reaches", "only allowed in a \"requests\" or \"multiseq\" trace");
+  }
+  if (h->expect.starts_with(kExpectDivergencePrefix)) {
+    return f.Error("reaches", "not allowed with a \"divergence: ...\" expectation");
+  }
+  if (reaches->empty()) return f.Error("reaches", "names no counter (leave it out instead)");
+  const Fields r(f.where(), *reaches, f.Ptr("reaches"));
+  const std::vector<std::string> counters = ReachCounterNames(h->kind);
+  for (auto it = reaches->begin(); it != reaches->end(); ++it) {
+    if (std::find(counters.begin(), counters.end(), it.key()) == counters.end()) {
+      return r.Error(it.key(), UnknownCounter(h->kind));
+    }
+    ReachClaim claim{it.key(), 0};
+    KV_RETURN_IF_ERROR(r.Int(it.key(), 1, kMaxReachClaim, &claim.at_least, Need::kRequired));
+    h->reaches.push_back(std::move(claim));
+  }
+  return Status::Ok();
+}
+
 // The header keys of one kind only, reported like an ops header's request fields.
 Status CheckKindKeys(const Fields& f, TraceKind kind) {
   static constexpr std::string_view kNotMultiSeq[] = {"budget", "capture_interval", "chunk",
@@ -211,8 +246,8 @@ Status DecodeHeader(const Where& w, const Json& j, TraceHeader* h) {
             : kind == "multiseq" ? TraceKind::kMultiSeq
                                  : TraceKind::kRequests;
   static constexpr std::string_view kKeys[] = {
-      "budget", "capture_interval", "chunk",        "conv", "expect", "format", "kind",
-      "model",  "multiseq",         "pre_thinking", "seed", "source", "version"};
+      "budget", "capture_interval", "chunk",        "conv",    "expect", "format", "kind",
+      "model",  "multiseq",         "pre_thinking", "reaches", "seed",   "source", "version"};
   KV_RETURN_IF_ERROR(f.OnlyKeys(kKeys));
   KV_RETURN_IF_ERROR(CheckKindKeys(f, h->kind));
   const Json* seed = f.Find("seed");
@@ -225,6 +260,7 @@ Status DecodeHeader(const Where& w, const Json& j, TraceHeader* h) {
   KV_RETURN_IF_ERROR(h->kind == TraceKind::kMultiSeq ? DecodeMultiSeq(f, h) : DecodeModel(f, h));
   KV_RETURN_IF_ERROR(f.String("source", &h->source, Need::kOptional));
   KV_RETURN_IF_ERROR(DecodeExpect(f, h));
+  KV_RETURN_IF_ERROR(DecodeReaches(f, h));
   return DecodeDriverOptions(f, h);
 }
 
@@ -610,6 +646,39 @@ Status DecodeOp(const Where& w, const Json& j, int32_t layers, bool padding_alon
 }  // namespace
 
 // ---- Reading a file ----
+
+std::vector<std::string> ReachCounterNames(TraceKind kind) {
+  std::vector<std::string> names;
+  if (kind == TraceKind::kMultiSeq) {
+    for (const auto& field : MsCoverage::Fields()) names.emplace_back(field.name);
+  } else if (kind == TraceKind::kRequests) {
+    for (const auto& field : RequestCoverage::Fields()) names.emplace_back(field.name);
+  }
+  return names;
+}
+
+Result<ReachClaim> ParseReachClaim(std::string_view text, TraceKind kind) {
+  const size_t eq = text.find('=');
+  ReachClaim claim{std::string(text.substr(0, eq)), 1};
+  const std::vector<std::string> names = ReachCounterNames(kind);
+  if (kind == TraceKind::kOps) {
+    return InvalidArgument(
+        fmt::format("'{}': an ops trace has no coverage counters to keep", std::string(text)));
+  }
+  if (std::find(names.begin(), names.end(), claim.counter) == names.end()) {
+    return InvalidArgument(fmt::format("'{}': {}", claim.counter, UnknownCounter(kind)));
+  }
+  if (eq != std::string_view::npos) {
+    const std::string_view n = text.substr(eq + 1);
+    const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), claim.at_least);
+    if (ec != std::errc() || end != n.data() + n.size() || claim.at_least < 1 ||
+        claim.at_least > kMaxReachClaim) {
+      return InvalidArgument(fmt::format("'{}': expected COUNTER or COUNTER=N with N in 1..{}",
+                                         std::string(text), kMaxReachClaim));
+    }
+  }
+  return claim;
+}
 
 Result<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path) {
   errno = 0;

@@ -23,6 +23,12 @@
 // The header's optional "expect" is the verdict a regression trace must replay to: "pass"
 // or "divergence: KIND", KIND being DivergenceKind (sim/replay.h) of the mismatch; absent
 // (TraceHeader::expect "") = no expectation. At most 1000 characters.
+// The optional "reaches" (kinds "requests" and "multiseq", not with a "divergence: ..."
+// expectation) is what a regression trace is kept for: {"COUNTER": N, ...} claims that a
+// replay which passes ends with the driver's coverage counter COUNTER (a RequestCoverage or
+// MsCoverage field name, e.g. "whole_state_copies") at N or more. A replay that passes
+// short of a claim has verdict "unreached": the shape the trace pins has drifted away
+// (its bug would no longer be caught by it), which a plain pass would hide.
 //
 // kind "requests": every event is a request (RequestPlan): "inputs" (prompt token ids) or
 // "blocks" + "block_len" + "prompt_len" (block ids expanded by BlockTokens, the last block
@@ -96,7 +102,24 @@ inline constexpr std::string_view kExpectPass = "pass";
 inline constexpr std::string_view kExpectDivergencePrefix = "divergence: ";
 inline constexpr size_t kExpectMaxChars = 1000;
 
+// The largest count a "reaches" claim may name (counters are int64).
+inline constexpr int64_t kMaxReachClaim = int64_t{1} << 48;
+
 enum class TraceKind : uint8_t { kRequests, kOps, kMultiSeq };
+
+// One "reaches" entry: coverage counter `counter` ends at `at_least` or more.
+struct ReachClaim {
+  std::string counter;
+  int64_t at_least = 1;
+  friend bool operator==(const ReachClaim&, const ReachClaim&) = default;
+};
+
+// The coverage counters a trace of `kind` can claim, in declaration order (RequestCoverage
+// for "requests", MsCoverage for "multiseq"; none for "ops").
+std::vector<std::string> ReachCounterNames(TraceKind kind);
+// "COUNTER" (at least 1) or "COUNTER=N", N in [1, kMaxReachClaim], COUNTER one of `kind`'s
+// (a command line's --keep-reach). Errors: InvalidArgument saying which part is wrong.
+Result<ReachClaim> ParseReachClaim(std::string_view text, TraceKind kind);
 
 struct TraceHeader {
   TraceKind kind = TraceKind::kRequests;
@@ -117,9 +140,11 @@ struct TraceHeader {
   MultiSeqConfig multiseq;
   std::string source;  // how the trace was made; informational
   // The verdict a replay must give (regression traces): "" = none, "pass", or
-  // "divergence: KIND" with KIND = DivergenceKind(mismatch). Last: aggregate
+  // "divergence: KIND" with KIND = DivergenceKind(mismatch). Last but `reaches`: aggregate
   // initializations elsewhere list the members above in order.
   std::string expect;
+  // What a passing replay must reach, in counter-name order (see "reaches" above).
+  std::vector<ReachClaim> reaches;
   friend bool operator==(const TraceHeader&, const TraceHeader&) = default;
 };
 

@@ -193,6 +193,7 @@ std::string HeaderToJson(const TraceHeader& header) {
   j["seed"] = header.seed;
   if (!header.source.empty()) j["source"] = header.source;
   if (!header.expect.empty()) j["expect"] = header.expect;
+  for (const ReachClaim& claim : header.reaches) j["reaches"][claim.counter] = claim.at_least;
   if (header.kind == TraceKind::kMultiSeq) {
     j["multiseq"] = MultiSeqJson(header.multiseq);
     j["conv"] = header.multiseq.conv == ConvExpectation::kIdeal ? "ideal" : "as-specified";

@@ -51,6 +51,39 @@ refused.update({
     "an edit with an unknown field": edited_event(lambda e: e["edits"][0].update(dst=1)),
     "17 edits": edited_event(lambda e: e.update(edits=e["edits"] * 17)),
 })
+# Reach claims: per kind, a floor of 1 or more, never on ops or documented divergences.
+ops_header = json.loads(open(f"{root}/traces/workloads/ops-mixed.jsonl").readline())
+ms_header = json.loads(open(f"{root}/traces/regress/multiseq-remove-before-put-keeps-startforward-mask.jsonl").readline())
+def with_reaches(h, reaches, **extra):
+    h = json.loads(json.dumps(h))
+    h["reaches"] = reaches
+    h.update(extra)
+    return h
+refused.update({
+    "a reach claim of 0": with_reaches(header, {"evictions": 0}),
+    "no reach claim": with_reaches(header, {}),
+    "an unknown counter": with_reaches(header, {"evicted": 1}),
+    "a multiseq counter in a requests trace": with_reaches(header, {"cow_copies": 1}),
+    "a requests counter in a multiseq trace": with_reaches(ms_header, {"evictions": 1}),
+    "a reach claim in an ops trace": with_reaches(ops_header, {"evictions": 1}),
+    "a reach claim on a documented divergence": with_reaches(header, {"evictions": 1}, expect="divergence: layer # history"),
+})
+for name, line in {"a requests claim": with_reaches(header, {"evictions": 2}, expect="pass"),
+                   "a multiseq claim": with_reaches(ms_header, {"cow_copies": 1})}.items():
+    if not validator.is_valid(line):
+        failures.append(f"the schema refuses a line the reader accepts: {name}")
+# The counter names per kind are the drivers' field tables (RequestCoverage::Fields,
+# MsCoverage::Fields), which the reader checks claims against.
+import re
+for kind, source, member in (("requests", "sim/request_driver.cc", "RequestCoverage"),
+                             ("multiseq", "sim/multi_seq_checks.cc", "MsCoverage")):
+    names = re.findall(r'\{"(\w+)", &' + member + "::", open(f"{root}/{source}").read())
+    rules = [r["then"]["properties"]["reaches"]["propertyNames"]["enum"]
+             for r in schema["$defs"]["header"]["allOf"]
+             if r["if"].get("properties", {}).get("kind", {}).get("const") == kind
+             and "reaches" in r["then"].get("properties", {})]
+    if not names or rules != [names]:
+        failures.append(f"the schema's {kind} reach counters differ from {source}'s {member}::Fields")
 for name, line in refused.items():
     if validator.is_valid(line):
         failures.append(f"the schema accepts a line the reader refuses: {name}")

@@ -4,7 +4,8 @@
 // that does not exist is an input error naming the event; the Mooncake replay's prefix
 // reuse at an unlimited budget equals the independent block-level computation; the
 // shrinker finds a known minimum; divergence kinds ignore node names and numbers; reports
-// are exact and escape what they echo.
+// are exact and escape what they echo; a header's reach claims are floors on the coverage
+// of a replay that passes.
 #include "sim/replay.h"
 
 #include <fmt/format.h>
@@ -203,6 +204,90 @@ TEST(Replay, StopAfterReplaysAPrefix) {
   EXPECT_NE(r.state.find("layer 0 "), std::string::npos);
 }
 
+// A "reaches" claim is a floor on a passing replay's coverage: met at the count reached,
+// short one above it (verdict "unreached", a line per claim naming the header and the
+// counter), and not checked on a replay stopped early, whose coverage is partial.
+TEST(Replay, ReachClaimsAreFloorsOnAPassingReplaysCoverage) {
+  RequestOptions o;
+  o.seed = 4;
+  o.requests = 40;
+  o.budget_bytes = 3000;
+  Trace trace;
+  ASSERT_FALSE(RunRequests(o, &trace).divergence);
+  const ReplayResult plain = ReplayTrace(trace);
+  ASSERT_TRUE(plain.passed());
+  const int64_t evictions = plain.coverage.evictions;
+  ASSERT_GT(evictions, 0);
+  trace.header.reaches = {{"completed", plain.coverage.completed}, {"evictions", evictions}};
+  EXPECT_TRUE(ReplayTrace(trace).passed());
+  trace.header.reaches = {{"completed", 1}, {"evictions", evictions + 1}};
+  const ReplayResult short_of = ReplayTrace(trace);
+  EXPECT_FALSE(short_of.passed());
+  EXPECT_STREQ(short_of.verdict(), "unreached");
+  EXPECT_FALSE(short_of.divergence);
+  EXPECT_EQ(short_of.digest, plain.digest);
+  EXPECT_EQ(short_of.detail(),
+            fmt::format("header: /reaches/evictions: reached {} time(s), the trace claims at "
+                        "least {}",
+                        evictions, evictions + 1));
+  trace.header.reaches.push_back({"whole_state_copies", 1000});
+  const std::string path = TempPath("short.jsonl");
+  ASSERT_TRUE(WriteTrace(path, trace).ok());
+  const ReplayResult file = ReplayFile(path, {});
+  EXPECT_EQ(file.unreached.value_or(""),
+            fmt::format("{0}:1: /reaches/evictions: reached {1} time(s), the trace claims at least "
+                        "{2}; {0}:1: /reaches/whole_state_copies: reached {3} time(s), the trace "
+                        "claims at least 1000",
+                        path, evictions, evictions + 1, plain.coverage.whole_state_copies));
+  ReplayOptions prefix;
+  prefix.stop_after = 5;
+  EXPECT_TRUE(ReplayTrace(trace, prefix).passed());
+
+  MultiSeqRunOptions m;
+  m.steps = 300;
+  Trace ms;
+  ASSERT_FALSE(RunMultiSeq(m, 1, &ms).divergence);
+  const ReplayResult ms_plain = ReplayTrace(ms);
+  ASSERT_TRUE(ms_plain.passed());
+  const int64_t forwards = ms_plain.ms_coverage.forwards;
+  ASSERT_GT(forwards, 0);
+  ms.header.reaches = {{"forwards", forwards}};
+  EXPECT_TRUE(ReplayTrace(ms).passed());
+  ms.header.reaches = {{"forwards", forwards + 1}};
+  EXPECT_EQ(ReplayTrace(ms).unreached.value_or(""),
+            fmt::format("header: /reaches/forwards: reached {} time(s), the trace claims at least "
+                        "{}",
+                        forwards, forwards + 1));
+}
+
+// The localizing re-run audits every call and must replay the very workload the amortized
+// run did (else a divergence could move or vanish under it): every bundled request workload,
+// large tries and budgets included, gives the same digest, steps, prefix reuse and eviction
+// passes both ways. (The squeeze's clock edits once followed the audit schedule: the Mooncake
+// workload under a budget matched 418 tokens audited and 290 amortized.)
+TEST(Replay, AnEveryCallAuditReplaysTheSameWorkload) {
+  int64_t large = 0;
+  for (const auto& e : std::filesystem::directory_iterator("traces/workloads")) {
+    const std::string path = e.path().string();
+    if (e.path().extension() != ".jsonl") continue;
+    const ReplayResult amortized = ReplayFile(path, {});
+    if (amortized.header.kind != TraceKind::kRequests) continue;
+    ASSERT_TRUE(amortized.passed()) << path << ": " << amortized.detail();
+    ReplayOptions every;
+    every.audit_every_call = true;
+    const ReplayResult audited = ReplayFile(path, every);
+    ASSERT_TRUE(audited.passed()) << path << ": " << audited.detail();
+    EXPECT_EQ(audited.digest, amortized.digest) << path;
+    EXPECT_EQ(audited.steps, amortized.steps) << path;
+    EXPECT_EQ(audited.matched_tokens, amortized.matched_tokens) << path;
+    EXPECT_EQ(audited.cached_tokens, amortized.cached_tokens) << path;
+    EXPECT_EQ(audited.coverage.eviction_passes, amortized.coverage.eviction_passes) << path;
+    EXPECT_EQ(audited.coverage.audited_calls, audited.coverage.calls) << path;
+    large += amortized.coverage.audited_calls < amortized.coverage.calls;
+  }
+  EXPECT_GE(large, 2) << "workloads whose trie outgrows the every-call audit";
+}
+
 // The acceptance check of the Mooncake import: at an unlimited budget the manager matches
 // exactly the tokens the block ids say are shared (dense stack: every restore succeeds).
 TEST(Replay, MooncakePrefixReuseEqualsTheBlockLevelComputation) {
@@ -346,6 +431,47 @@ TEST(Shrink, FindsTheKnownMinimumAndKeepsTheKind) {
   EXPECT_EQ(r.trace.header.layers, 1);
   EXPECT_EQ(r.trace.header.window, 1);
   EXPECT_EQ(r.original_events, 60);
+}
+
+// A request oracle: diverges (kind R) at the first request whose prompt holds token 7, its
+// coverage's kv_gaps the number of conversation-2 requests before it.
+ReplayResult RequestOracle(const Trace& t) {
+  int64_t gaps = 0;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const RequestPlan& p = std::get<RequestPlan>(t.events[i]);
+    if (std::find(p.inputs.begin(), p.inputs.end(), 7) != p.inputs.end()) {
+      ReplayResult r = DivergesAt("R", i);
+      r.header = t.header;
+      r.coverage.kv_gaps = gaps;
+      return r;
+    }
+    gaps += p.conversation == 2;
+  }
+  return ReplayResult{};
+}
+
+// Kept reach claims bound the minimum from below: without them the failing request alone
+// is left; keeping kv_gaps=2 keeps two conversation-2 requests before it (and no other).
+TEST(Shrink, KeptReachClaimsHoldOfTheMinimum) {
+  Trace t;
+  for (int i = 0; i < 40; ++i) {
+    RequestPlan p;
+    p.conversation = i % 3;
+    p.inputs = {1, 2, i == 33 ? 7 : 3};
+    p.outputs = {4};
+    t.events.emplace_back(p);
+  }
+  ShrinkOptions options;
+  options.replay = RequestOracle;
+  const ShrinkResult plain = Shrink(t, options);
+  ASSERT_EQ(plain.trace.events.size(), 1u);
+  options.keep_reaches = {{"kv_gaps", 2}};
+  const ShrinkResult kept = Shrink(t, options);
+  EXPECT_EQ(kept.kind, "R");
+  ASSERT_EQ(kept.trace.events.size(), 3u);
+  EXPECT_EQ(std::get<RequestPlan>(kept.trace.events[0]).conversation, 2);
+  EXPECT_EQ(std::get<RequestPlan>(kept.trace.events[1]).conversation, 2);
+  EXPECT_EQ(kept.last.coverage.kv_gaps, 2);
 }
 
 // Diverges on a write whose mask blocks key position 2 (a block's rect, a relax_block's

@@ -3,7 +3,8 @@
 # digest as the run that generated it (ops, multiseq); malformed input exits 2 with one line naming the
 # file, line and JSON pointer and writes nothing; --json / --junit reports are whole;
 # Mooncake JSONL imports and replays, its prefill cadence following the block scale unless
-# given; explain and shrink refuse what they cannot do.
+# given; explain and shrink refuse what they cannot do; a replay short of its header's
+# reach claims fails.
 # Method: run the built binary (first argument) in a scratch directory.
 set -u
 kvtwin=$1
@@ -55,6 +56,21 @@ grep -q '"verdict":"pass"' "$tmp/r.json" || say "--json has no pass verdict"
 grep -q '<testsuite name="kvtwin replay" tests="1" failures="0" errors="0">' "$tmp/r.xml" ||
   say "--junit is not a passing suite"
 # Auditing every session call checks more often but replays to the same digest.
+# A header's reach claims: met, the replay passes; short of one, it fails (exit 1) with
+# verdict unreached, the one line naming the header and counter, and a report saying so.
+python3 - "$tmp/req.jsonl" "$tmp/reach-met.jsonl" "$tmp/reach-short.jsonl" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+header = json.loads(lines[0])
+for path, n in ((sys.argv[2], 1), (sys.argv[3], 10**9)):
+    header["reaches"] = {"completed": n}
+    open(path, "w").write("\n".join([json.dumps(header, sort_keys=True)] + lines[1:]) + "\n")
+PY
+expect 0 '^PASS: 1 file'             -- replay "$tmp/reach-met.jsonl"
+expect 0 ': coverage: completed=[0-9]+ cancelled=[0-9]+ .* trusting_forwards=[0-9]+$' -- replay "$tmp/reach-met.jsonl" --coverage --quiet
+expect 1 "^$tmp/reach-short.jsonl:1: /reaches/completed: reached [0-9]+ time\(s\), the trace claims at least 1000000000$" -- replay "$tmp/reach-short.jsonl" --json "$tmp/reach.json" --junit "$tmp/reach.xml"
+grep -q '"verdict":"unreached"' "$tmp/reach.json" || say "--json has no unreached verdict"
+grep -q '<failure message="unreached" type="unreached">' "$tmp/reach.xml" || say "--junit: unreached is not a failure"
 amortized=$("$kvtwin" replay "$tmp/req.jsonl" 2>&1)
 every=$("$kvtwin" replay "$tmp/req.jsonl" --audit-every-call 2>&1)
 grep -q '^PASS: 1 file' <<<"$every" || say "--audit-every-call does not pass: $every"
@@ -122,6 +138,18 @@ head -1 "$tmp/t.dot" | grep -q '^digraph trie {$' || say "explain --dot did not 
 expect 2 'has only'                  -- explain "$tmp/req.jsonl" --at 100000
 expect 2 'does not diverge'          -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl"
 [ -e "$tmp/min.jsonl" ] && say "shrink wrote a file for a passing trace"
+expect 2 "^kvtwin: --keep-reach 'nope': unknown coverage counter of a \"requests\" trace \\(expected one of completed, " -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach nope
+expect 2 "^kvtwin: --keep-reach 'kv_gaps=0': expected COUNTER or COUNTER=N with N in 1\.\.281474976710656$" -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach kv_gaps=0
+expect 2 "^kvtwin: --keep-reach 'kv_gaps=2x': expected COUNTER" -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach kv_gaps=2x
+expect 2 "^kvtwin: --keep-reach 'kv_gaps': an ops trace has no coverage counters to keep$" -- shrink "$tmp/ops.jsonl" -o "$tmp/min.jsonl" --keep-reach kv_gaps
+expect 2 "^kvtwin: $tmp/req.jsonl: replayed whole the trace reaches completed [0-9]+ time\\(s\\), below --keep-reach completed=1000000$" -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach completed=1000000
+[ -e "$tmp/min.jsonl" ] && say "shrink wrote a file for a refused --keep-reach"
+# A passing trace shrinks to what keeps passing and reaching the kept claims, which the
+# output claims in its header.
+expect 0 'passing and reaching completed=' -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach completed=3 --keep-reach splits
+head -1 "$tmp/min.jsonl" | grep -q '"reaches":{"completed":3,"splits":1}' || say "the shrunk trace does not claim what it kept"
+[ "$(wc -l <"$tmp/min.jsonl")" -lt "$(wc -l <"$tmp/req.jsonl")" ] || say "the passing trace did not shrink"
+expect 0 '^PASS: 1 file'             -- replay "$tmp/min.jsonl"
 # Ctrl-C: a valid partial summary and exit 130. The replay must outlast the 1 s sleep on any
 # machine: 500 copies of the trace took 1.0 s here once the reference got faster, 3,000
 # take about 6 s (interrupted after 1 s, so the test does not wait for them).

@@ -1141,6 +1141,99 @@ TEST(TraceReaderErrors, MultiSeqHeaderFields) {
             R"(FILE:1: /conv: only allowed in a "multiseq" trace)");
 }
 
+TEST(TraceReaderErrors, ReachClaims) {
+  const std::vector<std::pair<std::function<void(Json&)>, std::string>> cases = {
+      {[](Json& j) { j["reaches"] = 2; }, "/reaches: expected an object, got 2"},
+      {[](Json& j) { j["reaches"] = Json::object(); },
+       "/reaches: names no counter (leave it out instead)"},
+      {[](Json& j) {
+         j["reaches"] = {{"evictions", 0}};
+       },
+       "/reaches/evictions: must be >= 1, got 0"},
+      {[](Json& j) {
+         j["reaches"] = {{"evictions", -3}};
+       },
+       "/reaches/evictions: must be >= 1, got -3"},
+      {[](Json& j) {
+         j["reaches"] = {{"evictions", "many"}};
+       },
+       "/reaches/evictions: expected an integer, got string"},
+      {[](Json& j) {
+         j["reaches"] = {{"evictions", (int64_t{1} << 48) + 1}};
+       },
+       "/reaches/evictions: must be <= 281474976710656, got 281474976710657"},
+      // The counters are checked in key order: "Evictions" sorts before "evictions".
+      {[](Json& j) {
+         j["reaches"] = {{"evictions", 1}, {"Evictions", 1}};
+       },
+       R"(/reaches/Evictions: unknown coverage counter of a "requests" trace (expected one of )"
+       "completed, cancelled, cache_hits, extensions, dropped_tails, divergent, "
+       "new_conversations, repeats, retries, user_offsets, unscheduled, speculative, "
+       "isolated_probes, abandoned_steps, session_budgets, forwarded_last, past_stop, "
+       "continuations, resumed_exactly, branch_points, free_all, kv_gaps, cut_pageins, "
+       "kv_cut_pageins, whole_state_copies, "
+       "splits, evictions, eviction_passes, largest_eviction_pass, calls, audited_calls, "
+       "forwards, trusting_forwards)"},
+      // A multiseq counter is not a request driver's.
+      {[](Json& j) {
+         j["reaches"] = {{"cow_copies", 1}};
+       },
+       R"(/reaches/cow_copies: unknown coverage counter of a "requests" trace)"},
+      {[](Json& j) {
+         j["reaches"] = {{"evictions", 1}};
+         j["expect"] = "divergence: layer # history";
+       },
+       R"(/reaches: not allowed with a "divergence: ..." expectation)"},
+      {[](Json& j) {
+         j["kind"] = "ops";
+         for (const char* key : {"budget", "chunk", "capture_interval", "pre_thinking"}) {
+           j.erase(key);
+         }
+         j["reaches"] = {{"evictions", 1}};
+       },
+       R"(/reaches: only allowed in a "requests" or "multiseq" trace)"},
+  };
+  for (const auto& [edit, want] : cases) {
+    // The unknown-counter cases give the start of their message only.
+    const std::string got = ErrorOf({Header(edit)});
+    EXPECT_TRUE(got.starts_with("FILE:1: " + want)) << got << "\nwant: " << want;
+  }
+  EXPECT_TRUE(ErrorOf({MultiSeqHeader([](Json& j) {
+                j["reaches"] = {{"evictions", 1}};
+              })})
+                  .starts_with(R"(FILE:1: /reaches/evictions: unknown coverage counter of a )"
+                               R"("multiseq" trace (expected one of forwards, reserves, )"));
+  EXPECT_EQ(ErrorOf({MultiSeqHeader([](Json& j) {
+              j["reaches"] = {{"cow_copies", 2}};
+            })}),
+            "(read without error)");
+  EXPECT_EQ(ErrorOf({Header([](Json& j) {
+              j["reaches"] = {{"evictions", 1}};
+              j["expect"] = "pass";
+            })}),
+            "(read without error)");
+}
+
+TEST(TraceRoundTrip, ReachClaimsInCounterOrder) {
+  TraceHeader h;
+  h.expect = "pass";
+  h.reaches = {{"evictions", 3}, {"kv_gaps", 1}, {"whole_state_copies", int64_t{1} << 48}};
+  const std::string path = (TestDir() / "h.jsonl").string();
+  ASSERT_TRUE(WriteTrace(path, Trace{h, {}}).ok());
+  const Result<Trace> trace = ReadTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  EXPECT_EQ(trace->header, h);
+  EXPECT_EQ(Json::parse(HeaderToJson(h))["reaches"].dump(),
+            R"({"evictions":3,"kv_gaps":1,"whole_state_copies":281474976710656})");
+  TraceHeader ms;
+  ms.kind = TraceKind::kMultiSeq;
+  ms.reaches = {{"forward_edits", 1}};
+  ASSERT_TRUE(WriteTrace(path, Trace{ms, {}}).ok());
+  const Result<Trace> back = ReadTrace(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->header, ms);
+}
+
 TEST(TraceReaderErrors, MsOpFields) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"layer":0,"op":"free"})", R"(/op: unknown multiseq op "free")"},
