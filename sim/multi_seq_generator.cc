@@ -1,6 +1,7 @@
 #include "sim/multi_seq_generator.h"
 
 #include <algorithm>
+#include <bit>
 #include <iterator>
 #include <limits>
 #include <utility>
@@ -68,6 +69,13 @@ MultiSeqConfig DrawMultiSeqConfig(Rng& rng) {
       (c.max_seqs + c.max_batch + c.capacity) % 3 == 0) {
     c.capacity += kMaxCausalCells / c.max_seqs;
   }
+  // A ubatch that is not a power of two (a server's n_ubatch is any count; the drawn ones
+  // are all powers of two, where a mask instead of a modulo, or a size rounded up, passes):
+  // one config in three, derived from the draws, so every stream is what it was.
+  if ((c.max_seqs + c.capacity + c.padding) % 3 == 1) {
+    constexpr int64_t kOffPowerOfTwo[] = {3, 3, 5, 7, 12};  // for 1, 2, 4, 8, 16
+    c.max_batch = kOffPowerOfTwo[std::countr_zero(static_cast<uint64_t>(c.max_batch))];
+  }
   return c;
 }
 
@@ -90,6 +98,8 @@ MultiSeqConfig DrawHugeMultiSeqConfig(Rng& rng) {
   const int64_t paddings[] = {1, 32, 256};
   c.padding = paddings[rng.Below(std::size(paddings))];
   DrawRowsAndConv(rng, /*max_d_conv=*/4, c);
+  // One ubatch in three not a power of two (97, 193, 385), as above.
+  if ((c.max_seqs + c.capacity) % 3 == 0) c.max_batch = c.max_batch * 3 / 4 + 1;
   // At most about 10,000 cells: every forward's checks read the visibility of every cell for
   // every batch token (512 x 18,000 cells took 15 s a seed), so fewer sequences where a window
   // of 4,096 or a context of 12,000 would pass it.

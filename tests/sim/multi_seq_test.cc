@@ -109,6 +109,31 @@ TEST(MultiSeqRun, TwoHundredSeedsPassAndCoverEveryMechanism) {
   RecordProperty("coverage", total.ToString());
 }
 
+// The drawn shapes include ubatches that are not a power of two, odd and even, beside the
+// powers of two (a modulo replaced by a mask, or a size rounded up, passes on the latter).
+TEST(MultiSeqRun, SeedsDrawUbatchesOffAndOnPowersOfTwo) {
+  MultiSeqRunOptions options;
+  int64_t pow2 = 0, odd = 0, even_off = 0;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    const int64_t b = MultiSeqConfigForSeed(options, seed).max_batch;
+    if (std::has_single_bit(static_cast<uint64_t>(b))) {
+      ++pow2;
+    } else {
+      ++(b % 2 == 1 ? odd : even_off);
+    }
+  }
+  EXPECT_GE(pow2, 100);
+  EXPECT_GE(odd, 20);
+  EXPECT_GE(even_off, 5);
+  int64_t huge_off = 0;
+  options.huge = true;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    huge_off +=
+        !std::has_single_bit(static_cast<uint64_t>(MultiSeqConfigForSeed(options, seed).max_batch));
+  }
+  EXPECT_GE(huge_off, 10);
+}
+
 TEST(MultiSeqDriver, ReportsACorruptedKeyRowOfAVisibleCell) {
   MultiSeqDriver driver(SmallConfig(), kValueSeed);
   ApplyOk(driver, MsOp::Forward(Tokens(0, 0, 4, 10)));
