@@ -17,6 +17,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -209,6 +210,48 @@ TEST(RequestLongContext, PromptsCrossTheGrowthStepAndWindowsReach256) {
   EXPECT_GT(longest, 384);
   EXPECT_LE(longest, kLongPromptTokens);
   EXPECT_GE(wide_windows, 3);
+}
+
+// The seeded streams reach every mechanism the coverage counts, by floors well below what
+// the pinned seeds reach, so a generator or driver change that starves one fails here (as
+// MultiSeqRun.TwoHundredSeedsPassAndCoverEveryMechanism does for the multi-sequence runs):
+// the gate's 200 swarm seeds, and 300 seeds of the sliding stream under a tight budget for
+// the rare shapes (a free-all, a page-in cut at a KV restore without its base, whole
+// states copied beside a capture: 1-3 in those seeds).
+TEST(Requests, SeededStreamsReachEveryCountedMechanism) {
+  RequestCoverage swarm, sliding;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    RequestOptions o;
+    o.swarm = true;
+    o.seed = seed;
+    const RequestResult r = RunRequests(o);
+    ASSERT_FALSE(r.divergence.has_value()) << r.reproduce;
+    swarm += r.coverage;
+  }
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    RequestOptions o;
+    o.preset = "sliding";
+    o.window = 16;
+    o.budget_bytes = 20000;
+    o.seed = seed;
+    const RequestResult r = RunRequests(o);
+    ASSERT_FALSE(r.divergence.has_value()) << r.reproduce;
+    sliding += r.coverage;
+  }
+  const std::map<std::string_view, int64_t> rare = {
+      {"free_all", 1}, {"kv_cut_pageins", 2}, {"whole_state_copies", 1}, {"kv_gaps", 100}};
+  for (const auto& [name, member] : RequestCoverage::Fields()) {
+    const std::string_view n = name;
+    // Long contexts only (RequestHugeContext above): forwards that trust earlier rows.
+    if (n == "trusting_forwards") continue;
+    if (const auto it = rare.find(n); it != rare.end()) {
+      EXPECT_GE(sliding.*member, it->second) << name << "\n" << sliding.ToString();
+    } else if (n == "largest_eviction_pass") {
+      EXPECT_GE(swarm.*member, 10) << swarm.ToString();
+    } else {
+      EXPECT_GE(swarm.*member, 100) << name << "\n" << swarm.ToString();
+    }
+  }
 }
 
 // Production lengths: prompts past 4,096 tokens (where a trie edge that long is split late),
