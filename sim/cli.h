@@ -86,6 +86,8 @@ struct ReplayFlags {
   bool quiet = false;
   // --coverage: each file's driver coverage by counter name (what "reaches" can claim).
   bool coverage = false;
+  // --reach COUNTER[=N]: claims every file's replay must meet, beside its header's.
+  std::vector<std::string> reach;
   // --fuzz-input FILE --target NAME [--save TRACE]: a libFuzzer input (a crash artifact or
   // a corpus entry) decoded as that target does, written as a trace and replayed.
   std::string fuzz_input, fuzz_target, save;

@@ -71,10 +71,16 @@ int Replay(const ReplayFlags& flags) {
   if (Status s = ValidateSetup(flags.options.mooncake_setup, flags.options.mooncake); !s.ok()) {
     return Usage(s.message());
   }
+  sim::ReplayOptions base = flags.options;
+  for (const std::string& text : flags.reach) {
+    Result<sim::ReachClaim> c = sim::ParseReachClaim(text);
+    if (!c.ok()) return Usage("--reach " + c.status().message());
+    base.reaches.push_back(std::move(*c));
+  }
   std::vector<sim::CaseReport> cases;
   int code = 0;
   for (const std::string& path : flags.files) {
-    sim::ReplayOptions options = flags.options;
+    sim::ReplayOptions options = base;
     options.interrupted = &Interrupted();
     Progress progress("replay " + path + ": events");
     options.on_event = [&progress](int64_t n) { progress.Update(n); };
@@ -165,8 +171,11 @@ int Import(const ImportFlags& flags) {
 Result<std::vector<sim::ReachClaim>> KeepReaches(const ShrinkFlags& flags, sim::TraceKind kind) {
   std::vector<sim::ReachClaim> claims;
   for (const std::string& text : flags.keep_reach) {
-    Result<sim::ReachClaim> c = sim::ParseReachClaim(text, kind);
+    Result<sim::ReachClaim> c = sim::ParseReachClaim(text);
     if (!c.ok()) return InvalidArgument("--keep-reach " + c.status().message());
+    if (Status s = sim::CheckReachCounter(*c, kind); !s.ok()) {
+      return InvalidArgument("--keep-reach " + s.message());
+    }
     claims.push_back(std::move(*c));
   }
   // By name, the larger count first; then one per name. (Plain std:: algorithms: clang 14's

@@ -172,6 +172,10 @@ int main(int argc, char** argv) {
   AddSetupOptions(replay, replay_flags.options.mooncake_setup, replay_flags.options.mooncake);
   AddReportOptions(replay, replay_flags.reports);
   replay->add_flag("--quiet", replay_flags.quiet, "print only failures and the verdict");
+  replay->add_option("--reach", replay_flags.reach,
+                     "COUNTER[=N]: a replay that passes must end with this coverage counter at N "
+                     "(1) or more, else verdict unreached (repeatable; beside a trace header's "
+                     "\"reaches\"; a Mooncake file has no header to carry them)");
   replay->add_flag("--coverage", replay_flags.coverage,
                    "print each file's driver coverage by the counter names a trace header's "
                    "\"reaches\" claims (requests and multiseq traces)");

@@ -69,6 +69,12 @@ class Replayer {
 
   void Run() {
     r_.header = src_.header();
+    for (const ReachClaim& claim : o_.reaches) {
+      if (Status s = CheckReachCounter(claim, r_.header.kind); !s.ok()) {
+        r_.input_error = InvalidArgument(fmt::format("{}: --reach {}", HeaderWhere(), s.message()));
+        return;
+      }
+    }
     RunKind();
     if (!r_.input_error && !r_.divergence && !r_.interrupted && o_.stop_after < 0) CheckReaches();
   }
@@ -95,14 +101,14 @@ class Replayer {
   // The header's reach claims against the coverage of a replay that ran to its end.
   void CheckReaches() {
     std::vector<std::string> short_of;
-    for (const ReachClaim& claim : r_.header.reaches) {
+    auto check = [&](const ReachClaim& claim, const std::string& where, const char* who) {
       const int64_t got = r_.Counter(claim.counter);
-      if (got >= claim.at_least) continue;
-      short_of.push_back(
-          fmt::format("{}: /reaches/{}: reached {} time(s), the trace claims at "
-                      "least {}",
-                      HeaderWhere(), claim.counter, got, claim.at_least));
-    }
+      if (got >= claim.at_least) return;
+      short_of.push_back(fmt::format("{}: {}: reached {} time(s), the {} claims at least {}",
+                                     HeaderWhere(), where, got, who, claim.at_least));
+    };
+    for (const ReachClaim& c : r_.header.reaches) check(c, "/reaches/" + c.counter, "trace");
+    for (const ReachClaim& c : o_.reaches) check(c, "--reach " + c.counter, "command");
     if (!short_of.empty()) r_.unreached = fmt::format("{}", fmt::join(short_of, "; "));
   }
 
@@ -281,8 +287,8 @@ int64_t ReplayResult::Counter(const std::string& name) const {
       if (name == field) return coverage.*member;
     }
   }
-  // The reader and ParseReachClaim accept only counters of the header's kind; an in-memory
-  // trace built with another name is a caller's bug.
+  // The reader and the replay (CheckReachCounter) accept only counters of the header's kind; an
+  // in-memory trace built with another name is a caller's bug.
   KV_CHECK(false, "no coverage counter '" + name + "' in a trace of this kind");
   return 0;
 }
@@ -393,15 +399,19 @@ ReplayResult ReplayTrace(const Trace& trace, const ReplayOptions& options) {
 }
 
 std::string ReplayCommand(const std::string& path, const ReplayOptions& options) {
-  if (!LooksLikeMooncake(path)) return "kvtwin replay " + path;
+  std::string reach;
+  for (const ReachClaim& c : options.reaches) {
+    reach += fmt::format(" --reach {}={}", c.counter, c.at_least);
+  }
+  if (!LooksLikeMooncake(path)) return "kvtwin replay " + path + reach;
   const TraceHeader& h = options.mooncake_setup;
   return fmt::format(
       "kvtwin replay {} --trace-block {} --block-scale {} --skip {} --limit {} --preset {} "
       "--layers {} --window {} --dtype {}{} --budget {} --chunk {} --interval {} "
-      "--pre-thinking {}",
+      "--pre-thinking {}{}",
       path, options.mooncake.trace_block, options.mooncake.block_scale, options.mooncake.skip,
       options.mooncake.limit, h.preset, h.layers, h.window, h.dtype, DimsFlags(h.dims),
-      h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking);
+      h.budget_bytes, h.chunk, h.capture_interval, h.pre_thinking, reach);
 }
 
 }  // namespace kvtwin::sim

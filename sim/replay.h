@@ -39,6 +39,9 @@ struct ReplayOptions {
   // Requests: dump the final trie of a run that passed too (explain); a divergence always
   // dumps it. Off, a passing replay skips rendering a trie it would not show.
   bool dump_trie = false;
+  // Claims a replay that passes must meet beside its header's "reaches" (`kvtwin replay
+  // --reach`): a counter the trace's kind lacks is an input error.
+  std::vector<ReachClaim> reaches;
   // Requests: RequestDriverOptions::after_request (a test seam; the re-run keeps it).
   std::function<void(PrefixCache&, int64_t)> after_request;
   // Called when a replay's verdict is complete, before its driver's state is freed: a

@@ -657,27 +657,31 @@ std::vector<std::string> ReachCounterNames(TraceKind kind) {
   return names;
 }
 
-Result<ReachClaim> ParseReachClaim(std::string_view text, TraceKind kind) {
+Result<ReachClaim> ParseReachClaim(std::string_view text) {
   const size_t eq = text.find('=');
   ReachClaim claim{std::string(text.substr(0, eq)), 1};
-  const std::vector<std::string> names = ReachCounterNames(kind);
-  if (kind == TraceKind::kOps) {
-    return InvalidArgument(
-        fmt::format("'{}': an ops trace has no coverage counters to keep", std::string(text)));
-  }
-  if (std::find(names.begin(), names.end(), claim.counter) == names.end()) {
-    return InvalidArgument(fmt::format("'{}': {}", claim.counter, UnknownCounter(kind)));
-  }
-  if (eq != std::string_view::npos) {
+  bool ok = !claim.counter.empty();
+  if (ok && eq != std::string_view::npos) {
     const std::string_view n = text.substr(eq + 1);
     const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), claim.at_least);
-    if (ec != std::errc() || end != n.data() + n.size() || claim.at_least < 1 ||
-        claim.at_least > kMaxReachClaim) {
-      return InvalidArgument(fmt::format("'{}': expected COUNTER or COUNTER=N with N in 1..{}",
-                                         std::string(text), kMaxReachClaim));
-    }
+    ok = ec == std::errc() && end == n.data() + n.size() && claim.at_least >= 1 &&
+         claim.at_least <= kMaxReachClaim;
+  }
+  if (!ok) {
+    return InvalidArgument(fmt::format("'{}': expected COUNTER or COUNTER=N with N in 1..{}",
+                                       std::string(text), kMaxReachClaim));
   }
   return claim;
+}
+
+Status CheckReachCounter(const ReachClaim& claim, TraceKind kind) {
+  if (kind == TraceKind::kOps) {
+    return InvalidArgument(
+        fmt::format("'{}': an ops trace has no coverage counters to claim", claim.counter));
+  }
+  const std::vector<std::string> names = ReachCounterNames(kind);
+  if (std::find(names.begin(), names.end(), claim.counter) != names.end()) return Status::Ok();
+  return InvalidArgument(fmt::format("'{}': {}", claim.counter, UnknownCounter(kind)));
 }
 
 Result<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path) {

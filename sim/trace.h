@@ -117,9 +117,13 @@ struct ReachClaim {
 // The coverage counters a trace of `kind` can claim, in declaration order (RequestCoverage
 // for "requests", MsCoverage for "multiseq"; none for "ops").
 std::vector<std::string> ReachCounterNames(TraceKind kind);
-// "COUNTER" (at least 1) or "COUNTER=N", N in [1, kMaxReachClaim], COUNTER one of `kind`'s
-// (a command line's --keep-reach). Errors: InvalidArgument saying which part is wrong.
-Result<ReachClaim> ParseReachClaim(std::string_view text, TraceKind kind);
+// "COUNTER" (at least 1) or "COUNTER=N", N in [1, kMaxReachClaim] (a command line's
+// --reach and --keep-reach); whether COUNTER exists depends on the trace's kind
+// (CheckReachCounter). Errors: InvalidArgument quoting `text`.
+Result<ReachClaim> ParseReachClaim(std::string_view text);
+// Ok when `claim` names one of `kind`'s counters; else InvalidArgument "'COUNTER': unknown
+// coverage counter of a "KIND" trace (expected one of ...)" (an ops trace has none).
+Status CheckReachCounter(const ReachClaim& claim, TraceKind kind);
 
 struct TraceHeader {
   TraceKind kind = TraceKind::kRequests;

@@ -71,6 +71,16 @@ expect 0 ': coverage: completed=[0-9]+ cancelled=[0-9]+ .* trusting_forwards=[0-
 expect 1 "^$tmp/reach-short.jsonl:1: /reaches/completed: reached [0-9]+ time\(s\), the trace claims at least 1000000000$" -- replay "$tmp/reach-short.jsonl" --json "$tmp/reach.json" --junit "$tmp/reach.xml"
 grep -q '"verdict":"unreached"' "$tmp/reach.json" || say "--json has no unreached verdict"
 grep -q '<failure message="unreached" type="unreached">' "$tmp/reach.xml" || say "--junit: unreached is not a failure"
+# Claims from the command line (--reach), beside the header's: for a Mooncake file, which has
+# no header to carry them, as for a trace; a counter of another kind is an input error.
+expect 0 '^PASS: 1 file'             -- replay "$tmp/req.jsonl" --reach completed --reach splits=1
+expect 1 "^$tmp/req.jsonl:1: --reach completed: reached [0-9]+ time\(s\), the command claims at least 1000000000$" -- replay "$tmp/req.jsonl" --reach completed=1000000000
+expect 1 "^reproduce: kvtwin replay $tmp/req.jsonl --reach completed=1000000000$" -- replay "$tmp/req.jsonl" --reach completed=1000000000
+expect 1 "^$mooncake:1: --reach evictions: reached 0 time\(s\), the command claims at least 1$" -- replay "$mooncake" --limit 5 --reach evictions
+expect 0 '^PASS: 1 file'             -- replay "$mooncake" --limit 5 --budget 1000 --reach evictions
+expect 2 "^kvtwin: $tmp/req.jsonl:1: --reach 'cow_copies': unknown coverage counter of a \"requests\" trace" -- replay "$tmp/req.jsonl" --reach cow_copies
+expect 2 "^kvtwin: $tmp/ops.jsonl:1: --reach 'completed': an ops trace has no coverage counters to claim$" -- replay "$tmp/ops.jsonl" --reach completed
+expect 2 "^kvtwin: --reach 'splits=0': expected COUNTER or COUNTER=N" -- replay "$tmp/req.jsonl" --reach splits=0
 amortized=$("$kvtwin" replay "$tmp/req.jsonl" 2>&1)
 every=$("$kvtwin" replay "$tmp/req.jsonl" --audit-every-call 2>&1)
 grep -q '^PASS: 1 file' <<<"$every" || say "--audit-every-call does not pass: $every"
@@ -141,7 +151,7 @@ expect 2 'does not diverge'          -- shrink "$tmp/req.jsonl" -o "$tmp/min.jso
 expect 2 "^kvtwin: --keep-reach 'nope': unknown coverage counter of a \"requests\" trace \\(expected one of completed, " -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach nope
 expect 2 "^kvtwin: --keep-reach 'kv_gaps=0': expected COUNTER or COUNTER=N with N in 1\.\.281474976710656$" -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach kv_gaps=0
 expect 2 "^kvtwin: --keep-reach 'kv_gaps=2x': expected COUNTER" -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach kv_gaps=2x
-expect 2 "^kvtwin: --keep-reach 'kv_gaps': an ops trace has no coverage counters to keep$" -- shrink "$tmp/ops.jsonl" -o "$tmp/min.jsonl" --keep-reach kv_gaps
+expect 2 "^kvtwin: --keep-reach 'kv_gaps': an ops trace has no coverage counters to claim$" -- shrink "$tmp/ops.jsonl" -o "$tmp/min.jsonl" --keep-reach kv_gaps
 expect 2 "^kvtwin: $tmp/req.jsonl: replayed whole the trace reaches completed [0-9]+ time\\(s\\), below --keep-reach completed=1000000$" -- shrink "$tmp/req.jsonl" -o "$tmp/min.jsonl" --keep-reach completed=1000000
 [ -e "$tmp/min.jsonl" ] && say "shrink wrote a file for a refused --keep-reach"
 # A passing trace shrinks to what keeps passing and reaching the kept claims, which the
