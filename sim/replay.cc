@@ -98,7 +98,8 @@ class Replayer {
     }
   }
 
-  // The header's reach claims against the coverage of a replay that ran to its end.
+  // The header's and the command's reach claims against the coverage of a replay that ran to
+  // its end.
   void CheckReaches() {
     std::vector<std::string> short_of;
     auto check = [&](const ReachClaim& claim, const std::string& where, const char* who) {

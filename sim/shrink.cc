@@ -448,7 +448,11 @@ class Shrinker {
 
 }  // namespace
 
-ShrinkResult Shrink(const Trace& trace, const ShrinkOptions& options) {
+ShrinkResult Shrink(const Trace& given, const ShrinkOptions& options) {
+  // The input's own reach claims are about the input: a candidate short of them would be
+  // "unreached", neither a pass nor a divergence. The kept claims are options.keep_reaches.
+  Trace trace = given;
+  trace.header.reaches.clear();
   ReplayResult first = options.replay ? options.replay(trace) : ReplayTrace(trace);
   KV_CHECK(first.divergence.has_value() || (first.passed() && !options.keep_reaches.empty()),
            "Shrink needs a diverging trace, or a passing one and claims to keep");
