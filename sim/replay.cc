@@ -272,10 +272,7 @@ std::string ReplayResult::detail() const {
 std::string ReplayResult::CoverageCounters() const {
   if (header.kind == TraceKind::kMultiSeq) return ms_coverage.ToString();
   if (header.kind == TraceKind::kOps) return "";
-  std::string out;
-  for (const auto& [name, member] : RequestCoverage::Fields())
-    out += fmt::format("{}{}={}", out.empty() ? "" : " ", name, coverage.*member);
-  return out;
+  return coverage.Counters();
 }
 
 int64_t ReplayResult::Counter(const std::string& name) const {

@@ -52,6 +52,13 @@ std::string RequestCoverage::ToString() const {
       forwards);
 }
 
+std::string RequestCoverage::Counters() const {
+  std::string out;
+  for (const auto& [name, member] : Fields())
+    out += fmt::format("{}{}={}", out.empty() ? "" : " ", name, this->*member);
+  return out;
+}
+
 const std::vector<RequestCoverage::Field>& RequestCoverage::Fields() {
   // Every counter, in declaration order: += and the header's reach claims walk this list.
   static const std::vector<Field> fields = {

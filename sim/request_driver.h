@@ -137,6 +137,8 @@ struct RequestCoverage {
   // Forwards, and those that left history rows to the amortized schedule (long contexts).
   int64_t forwards = 0, trusting_forwards = 0;
   std::string ToString() const;
+  // "completed=3 cancelled=0 ...": every counter by name (Fields), one line.
+  std::string Counters() const;
   RequestCoverage& operator+=(const RequestCoverage& o);
   // Every counter by its member's name ("completed", ...), in declaration order.
   struct Field {

@@ -76,6 +76,8 @@ void CheckRequests(const std::string& preset, bool tiny_budget) {
   RC_CLASSIFY(cov.cancelled > 0 && cov.retries > 0, "retries after cancel");
   RC_CLASSIFY(cov.speculative > 0, "speculation");
   RC_CLASSIFY(cov.kv_gaps > 0, "kv gaps");
+  RC_CLASSIFY(cov.cut_pageins > 0, "cut page-ins");
+  RC_CLASSIFY(cov.kv_cut_pageins > 0, "kv cut page-ins");
   RC_CLASSIFY(cov.whole_state_copies > 0, "whole-state copies");
 }
 
