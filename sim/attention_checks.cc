@@ -176,7 +176,10 @@ void CutRelaxSides(const model::RefRect& rect, const model::RefRect& wider, int6
 // spec §2.5 relaxes the union of the rectangles, and the in-place dispatch sorts a query's
 // open ranges and skips what earlier ones covered; one rectangle, or the disjoint pieces of
 // kRelaxBlock, never puts a range inside another, and 8 windows open more ranges per query
-// than the dispatch keeps on its stack.
+// than the dispatch keeps on its stack. One cut in two lists its windows from the highest
+// keys down: spec §2.5 relaxes the union whatever the order, so a reader that assumes the
+// rectangles arrive in key order (and skips a later one starting below an earlier one's
+// end) loses keys only there; ascending windows and the nested piece never show it.
 void RelaxPieces(const model::RefRect& r, int64_t start, std::vector<RelaxRect>& out) {
   const int64_t width = r.k_hi - r.k_lo;
   const int64_t pick = (r.q_lo + r.k_hi + start) % 3;
@@ -185,8 +188,10 @@ void RelaxPieces(const model::RefRect& r, int64_t start, std::vector<RelaxRect>&
     return;
   }
   const int64_t n = pick == 1 ? 2 : 8;
+  const bool descending = ((r.q_hi + r.k_lo + start) / 3) % 2 == 1;
   const auto bound = [&](int64_t i) { return r.k_lo + i * width / (n + 1); };
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t i = descending ? n - 1 - j : j;
     if (bound(i) < bound(i + 2)) out.push_back(RelaxRect{r.q_lo, r.q_hi, bound(i), bound(i + 2)});
   }
   out.push_back(RelaxRect{r.q_lo, r.q_hi, bound(1), bound(1) + 1});
