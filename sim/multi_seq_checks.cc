@@ -93,6 +93,7 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"forward_edits_on_batch", &MsCoverage::forward_edits_on_batch},
       {"big_cache_forwards", &MsCoverage::big_cache_forwards},
       {"deep_batches", &MsCoverage::deep_batches},
+      {"refused_puts", &MsCoverage::refused_puts},
   };
   return fields;
 }

@@ -122,6 +122,7 @@ struct MsCoverage {
   int64_t forward_edits_on_batch = 0;  // of them, a Remove of or CopyPrefix onto a batch seq
   int64_t big_cache_forwards = 0;      // forwards started with kBigCells or more cells in use
   int64_t deep_batches = 0;            // forwards with a position kBigCells or more past 0
+  int64_t refused_puts = 0;            // malformed Puts refused before a forward's Put
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
   // Every counter by name ("forwards", ...), in declaration order.
@@ -225,7 +226,12 @@ class MultiSeqDriver {
   // `reserve`: a reserve pass, whose sequence i reads and writes the fake slot i.
   Check RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order,
                 bool reserve = false);
+  // The batch's K/V rows (put_k_, put_v_), and Put of them (multi_seq_put.cc).
+  void FillPutRows(const model::MsBatch& batch);
   Status PutRows(const model::MsBatch& batch);
+  // On some forwards, before PutRows: a malformed Put, which must be InvalidArgument and
+  // leave the rows of the forward's cells as they were.
+  Check ProbeRefusedPut(const model::MsBatch& batch);
   // Where StartForward placed the batch and the current range it derived.
   Check CheckPlacement() const;
   // `masked`: what each batch token's mask row shows, computed when the mask was last built
@@ -297,15 +303,17 @@ class MultiSeqDriver {
   std::vector<std::optional<model::MsRows>> memo_key_;
   // Scratch reused across ops so the checks do not allocate after the first few steps; each
   // is overwritten before it is read and carries nothing from one use to the next.
-  Tensor v_row_;                                           // a stored V row (CausalCache::VRowInto)
-  std::vector<float> floats_;                              // a row as floats (hash, conv compare)
-  MatF conv_in_;                                           // one layer's conv input row
-  std::vector<model::MsCell> cells_;                       // the model's cell table
-  std::vector<model::MsEntry> entries_;                    // a history or a visible set
-  std::vector<std::vector<model::MsVisibleCell>> masked_;  // the mask before a forward's edits
-  std::vector<std::vector<model::MsVisibleCell>> visible_;         // CheckVisible: the mask now
-  std::vector<int64_t> held_, want_held_;                          // CheckRetention, CountForward
-  std::vector<int64_t> got_, got_pos_, want_, want_pos_;           // CheckVisible
+  Tensor v_row_;                         // a stored V row (CausalCache::VRowInto)
+  Tensor put_k_, put_v_;                 // PutRows: the batch's rows
+  Tensor held_k_, held_v_;               // ProbeRefusedPut: the forward's cells' rows before it
+  std::vector<float> floats_;            // a row as floats (hash, conv compare)
+  MatF conv_in_;                         // one layer's conv input row
+  std::vector<model::MsCell> cells_;     // the model's cell table
+  std::vector<model::MsEntry> entries_;  // a history or a visible set
+  std::vector<std::vector<model::MsVisibleCell>> masked_;   // the mask before a forward's edits
+  std::vector<std::vector<model::MsVisibleCell>> visible_;  // CheckVisible: the mask now
+  std::vector<int64_t> held_, want_held_;                   // CheckRetention, CountForward
+  std::vector<int64_t> got_, got_pos_, want_, want_pos_;    // CheckVisible
   std::vector<std::vector<std::pair<int64_t, uint64_t>>> chains_;  // Tokens, per sequence
   std::vector<uint8_t> chained_;                                   // Tokens, per sequence
   std::vector<std::pair<int32_t, int64_t>> last_;                  // CountForward

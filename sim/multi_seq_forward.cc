@@ -217,6 +217,7 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   const bool graph_runs = !op.batch.empty() && (op.batch.size() + op.batch.front().pos) % 2 == 0;
   if (graph_runs) {
     const model::MsBatch batch = Tokens(op);
+    if (Check c = ProbeRefusedPut(batch)) return c;
     if (Status s = PutRows(batch); !s.ok()) {
       return Outcome("Put of a reserve pass", Status::Ok(), s);
     }
@@ -429,6 +430,7 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
     model_.kv().VisibleCellsInto(batch, op.causal_off, masked_);
     if (Check c = ApplyForwardEdits(op)) return c;
   }
+  if (Check c = ProbeRefusedPut(batch)) return c;
   if (Status s = PutRows(batch); !s.ok()) return Outcome("Put", Status::Ok(), s);
   if (Check c = RunConv(batch, order)) return c;
   model_.FinishForward();
@@ -452,17 +454,6 @@ Check MultiSeqDriver::ApplyForwardEdits(const MsOp& op) {
   }
   // Where the batch went stays StartForward's (the range Get reads is checked there).
   return CheckPlacement();
-}
-
-Status MultiSeqDriver::PutRows(const model::MsBatch& batch) {
-  const auto n = static_cast<int64_t>(batch.size());
-  Tensor k(config_.dtype, n, config_.kv_cols), v(config_.dtype, n, config_.kv_cols);
-  for (int64_t i = 0; i < n; ++i) {
-    const model::MsToken& t = batch[static_cast<size_t>(i)];
-    synth_.FillKvRow(k, i, 0, t.pos, t.token.h, false);
-    synth_.FillKvRow(v, i, 0, t.pos, t.token.h, true);
-  }
-  return cache_->Put(k, v);
 }
 
 Check MultiSeqDriver::CheckConvStateShape(const Tensor& state, int64_t rows, int32_t layer,

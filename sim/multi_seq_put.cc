@@ -1,0 +1,118 @@
+// MultiSeqDriver, the Put of a forward: the batch's K/V rows scattered into its cells, and
+// before it, on some forwards, a malformed Put that must be refused and change nothing.
+#include <fmt/format.h>
+
+#include "sim/multi_seq_driver.h"
+#include "src/core/check.h"
+
+namespace kvtwin::sim {
+namespace {
+
+DType OtherDType(DType d) { return d == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32; }
+
+// `t` with `rows` rows and `cols` columns in `dtype`: t's values where both have a cell, a
+// value of its own elsewhere (never read by a cache that refuses the call).
+Tensor Reshaped(const Tensor& t, DType dtype, int64_t rows, int64_t cols) {
+  Tensor out(dtype, rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      out.Set(r, c, r < t.rows() && c < t.cols() ? t.At(r, c) : 0.75f);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void MultiSeqDriver::FillPutRows(const model::MsBatch& batch) {
+  const auto n = static_cast<int64_t>(batch.size());
+  put_k_.EnsureShape(config_.dtype, n, config_.kv_cols);
+  put_v_.EnsureShape(config_.dtype, n, config_.kv_cols);
+  for (int64_t i = 0; i < n; ++i) {
+    const model::MsToken& t = batch[static_cast<size_t>(i)];
+    synth_.FillKvRow(put_k_, i, 0, t.pos, t.token.h, false);
+    synth_.FillKvRow(put_v_, i, 0, t.pos, t.token.h, true);
+  }
+}
+
+Status MultiSeqDriver::PutRows(const model::MsBatch& batch) {
+  FillPutRows(batch);
+  return cache_->Put(put_k_, put_v_);
+}
+
+// One forward in three first hands Put a malformed pair: one side in the other dtype, a
+// column too many, or a row too many or too few, the other side right (as a caller whose
+// V projection alone is off would). Spec §2.8 (and §8's list of what is not transactional,
+// which does not name Put) make that an InvalidArgument that writes nothing, so the rows of
+// the forward's cells must read as before, bit for bit; a Put that checks and scatters one
+// side before looking at the other would already have overwritten those cells. A pure
+// function of the step, so a replay or a shrink makes the same calls.
+Check MultiSeqDriver::ProbeRefusedPut(const model::MsBatch& batch) {
+  if (steps_ % 3 != 2 || batch.empty()) return std::nullopt;
+  const CausalCache& kv = cache_->kv();
+  const std::vector<int64_t> cells = kv.locations();
+  const auto n = static_cast<int64_t>(cells.size());
+  // The rows as they stand: what a refused Put must leave.
+  const int64_t cols = config_.kv_cols;
+  held_k_.EnsureShape(config_.dtype, n, cols);
+  held_v_.EnsureShape(config_.dtype, n, cols);
+  for (int64_t i = 0; i < n; ++i) {
+    held_k_.CopyRows(i, kv.k(), cells[static_cast<size_t>(i)], 1);
+    kv.VRowInto(cells[static_cast<size_t>(i)], v_row_);
+    held_v_.CopyRows(i, v_row_, 0, 1);
+  }
+  FillPutRows(batch);
+  const int64_t variant = (steps_ / 3) % 6;
+  const DType d = config_.dtype;
+  const int64_t fewer = n > 1 ? n - 1 : n + 1;
+  const Tensor& k = put_k_;
+  const Tensor& v = put_v_;
+  Tensor bad;
+  const char* what = "";
+  switch (variant) {
+    case 0:
+      bad = Reshaped(v, OtherDType(d), n, cols), what = "V in the other dtype";
+      break;
+    case 1:
+      bad = Reshaped(v, d, n, cols + 1), what = "V a column too wide";
+      break;
+    case 2:
+      bad = Reshaped(k, OtherDType(d), n, cols), what = "K in the other dtype";
+      break;
+    case 3:
+      bad = Reshaped(k, d, n, cols + 1), what = "K a column too wide";
+      break;
+    case 4:
+      bad = Reshaped(v, d, n + 1, cols), what = "V a row too many";
+      break;
+    default:
+      bad = Reshaped(k, d, fewer, cols), what = "K with another row count";
+      break;
+  }
+  const bool bad_k = variant == 2 || variant == 3 || variant == 5;
+  const Status s = bad_k ? cache_->Put(bad, v) : cache_->Put(k, bad);
+  const std::string call = fmt::format("Put with {} ({} rows)", what, n);
+  if (s.code() != StatusCode::kInvalidArgument) {
+    return Mismatch{call + " outcome", "InvalidArgument", s.ToString()};
+  }
+  ++coverage_.refused_puts;
+  if (kv.locations() != cells)
+    return ListMismatch(call + ": the forward's cells", cells, kv.locations());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t cell = cells[static_cast<size_t>(i)];
+    kv.VRowInto(cell, v_row_);
+    const bool k_same = kv.k().Rows(cell, 1).Equals(TensorView(held_k_).Rows(i, 1));
+    const bool v_same = TensorView(v_row_).Equals(TensorView(held_v_).Rows(i, 1));
+    if (!k_same || !v_same) {
+      const char* side = k_same ? "V" : "K";
+      const float want = k_same ? held_v_.At(i, 0) : held_k_.At(i, 0);
+      const float got = k_same ? v_row_.At(0, 0) : kv.k().At(cell, 0);
+      return Mismatch{fmt::format("{} row of cell {} after a refused {}", side, cell, call),
+                      fmt::format("unchanged (column 0: {})", want),
+                      fmt::format("overwritten (column 0: {})", got)};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvtwin::sim
