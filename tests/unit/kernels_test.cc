@@ -431,6 +431,63 @@ TEST(GatedDeltaStep, ExtremeDecayAndBetaInputsStayFiniteAndMatchTheReference) {
   }
 }
 
+// Long-memory heads (a small A, Mamba's and GDN's way of remembering a long context) decay
+// by g = exp(-x) with x far below 1 on every token. With the write gate shut (β_raw = -inf,
+// β = 0) a step is the decay alone, so after n tokens each head's state is its start times
+// exp(-Σ x_t) exactly, whatever else the kernel does. Each float step may round the decay
+// and the product by about an ulp each (2^-24 relative), so n steps stay within
+// 3n·2^-24; a decay approximated where x is small (1 - x, a truncated series, a product
+// accumulated in a narrower type) errs one way on every token and passes that bound only
+// over a long stretch, which no short comparison sees. Heads span x from 1e-6 to 5e-2 on a
+// log grid (α_raw jittered per token), through the token-by-token and the segmented scan.
+TEST(GatedDelta, LongMemoryHeadsDecayByTheExactProductOverALongShutStretch) {
+  Rng rng = Rng::Derive(kSeed, "gdn-long-memory");
+  constexpr int64_t kHeads = 16, kTokens = 1000;
+  GdnParams params;
+  params.dims = Dims(1, kHeads, 2, 2);
+  params.dt_bias = RandomVec(rng, kHeads, -1.0f, 1.0f);
+  params.a_exp = VecF(kHeads);
+  std::vector<double> centre(kHeads);  // each head's α_raw before its jitter
+  for (int64_t h = 0; h < kHeads; ++h) {
+    // x = softplus(α_raw + dt_bias) · A with softplus at about 1: A sets the head's regime.
+    const double x = std::pow(10.0, -6.0 + 4.7 * static_cast<double>(h) / (kHeads - 1));
+    params.a_exp[h] = static_cast<float>(x);
+    centre[h] = std::log(std::expm1(1.0)) - params.dt_bias[h];
+  }
+  GdnInputs in = MakeInputs(params.dims, rng, kTokens);
+  std::vector<double> exponent(kHeads, 0.0);  // Σ x_t per head, in double
+  for (int64_t t = 0; t < kTokens; ++t) {
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const float alpha = static_cast<float>(centre[h] + 0.2 * (rng.Unit() - 0.5));
+      in.ba(t, h) = -std::numeric_limits<float>::infinity();
+      in.ba(t, kHeads + h) = alpha;
+      exponent[h] += std::log1p(std::exp(static_cast<double>(alpha) + params.dt_bias[h])) *
+                     static_cast<double>(params.a_exp[h]);
+    }
+  }
+  const MatF initial = RandomMat(rng, params.dims.delta_rows(), params.dims.head_k_dim);
+  const double bound = 3.0 * kTokens * std::ldexp(1.0, -24);
+  const std::vector<int64_t> splits = {97, 500, 501, 903};
+  for (const bool segmented : {false, true}) {
+    SCOPED_TRACE(segmented ? "segmented" : "token by token");
+    const GdnResult got = segmented ? GatedDeltaSegmented(initial, in, kTokens, params, splits)
+                                    : GatedDelta(initial, in, kTokens, params, splits);
+    const MatF& state = got.states.back();
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const double factor = std::exp(-exponent[h]);
+      for (int64_t r = h * 2; r < h * 2 + 2; ++r) {
+        for (int64_t c = 0; c < 2; ++c) {
+          const double want = static_cast<double>(initial(r, c)) * factor;
+          const double err = std::fabs(static_cast<double>(state(r, c)) - want);
+          EXPECT_LE(err, bound * std::fabs(want))
+              << "head " << h << " (A " << params.a_exp[h] << ", Σx " << exponent[h] << "), state ("
+              << r << "," << c << "): " << state(r, c) << " vs " << want;
+        }
+      }
+    }
+  }
+}
+
 TEST(GatedDeltaStep, PaddingStyleInputsAreAnExactIdentity) {
   Rng rng = Rng::Derive(kSeed, "gdn-identity");
   const GdnParams params = MakeParams(Dims(1, 2, 4, 4), rng);
