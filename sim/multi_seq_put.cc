@@ -2,6 +2,9 @@
 // before it, on some forwards, a malformed Put that must be refused and change nothing.
 #include <fmt/format.h>
 
+#include <iterator>
+#include <string>
+
 #include "sim/multi_seq_driver.h"
 #include "src/core/check.h"
 
@@ -62,36 +65,26 @@ Check MultiSeqDriver::ProbeRefusedPut(const model::MsBatch& batch) {
     held_v_.CopyRows(i, v_row_, 0, 1);
   }
   FillPutRows(batch);
-  const int64_t variant = (steps_ / 3) % 6;
-  const DType d = config_.dtype;
-  const int64_t fewer = n > 1 ? n - 1 : n + 1;
-  const Tensor& k = put_k_;
-  const Tensor& v = put_v_;
-  Tensor bad;
-  const char* what = "";
-  switch (variant) {
-    case 0:
-      bad = Reshaped(v, OtherDType(d), n, cols), what = "V in the other dtype";
-      break;
-    case 1:
-      bad = Reshaped(v, d, n, cols + 1), what = "V a column too wide";
-      break;
-    case 2:
-      bad = Reshaped(k, OtherDType(d), n, cols), what = "K in the other dtype";
-      break;
-    case 3:
-      bad = Reshaped(k, d, n, cols + 1), what = "K a column too wide";
-      break;
-    case 4:
-      bad = Reshaped(v, d, n + 1, cols), what = "V a row too many";
-      break;
-    default:
-      bad = Reshaped(k, d, fewer, cols), what = "K with another row count";
-      break;
-  }
-  const bool bad_k = variant == 2 || variant == 3 || variant == 5;
-  const Status s = bad_k ? cache_->Put(bad, v) : cache_->Put(k, bad);
-  const std::string call = fmt::format("Put with {} ({} rows)", what, n);
+  // The malformations, one per probe in turn: which side is off and how.
+  struct Malformed {
+    bool k_side;
+    bool other_dtype;
+    int64_t extra_cols, extra_rows;  // extra_rows -1: one row fewer (one more for a batch of 1)
+    const char* what;
+  };
+  static constexpr Malformed kMalformed[] = {{false, true, 0, 0, "V in the other dtype"},
+                                             {false, false, 1, 0, "V a column too wide"},
+                                             {true, true, 0, 0, "K in the other dtype"},
+                                             {true, false, 1, 0, "K a column too wide"},
+                                             {false, false, 0, 1, "V a row too many"},
+                                             {true, false, 0, -1, "K with another row count"}};
+  const Malformed& m = kMalformed[static_cast<size_t>(steps_ / 3) % std::size(kMalformed)];
+  const int64_t rows = m.extra_rows >= 0 ? n + m.extra_rows : (n > 1 ? n - 1 : n + 1);
+  const Tensor bad = Reshaped(m.k_side ? put_k_ : put_v_,
+                              m.other_dtype ? OtherDType(config_.dtype) : config_.dtype, rows,
+                              cols + m.extra_cols);
+  const Status s = m.k_side ? cache_->Put(bad, put_v_) : cache_->Put(put_k_, bad);
+  const std::string call = fmt::format("Put with {} ({} rows)", m.what, n);
   if (s.code() != StatusCode::kInvalidArgument) {
     return Mismatch{call + " outcome", "InvalidArgument", s.ToString()};
   }
