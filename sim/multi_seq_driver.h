@@ -226,12 +226,12 @@ class MultiSeqDriver {
   // `reserve`: a reserve pass, whose sequence i reads and writes the fake slot i.
   Check RunConv(const model::MsBatch& batch, const std::vector<int32_t>& order,
                 bool reserve = false);
-  // The batch's K/V rows (put_k_, put_v_), and Put of them (multi_seq_put.cc).
-  void FillPutRows(const model::MsBatch& batch);
-  Status PutRows(const model::MsBatch& batch);
-  // On some forwards, before PutRows: a malformed Put, which must be InvalidArgument and
-  // leave the rows of the forward's cells as they were.
-  Check ProbeRefusedPut(const model::MsBatch& batch);
+  // Put of the batch's K/V rows (put_k_, put_v_), which must succeed (`what` names the call
+  // in a report), after ProbeRefusedPut (multi_seq_put.cc).
+  Check PutRows(const model::MsBatch& batch, const char* what);
+  // On some forwards: a malformed variant of put_k_ / put_v_, which Put must refuse
+  // (InvalidArgument) leaving the rows of the forward's cells as they were.
+  Check ProbeRefusedPut();
   // Where StartForward placed the batch and the current range it derived.
   Check CheckPlacement() const;
   // `masked`: what each batch token's mask row shows, computed when the mask was last built

@@ -217,10 +217,7 @@ Check MultiSeqDriver::ApplyReserve(const MsOp& op) {
   const bool graph_runs = !op.batch.empty() && (op.batch.size() + op.batch.front().pos) % 2 == 0;
   if (graph_runs) {
     const model::MsBatch batch = Tokens(op);
-    if (Check c = ProbeRefusedPut(batch)) return c;
-    if (Status s = PutRows(batch); !s.ok()) {
-      return Outcome("Put of a reserve pass", Status::Ok(), s);
-    }
+    if (Check c = PutRows(batch, "Put of a reserve pass")) return c;
     model_.mutable_kv().ReservePut(batch);
     ++coverage_.reserve_puts;
     if (Check c = CheckViewRows(cache_->Get())) return c;
@@ -430,8 +427,7 @@ Check MultiSeqDriver::RunForward(const MsOp& op, const model::MsBatch& batch) {
     model_.kv().VisibleCellsInto(batch, op.causal_off, masked_);
     if (Check c = ApplyForwardEdits(op)) return c;
   }
-  if (Check c = ProbeRefusedPut(batch)) return c;
-  if (Status s = PutRows(batch); !s.ok()) return Outcome("Put", Status::Ok(), s);
+  if (Check c = PutRows(batch, "Put")) return c;
   if (Check c = RunConv(batch, order)) return c;
   model_.FinishForward();
   return CheckVisible(batch, op.causal_off, masked_before ? &masked_ : nullptr);

@@ -27,7 +27,7 @@ Tensor Reshaped(const Tensor& t, DType dtype, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-void MultiSeqDriver::FillPutRows(const model::MsBatch& batch) {
+Check MultiSeqDriver::PutRows(const model::MsBatch& batch, const char* what) {
   const auto n = static_cast<int64_t>(batch.size());
   put_k_.EnsureShape(config_.dtype, n, config_.kv_cols);
   put_v_.EnsureShape(config_.dtype, n, config_.kv_cols);
@@ -36,11 +36,11 @@ void MultiSeqDriver::FillPutRows(const model::MsBatch& batch) {
     synth_.FillKvRow(put_k_, i, 0, t.pos, t.token.h, false);
     synth_.FillKvRow(put_v_, i, 0, t.pos, t.token.h, true);
   }
-}
-
-Status MultiSeqDriver::PutRows(const model::MsBatch& batch) {
-  FillPutRows(batch);
-  return cache_->Put(put_k_, put_v_);
+  if (Check c = ProbeRefusedPut()) return c;
+  if (Status s = cache_->Put(put_k_, put_v_); !s.ok()) {
+    return Mismatch{fmt::format("{} outcome", what), Status::Ok().ToString(), s.ToString()};
+  }
+  return std::nullopt;
 }
 
 // One forward in three first hands Put a malformed pair: one side in the other dtype, a
@@ -50,8 +50,8 @@ Status MultiSeqDriver::PutRows(const model::MsBatch& batch) {
 // the forward's cells must read as before, bit for bit; a Put that checks and scatters one
 // side before looking at the other would already have overwritten those cells. A pure
 // function of the step, so a replay or a shrink makes the same calls.
-Check MultiSeqDriver::ProbeRefusedPut(const model::MsBatch& batch) {
-  if (steps_ % 3 != 2 || batch.empty()) return std::nullopt;
+Check MultiSeqDriver::ProbeRefusedPut() {
+  if (steps_ % 3 != 2 || put_k_.rows() == 0) return std::nullopt;
   const CausalCache& kv = cache_->kv();
   const std::vector<int64_t> cells = kv.locations();
   const auto n = static_cast<int64_t>(cells.size());
@@ -64,7 +64,6 @@ Check MultiSeqDriver::ProbeRefusedPut(const model::MsBatch& batch) {
     kv.VRowInto(cells[static_cast<size_t>(i)], v_row_);
     held_v_.CopyRows(i, v_row_, 0, 1);
   }
-  FillPutRows(batch);
   // The malformations, one per probe in turn: which side is off and how.
   struct Malformed {
     bool k_side;
