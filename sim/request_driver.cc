@@ -60,7 +60,8 @@ std::string RequestCoverage::Counters() const {
 }
 
 const std::vector<RequestCoverage::Field>& RequestCoverage::Fields() {
-  // Every counter, in declaration order: += and the header's reach claims walk this list.
+  // Every counter, in declaration order: Counters, += and the header's reach claims walk this
+  // list.
   static const std::vector<Field> fields = {
       {"completed", &RequestCoverage::completed},
       {"cancelled", &RequestCoverage::cancelled},
