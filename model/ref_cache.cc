@@ -341,6 +341,11 @@ std::pair<RefSnap, RefSnap> RefCache::Split(RefSnap snap, int64_t at) const {
   return {std::move(parent), std::move(child)};
 }
 
+void RefCache::ReadState() {
+  KV_CHECK(kind_ == RefKind::kRecurrent, "only a recurrent layer's state is read alone");
+  has_state_ = true;
+}
+
 void RefCache::Free() {
   log_.Clear();
   has_state_ = false;

@@ -99,6 +99,11 @@ class RefCache {
   void CommitSpeculation(const TokenLog& forward, int64_t accepted, int64_t split = 0);
   std::pair<RefSnap, RefSnap> Split(RefSnap snap, int64_t at) const;
   void Free();
+  // Recurrent only: a forward's Get whose Put never came (the forward was dropped between
+  // the layer's read and its write). Spec §2.3 Get creates the zero state when none exists,
+  // so the state exists from then on; the offset, the log and the schedule stay (Get
+  // captures nothing).
+  void ReadState();
 
  private:
   RefCache(RefKind kind, int64_t window) : kind_(kind), window_(window) {}

@@ -8,6 +8,7 @@
 #include "sim/forward.h"
 #include "src/core/check.h"
 #include "src/kernels.h"
+#include "src/recurrent_cache.h"
 
 namespace kvtwin::sim {
 std::string Divergence::ToString() const {
@@ -238,6 +239,10 @@ Check LockstepDriver::ApplyToLayer(const Op& op, Layer& layer, int32_t index) {
     case OpKind::kFree:
       layer.cache->Free();
       layer.ref.Free();
+      // One Free in two, by the step, so replays and shrinks make the same calls.
+      if (layer.cache->kind() == CacheKind::kRecurrent && steps_ % 2 == 0) {
+        return ProbeReadAlone(layer);
+      }
       return std::nullopt;
     case OpKind::kPrepare: {
       const Status actual = layer.cache->PrepareSnapshots(op.offsets);
@@ -257,6 +262,27 @@ Check LockstepDriver::ApplyToLayer(const Op& op, Layer& layer, int32_t index) {
       break;  // spans every layer: Apply runs it through Speculate
   }
   return std::nullopt;
+}
+
+// Spec §2.3: Get creates the zero state when none exists, so a forward dropped between a
+// freed layer's Get and its Put (an error or a cancellation mid-graph) leaves state at
+// offset 0 with nothing written: it exists, has its LiveBytes and a non-null Snapshot. Every
+// driver's Get otherwise comes with its Put, where a Get that left the state unmarked until
+// Put (mutant 307) showed in no comparison. The probe frees the layer again, which leaves it
+// as the op's Free did, so the pools, later outcomes and a recorded trace's replay are the
+// same with or without it.
+Check LockstepDriver::ProbeReadAlone(Layer& layer) {
+  static_cast<RecurrentCache&>(*layer.cache).Get(config_.dtype);
+  layer.ref.ReadState();
+  Check c = layer.oracle->CheckLive(*layer.cache, layer.ref);
+  if (!c) {
+    const SnapshotPtr snap = layer.cache->Snapshot(0);
+    c = layer.oracle->CheckSnapshot(snap.get(), layer.ref.Snapshot(0));
+  }
+  layer.cache->Free();
+  layer.ref.Free();
+  if (c) c->what = "after a Free, a Get without its Put: " + c->what;
+  return c;
 }
 
 Check LockstepDriver::Take(Layer& layer) {

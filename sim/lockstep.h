@@ -4,7 +4,8 @@
 // class of the op itself (Restore's bool, Split/Merge/Snapshot null-ness, PrepareSnapshots'
 // status, TakeSnapshots' entries). The first difference is returned as a Divergence and the
 // driver stops accepting ops. Every observable is folded into a 64-bit digest so equal
-// seeds can be shown to give equal runs. Single-threaded.
+// seeds can be shown to give equal runs. One recurrent Free in two (by the step) is probed
+// with a Get whose Put never comes (ProbeReadAlone). Single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -114,6 +115,9 @@ class LockstepDriver {
   // kSpeculate over every layer (sim/lockstep_speculate.cc); sets *layer on a mismatch.
   Check Speculate(const Op& op, int32_t* layer);
   Check Take(Layer& layer);
+  // After a Free of a recurrent layer: a forward dropped between the layer's Get and its Put,
+  // checked, then a second Free, so the run goes on exactly as after the op's own Free.
+  Check ProbeReadAlone(Layer& layer);
   Check AddToPool(Layer& layer, SnapshotPtr prod, model::RefSnap ref, const char* what);
   Check CheckLayer(Layer& layer, int32_t index);
   // Keeps a History the op was handed (an Update's or a View's) with a hash of its rows, and
