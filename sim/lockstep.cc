@@ -9,6 +9,7 @@
 #include "src/core/check.h"
 #include "src/kernels.h"
 #include "src/recurrent_cache.h"
+#include "src/rotating_cache.h"
 
 namespace kvtwin::sim {
 std::string Divergence::ToString() const {
@@ -192,6 +193,43 @@ std::optional<Divergence> LockstepDriver::Apply(const Op& op) {
   return std::nullopt;
 }
 
+namespace {
+
+// Spec §2.2: a restore installs a copy of the snapshot's buffer, slot for slot, with
+// idx := snap.idx (a clamp to a lower target: idx := target), and a live rewind leaves the
+// buffer with idx := target. The live checks read the window through the cursor, so a
+// restore that lays the same window out another way (rotated into logical order with the
+// cursor at W, say) passes them, and so does every later write, which lands where that
+// cursor says; only the layout and the cursor themselves show it.
+Check CheckRingRestore(const RotatingCache& cache, const CacheSnapshot* snap, int64_t target,
+                       int64_t before) {
+  if (snap == nullptr) {
+    if (target == before || cache.ring_idx() == target) return std::nullopt;
+    return Mismatch{"ring cursor after a live rewind (spec §2.2: idx := target)",
+                    std::to_string(target), std::to_string(cache.ring_idx())};
+  }
+  const auto& s = static_cast<const RotatingSnapshot&>(*snap);
+  const int64_t idx = target < s.to() ? target : s.idx();
+  if (cache.ring_idx() != idx) {
+    return Mismatch{
+        "ring cursor after a restore (spec §2.2: idx := snap.idx, or the target "
+        "when clamped)",
+        std::to_string(idx), std::to_string(cache.ring_idx())};
+  }
+  const int64_t rows = s.k().rows();
+  if (cache.buffer_rows() != rows || !SameBits(cache.keys(), 0, s.k(), 0, rows) ||
+      !SameBits(cache.values(), 0, s.v(), 0, rows)) {
+    return Mismatch{
+        "window buffer after a restore (spec §2.2: a copy of the snapshot's, slot "
+        "for slot)",
+        fmt::format("{} rows as the snapshot holds them", rows),
+        fmt::format("{} rows, not bit-identical", cache.buffer_rows())};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Check LockstepDriver::ApplyToLayer(const Op& op, Layer& layer, int32_t index) {
   auto take_entry = [&layer](int32_t slot) {
     if (slot < 0) return PoolEntry{};
@@ -207,13 +245,16 @@ Check LockstepDriver::ApplyToLayer(const Op& op, Layer& layer, int32_t index) {
                        "Snapshot result");
     case OpKind::kRestore: {
       const PoolEntry* e = op.slot < 0 ? nullptr : &layer.pool[static_cast<size_t>(op.slot)];
+      const int64_t before = layer.cache->Offset();
       const bool actual = layer.cache->Restore(e ? e->prod.get() : nullptr, op.value);
       const bool expected = layer.ref.Restore(e && e->ref ? &*e->ref : nullptr, op.value);
       Fold(actual);
       if (actual != expected) {
         return Mismatch{"Restore outcome", expected ? "true" : "false", actual ? "true" : "false"};
       }
-      return std::nullopt;
+      if (!actual || layer.cache->kind() != CacheKind::kRotating) return std::nullopt;
+      return CheckRingRestore(static_cast<const RotatingCache&>(*layer.cache),
+                              e ? e->prod.get() : nullptr, op.value, before);
     }
     case OpKind::kMerge: {
       // Take the higher slot first so the lower index stays valid.

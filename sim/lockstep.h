@@ -2,7 +2,8 @@
 // (model/) and checks, after every step, every layer's offset, live window / buffer / conv
 // tail / delta state, the schedule flag, every snapshot the driver holds, and the outcome
 // class of the op itself (Restore's bool, Split/Merge/Snapshot null-ness, PrepareSnapshots'
-// status, TakeSnapshots' entries). The first difference is returned as a Divergence and the
+// status, TakeSnapshots' entries), and after a rotating Restore its buffer and cursor against
+// the snapshot's (spec §2.2). The first difference is returned as a Divergence and the
 // driver stops accepting ops. Every observable is folded into a 64-bit digest so equal
 // seeds can be shown to give equal runs. One recurrent Free in two (by the step) is probed
 // with a Get whose Put never comes (ProbeReadAlone). Single-threaded.
