@@ -298,12 +298,16 @@ void LayerOracle::BuildMasks(const Op& write, int64_t start, int64_t query_len, 
     // around it (strictly wider on every side that can grow), whose intersection (spec
     // §2.5: pairwise geometric) is the rectangle again: the same logical mask, built
     // through the algebra's two-sided case, each side in pieces (CutRelaxSides). The
-    // reference states the rectangle whole.
+    // reference states the rectangle whole. The intersection is symmetric, so one forward
+    // in two lists the wider side first: an Intersect that takes one axis of a pair from
+    // its first side (right only while that side is the smaller) shows only then.
     const model::RefRect wider{std::max<int64_t>(0, rect.q_lo - 1), rect.q_hi + 2,
                                std::max<int64_t>(0, rect.k_lo - 2), rect.k_hi + 1};
     CutRelaxSides(rect, wider, start, rect_side, wider_side);
-    logical = AttentionMask::Intersect(relax(logical, rect_side),
-                                       relax(AttentionMask::Causal(), wider_side));
+    const AttentionMask inner = relax(logical, rect_side);
+    const AttentionMask outer = relax(AttentionMask::Causal(), wider_side);
+    logical = (start + rect.q_hi) % 2 == 0 ? AttentionMask::Intersect(inner, outer)
+                                           : AttentionMask::Intersect(outer, inner);
     ref_mask.rects.push_back(rect);
   }
   if (write.mask == MaskForm::kBlock || write.mask == MaskForm::kRelaxBlock ||
