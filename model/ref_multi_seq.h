@@ -327,9 +327,10 @@ class RefHybridCache {
   //   sequences contribute different token counts (KV metadata already committed, no data);
   //   a slot popped for every sequence without one, in first-appearance order
   //   (ResourceExhausted when the stack is empty: the slots popped before stay mapped, not
-  //   zeroed); the new slots zeroed. REQUIRES (beyond the KV ones): each sequence's tokens
-  //   contiguous in the batch when the counts are equal -- the original reshapes the batch
-  //   to a [tokens, sequences] grid.
+  //   zeroed); the new slots zeroed. The sequences may interleave in the batch: the conv
+  //   update shifts in each sequence's tokens in batch order (the original's model reshapes
+  //   the batch to a [tokens, sequences] grid, which its runner keeps contiguous; the cache
+  //   itself counts tokens per sequence).
   // * ConvState: the forward's first ConvState runs copy-on-write, in batch order, for every
   //   current sequence whose slot is still shared (refcount > 1) when its turn comes;
   //   ResourceExhausted when the stack runs empty, and the same outcome on every later call.
@@ -346,7 +347,7 @@ class RefHybridCache {
   // update writes the fake slots 0..n-1 (spec 2.9.1: "write rows for the current slots"),
   // slot i taking the i-th sequence of the batch (first appearance) shifted in over the rows
   // the slot held, whoever holds it. Unknown rows stay unknown. REQUIRES: a batch the
-  // hybrid's StartForward accepts (equal, contiguous token counts per sequence).
+  // hybrid's StartForward accepts (equal token counts per sequence).
   void ReserveConvWrite(const MsBatch& batch);
   void CopyPrefix(SeqId src, SeqId dst, int64_t len);
   // KV Remove (`failing_shift_call` as there); on success the sequence's slot is released

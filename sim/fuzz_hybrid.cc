@@ -36,7 +36,8 @@
 //   10  forward: token ids (byte * 256 + batch index)
 //   11  forward: even: every sequence continues at its next position (decoding); odd: at
 //       the value fields below
-//   12  forward: % 8 == 0 each sequence's run descends (positions written high to low)
+//   12  forward: % 8 == 0 each sequence's run descends (positions written high to low);
+//       bits 3-4 set: the sequences interleave (a merge drawn from bits 5-7 and field 10)
 //   13+2s, 14+2s (s = 0..7): value field; forward: sequence s's first position;
 //       copy_prefix: len (s = 0); remove: begin (s = 0), end (s = 1); can_resume: pos (s = 0)
 // A record the driver rejects is skipped; with the clamps above none is (ValidMsOp asks only
@@ -268,6 +269,10 @@ MsOp Decoder::Forward(const std::array<uint8_t, kRecordBytes>& f) const {
       const auto i = static_cast<int32_t>(batch.size());
       batch.push_back({seqs[j], p, static_cast<int32_t>(f[kTokens]) * 256 + i});
     }
+  }
+  if ((f[kDescend] >> 3) % 4 == 3) {
+    Rng merge(static_cast<uint64_t>(f[kDescend] >> 5) | static_cast<uint64_t>(f[kTokens]) << 3);
+    InterleaveSequences(batch, merge);
   }
   std::vector<int64_t> off;
   const uint8_t count = f[kCausalCount] % 8;

@@ -94,6 +94,7 @@ const std::vector<MsCoverage::Field>& MsCoverage::Fields() {
       {"big_cache_forwards", &MsCoverage::big_cache_forwards},
       {"deep_batches", &MsCoverage::deep_batches},
       {"refused_puts", &MsCoverage::refused_puts},
+      {"interleaved_batches", &MsCoverage::interleaved_batches},
   };
   return fields;
 }

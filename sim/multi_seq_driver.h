@@ -123,6 +123,7 @@ struct MsCoverage {
   int64_t big_cache_forwards = 0;      // forwards started with kBigCells or more cells in use
   int64_t deep_batches = 0;            // forwards with a position kBigCells or more past 0
   int64_t refused_puts = 0;            // malformed Puts refused before a forward's Put
+  int64_t interleaved_batches = 0;     // forwards where a sequence's tokens are not one run
   std::string ToString() const;
   MsCoverage& operator+=(const MsCoverage& o);
   // Every counter by name ("forwards", ...), in declaration order.
@@ -142,7 +143,7 @@ struct MsDivergence {
 
 // Whether `op` is one a correct runner may issue to a cache of shape `config` whose reference
 // state is `ref` (the reference's REQUIREs plus production's argument rules: batch sizes and
-// ids in range, contiguous equal-count batches, indeterminate sequences only cleared).
+// ids in range, indeterminate sequences only cleared).
 // Shared by the driver and by generators that keep their own reference.
 bool ValidMsOp(const MultiSeqConfig& config, const model::RefMultiSeqCache& ref, const MsOp& op);
 

@@ -305,7 +305,7 @@ Check MultiSeqDriver::CheckReserveMask(const model::MsBatch& batch,
 void MultiSeqDriver::CountForward(const MsOp& op) {
   // Before the forward: what it writes over, whether its runs ascend, who joins.
   bool rewrites = false, unordered = false, joins = false, far = false, last = false,
-       high_id = false, deep = false;
+       high_id = false, deep = false, interleaved = false;
   last_.clear();  // (sequence, its last position so far in the batch)
   for (const MsBatchToken& t : op.batch) {
     std::vector<int64_t>& held = held_;
@@ -325,10 +325,13 @@ void MultiSeqDriver::CountForward(const MsOp& op) {
       last_.emplace_back(t.seq, t.pos);
     } else {
       unordered |= t.pos < it->second;
+      // The sequence came back after another one's token: its run is split.
+      interleaved |= last_.back().first != t.seq;
       it->second = t.pos;
     }
   }
   coverage_.rewrites += rewrites;
+  coverage_.interleaved_batches += interleaved;
   coverage_.unordered_batches += unordered;
   coverage_.joins += joins && last_.size() > 1;
   coverage_.far_batches += far;

@@ -27,10 +27,14 @@ void DrawRowsAndConv(Rng& rng, int64_t max_d_conv, MultiSeqConfig& c) {
 
 }  // namespace
 
-// The edits stream is a fork of a copy: drawing from it leaves every op stream as it was up
-// to the first forward it edits.
+// The edits and interleave streams are forks of copies: drawing from them leaves every op
+// stream as it was (up to the first forward an edit changes).
 MultiSeqGenerator::MultiSeqGenerator(Rng rng, int64_t base, bool huge)
-    : rng_(rng), edits_rng_(Rng(rng).Fork("forward-edits")), base_(base), huge_(huge) {
+    : rng_(rng),
+      edits_rng_(Rng(rng).Fork("forward-edits")),
+      merge_rng_(Rng(rng).Fork("interleave")),
+      base_(base),
+      huge_(huge) {
   KV_CHECK(base >= 0 && base <= kMaxBatchPosition - 8, "a run's base position out of range");
 }
 
@@ -338,6 +342,9 @@ MsOp MultiSeqGenerator::Step(const MultiSeqDriver& driver, const std::vector<Seq
   }
   if (batch.empty()) return MsOp::Remove(active[start].seq, 0, kvtwin::kUnbounded);
   if (!unequal) Scramble(driver, batch);
+  // A server lists each sequence as one run; one batch in four interleaves them (spec 2.9.1
+  // counts tokens per sequence, wherever they stand).
+  if (merge_rng_.Chance(1, 4)) InterleaveSequences(batch, merge_rng_);
   const size_t size = batch.size();
   return MsOp::Forward(std::move(batch), CausalOff(size));
 }

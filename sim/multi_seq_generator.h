@@ -108,6 +108,7 @@ class MultiSeqGenerator {
   };
   Rng rng_;
   Rng edits_rng_;                  // the forwards' edits (ForwardEdit)
+  Rng merge_rng_;                  // which batches interleave their sequences, and how
   int64_t base_ = 0;               // where sequences start
   bool huge_ = false;              // production-length prompts and chunks
   std::optional<Burst> burst_;     // rewrites still to come

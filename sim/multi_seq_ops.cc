@@ -131,6 +131,26 @@ bool EqualTokenCounts(const std::vector<MsBatchToken>& batch) {
   return true;
 }
 
+void InterleaveSequences(std::vector<MsBatchToken>& batch, Rng& rng) {
+  const std::vector<int32_t> order = BatchSequences(batch);
+  if (order.size() < 2) return;
+  std::vector<std::vector<MsBatchToken>> runs(order.size());
+  for (const MsBatchToken& t : batch) {
+    const auto i = std::find(order.begin(), order.end(), t.seq) - order.begin();
+    runs[static_cast<size_t>(i)].push_back(t);
+  }
+  std::vector<size_t> next(runs.size(), 0);
+  std::vector<size_t> open;  // runs with tokens left
+  for (size_t k = 0; k < batch.size(); ++k) {
+    open.clear();
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (next[i] < runs[i].size()) open.push_back(i);
+    }
+    const size_t i = open[static_cast<size_t>(rng.Below(open.size()))];
+    batch[k] = runs[i][next[i]++];
+  }
+}
+
 std::string MsOp::ToString() const {
   switch (kind) {
     case MsOpKind::kForward: {

@@ -1,8 +1,8 @@
 // MsOp: one operation of a multi-sequence lock-step run (spec §2.8, §2.9.1) on the LFM2
 // hybrid cache and its reference. A forward is one batch of {sequence, position, token}
-// (kept in batch order: each sequence's tokens contiguous when the counts are equal, the
-// hybrid's grid), optionally a reserve (worst-case sizing, nothing written), and the batch
-// indices whose causal condition is disabled by SetCausal right after StartForward, and the
+// (kept in batch order: a sequence's tokens reach the conv state in that order, and the
+// sequences may interleave), optionally a reserve (worst-case sizing, nothing written), and the
+// batch indices whose causal condition is disabled by SetCausal right after StartForward, and the
 // sequence edits another request makes while the forward is set up (below). The other ops
 // are the sequence edits and the CanResume probe. Value type.
 #pragma once
@@ -15,6 +15,7 @@
 
 #include "sim/synthetic.h"
 #include "src/causal_cache.h"
+#include "src/core/rng.h"
 
 namespace kvtwin::sim {
 
@@ -80,5 +81,12 @@ std::string IntRuns(const std::vector<int64_t>& values);
 std::vector<int32_t> BatchSequences(const std::vector<MsBatchToken>& batch);
 // Whether every sequence of the batch brings the same number of tokens (the hybrid's rule).
 bool EqualTokenCounts(const std::vector<MsBatchToken>& batch);
+// Reorders the batch into a random merge of its sequences' runs: each sequence keeps its
+// tokens' relative order (what its conv state sees), while the sequences interleave, so the
+// first-appearance order and which batch index lands in which cell change. Spec 2.9.1 takes
+// the batch's unique sequences in first-appearance order and asks only for equal counts; a
+// server lists each sequence as one run, which a cache deriving sequences from runs would
+// wrongly rely on.
+void InterleaveSequences(std::vector<MsBatchToken>& batch, Rng& rng);
 
 }  // namespace kvtwin::sim

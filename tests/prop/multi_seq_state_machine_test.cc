@@ -107,6 +107,12 @@ MsOp GenForward(const MsModel& m) {
       batch.push_back({seq, p, *rc::gen::inRange<int32_t>(0, 1000)});
     }
   }
+  // Now and then the sequences interleave (spec 2.9.1 counts tokens per sequence, wherever
+  // they stand); each keeps its tokens' order, which its conv state sees.
+  if (k > 1 && *rc::gen::inRange(0, 4) == 0) {
+    Rng merge(*rc::gen::arbitrary<uint64_t>());
+    InterleaveSequences(batch, merge);
+  }
   std::vector<int64_t> off;
   if (*rc::gen::inRange(0, 6) == 0) {
     off.push_back(*rc::gen::inRange<int64_t>(0, static_cast<int64_t>(batch.size())));

@@ -542,5 +542,65 @@ TEST(MultiSeqDriver, SomeForwardsSetACausalDecoyTheOpsListMustReplace) {
   EXPECT_GT(decoys_before_list, 5);
 }
 
+// A merge keeps each sequence's tokens in their order (what its conv state takes in) and
+// their multiset, while the runs split and the first-appearance order moves.
+TEST(MultiSeqOps, InterleaveSequencesMergesTheRunsKeepingEachOrder) {
+  std::vector<MsBatchToken> runs = Tokens(0, 0, 3, 10);
+  for (const MsBatchToken& t : Tokens(1, 5, 3, 20)) runs.push_back(t);
+  for (const MsBatchToken& t : Tokens(2, 9, 3, 30)) runs.push_back(t);
+  bool split = false, moved_first = false;
+  Rng rng(5);
+  for (int round = 0; round < 40; ++round) {
+    std::vector<MsBatchToken> batch = runs;
+    InterleaveSequences(batch, rng);
+    ASSERT_EQ(batch.size(), runs.size());
+    for (int32_t seq = 0; seq < 3; ++seq) {
+      std::vector<int64_t> got, want;
+      for (const MsBatchToken& t : batch) {
+        if (t.seq == seq) got.push_back(t.pos * 100 + t.token);
+      }
+      for (const MsBatchToken& t : runs) {
+        if (t.seq == seq) want.push_back(t.pos * 100 + t.token);
+      }
+      EXPECT_EQ(got, want) << "s" << seq;
+    }
+    moved_first |= BatchSequences(batch).front() != 0;
+    for (size_t k = 2; k < batch.size(); ++k) {
+      split |= batch[k].seq == batch[k - 2].seq && batch[k - 1].seq != batch[k].seq;
+    }
+  }
+  EXPECT_TRUE(split);
+  EXPECT_TRUE(moved_first);
+  std::vector<MsBatchToken> one = Tokens(3, 0, 4, 1);
+  InterleaveSequences(one, rng);
+  EXPECT_TRUE(one == Tokens(3, 0, 4, 1));
+}
+
+// Spec 2.9.1 counts tokens per sequence wherever they stand: an interleaved equal-count
+// batch is a forward like its contiguous twin, each sequence's conv rows taking its tokens
+// in batch order, its slot by first appearance.
+TEST(MultiSeqDriver, AnInterleavedBatchRunsLikeItsContiguousTwin) {
+  std::vector<MsBatchToken> contiguous = Tokens(2, 0, 3, 10);
+  for (const MsBatchToken& t : Tokens(0, 0, 3, 20)) contiguous.push_back(t);
+  std::vector<MsBatchToken> interleaved;
+  for (size_t k = 0; k < 3; ++k) {
+    interleaved.push_back(contiguous[k]);
+    interleaved.push_back(contiguous[k + 3]);
+  }
+  MultiSeqDriver a(SmallConfig(), kValueSeed), b(SmallConfig(), kValueSeed);
+  ApplyOk(a, MsOp::Forward(contiguous));
+  ApplyOk(b, MsOp::Forward(interleaved));
+  EXPECT_EQ(b.coverage().interleaved_batches, 1);
+  EXPECT_EQ(a.coverage().interleaved_batches, 0);
+  for (int32_t seq : {0, 2}) {
+    EXPECT_EQ(a.model().SlotOf(SeqId{seq}), b.model().SlotOf(SeqId{seq})) << "s" << seq;
+    EXPECT_EQ(a.model().ExpectedConv(SeqId{seq}, model::ConvMode::kAsSpecified),
+              b.model().ExpectedConv(SeqId{seq}, model::ConvMode::kAsSpecified))
+        << "s" << seq;
+  }
+  EXPECT_EQ(b.model().SlotOf(SeqId{2}), 0);  // first appearance takes the first slot
+  ApplyOk(b, MsOp::Forward({{0, 3, 40}, {2, 3, 41}}));
+}
+
 }  // namespace
 }  // namespace kvtwin::sim
